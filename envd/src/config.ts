@@ -1,0 +1,77 @@
+import { parseArgs } from "node:util";
+
+/** Everything envd reads from its command line and environment, parsed once at start. */
+export interface EnvdConfig {
+  /** TCP port; E2B clients expect 49983. */
+  readonly port: number;
+  /** Listen address. Loopback by default: a host-side envd must not be reachable from the network. */
+  readonly host: string;
+  /** User for requests that name none, until /init sets one (E2B's built-in fallback is root). */
+  readonly defaultUser: string;
+  /** cwd for processes that name none, until /init sets one; unset means the user's home. */
+  readonly defaultWorkdir: string | undefined;
+  /** Access token required from the start (normally set later by /init). */
+  readonly accessToken: string | undefined;
+  /** Bytes of output each process keeps for replay to reconnecting clients. */
+  readonly outputBufferBytes: number;
+  /** How long a finished process's exit stays available to a late Connect. */
+  readonly finishedRetentionMs: number;
+  /** Sandbox-wide environment variables every process starts with. */
+  readonly envVars: Readonly<Record<string, string>>;
+}
+
+const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR]
+environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000)`;
+
+export class ConfigError extends Error {
+  constructor(message: string) {
+    super(`${message}\n${USAGE}`);
+    this.name = "ConfigError";
+  }
+}
+
+export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): EnvdConfig {
+  let parsed: ReturnType<typeof parseFlags>;
+  try {
+    parsed = parseFlags(argv);
+  } catch (error) {
+    throw new ConfigError((error as Error).message);
+  }
+  const { values } = parsed;
+  return {
+    port: integer("--port", values.port ?? env.ENVD_PORT ?? "49983", 0, 65535),
+    host: values.host ?? env.ENVD_HOST ?? "127.0.0.1",
+    defaultUser: values["default-user"] ?? env.ENVD_DEFAULT_USER ?? "root",
+    defaultWorkdir: values["default-workdir"] ?? env.ENVD_DEFAULT_WORKDIR,
+    accessToken: env.ENVD_ACCESS_TOKEN || undefined,
+    outputBufferBytes: integer("ENVD_OUTPUT_BUFFER_BYTES", env.ENVD_OUTPUT_BUFFER_BYTES ?? "1048576", 0, 1 << 30),
+    finishedRetentionMs: integer(
+      "ENVD_FINISHED_RETENTION_MS",
+      env.ENVD_FINISHED_RETENTION_MS ?? "60000",
+      0,
+      86_400_000,
+    ),
+    envVars: { E2B_SANDBOX: "true" },
+  };
+}
+
+function parseFlags(argv: readonly string[]) {
+  return parseArgs({
+    args: [...argv],
+    options: {
+      port: { type: "string" },
+      host: { type: "string" },
+      "default-user": { type: "string" },
+      "default-workdir": { type: "string" },
+    },
+    strict: true,
+  });
+}
+
+function integer(name: string, text: string, min: number, max: number): number {
+  const value = Number(text);
+  if (!Number.isInteger(value) || value < min || value > max) {
+    throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${text}'`);
+  }
+  return value;
+}

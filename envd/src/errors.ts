@@ -1,0 +1,61 @@
+import { Code, ConnectError } from "@connectrpc/connect";
+
+/**
+ * envd's one error type. It is a ConnectError so RPC handlers can throw it as is; the
+ * HTTP routes map its code to a status in exactly one place (http/respond.ts).
+ * `rawMessage` is the text clients see: it names the path, pid or user at fault.
+ */
+export class EnvdError extends ConnectError {
+  constructor(code: Code, message: string) {
+    // The name stays "ConnectError": connect-es recognises its errors by name across copies.
+    super(message, code);
+  }
+}
+
+export const invalidArgument = (message: string) => new EnvdError(Code.InvalidArgument, message);
+export const notFound = (message: string) => new EnvdError(Code.NotFound, message);
+export const unauthenticated = (message: string) => new EnvdError(Code.Unauthenticated, message);
+export const permissionDenied = (message: string) => new EnvdError(Code.PermissionDenied, message);
+export const alreadyExists = (message: string) => new EnvdError(Code.AlreadyExists, message);
+export const internal = (message: string) => new EnvdError(Code.Internal, message);
+export const unimplemented = (message: string) => new EnvdError(Code.Unimplemented, message);
+export const failedPrecondition = (message: string) => new EnvdError(Code.FailedPrecondition, message);
+export const resourceExhausted = (message: string) => new EnvdError(Code.ResourceExhausted, message);
+
+/** Turns a Node filesystem error into an EnvdError that names the path involved. */
+export function fromFsError(error: unknown, path: string): EnvdError {
+  if (error instanceof EnvdError) return error;
+  const errno = (error as NodeJS.ErrnoException | undefined)?.code;
+  switch (errno) {
+    case "ENOENT":
+      return notFound(`path '${path}' does not exist`);
+    case "EACCES":
+    case "EPERM":
+      return permissionDenied(`permission denied for path '${path}'`);
+    case "EEXIST":
+      return alreadyExists(`path '${path}' already exists`);
+    case "ENOTDIR":
+      return invalidArgument(`a component of path '${path}' is not a directory`);
+    case "EISDIR":
+      return invalidArgument(`path '${path}' is a directory`);
+    case "ENOTEMPTY":
+      return invalidArgument(`directory '${path}' is not empty`);
+    case "ENAMETOOLONG":
+      return invalidArgument(`path '${path}' is too long`);
+    case "ELOOP":
+      return invalidArgument(`path '${path}' has too many levels of symbolic links`);
+    case "EXDEV":
+      return invalidArgument(`cannot move across filesystems to '${path}'`);
+    case "ENOSPC":
+    case "EDQUOT":
+      return resourceExhausted("not enough disk space available");
+    default:
+      return internal(`filesystem error on '${path}': ${(error as Error | undefined)?.message ?? String(error)}`);
+  }
+}
+
+export function toEnvdError(error: unknown): EnvdError {
+  if (error instanceof EnvdError) return error;
+  if (error instanceof ConnectError) return new EnvdError(error.code, error.rawMessage);
+  return internal(error instanceof Error ? error.message : String(error));
+}

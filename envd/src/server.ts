@@ -1,0 +1,111 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import { Filesystem } from "@warren/proto/filesystem/filesystem_pb";
+import { Process } from "@warren/proto/process/process_pb";
+import { secretsEqual } from "./auth.js";
+import type { EnvdConfig } from "./config.js";
+import type { EnvdContext } from "./context.js";
+import { createFilesystemService } from "./filesystem/service.js";
+import { handleFiles } from "./http/files.js";
+import { handleInit } from "./http/init.js";
+import { MetricsSampler } from "./http/metrics.js";
+import { sendError, sendJson, sendJsonError } from "./http/respond.js";
+import { createLogger, type Logger } from "./log.js";
+import { createProcessService } from "./process/service.js";
+import { SandboxState } from "./state.js";
+import { UserDirectory } from "./users.js";
+
+export interface RunningEnvd {
+  readonly url: string;
+  readonly port: number;
+  readonly context: EnvdContext;
+  /** Stops accepting, ends open streams, kills the processes envd started, removes watchers. */
+  close(): Promise<void>;
+}
+
+const CORS_HEADERS = {
+  "Access-Control-Allow-Origin": "*",
+  "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+  "Access-Control-Allow-Headers": "*",
+  "Access-Control-Expose-Headers":
+    "Connect-Protocol-Version, Connect-Timeout-Ms, Grpc-Status, Grpc-Message, X-Envd-Version, Warren-Output-Offset",
+  "Access-Control-Max-Age": "7200",
+};
+
+const UNAUTHORIZED = "unauthorized access, please provide a valid access token or method signing if supported";
+
+export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("envd")): Promise<RunningEnvd> {
+  const context: EnvdContext = { config, state: new SandboxState(config), users: new UserDirectory(), log };
+  const processes = createProcessService(context);
+  const filesystem = createFilesystemService(context);
+  const metrics = new MetricsSampler();
+
+  const rpc = connectNodeAdapter({
+    grpc: false,
+    grpcWeb: false,
+    routes(router) {
+      router.service(Process, processes.impl);
+      router.service(Filesystem, filesystem.impl);
+    },
+    fallback(_req, res) {
+      res.writeHead(404, { "Content-Type": "application/json; charset=utf-8" });
+      res.end(JSON.stringify({ code: 404, message: "not found" }));
+    },
+  });
+
+  const route = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+    const path = (req.url ?? "/").split("?", 1)[0];
+    for (const [name, value] of Object.entries(CORS_HEADERS)) res.setHeader(name, value);
+    if (req.method === "OPTIONS") {
+      res.writeHead(204).end();
+      return;
+    }
+    if (path === "/health" && req.method === "GET") {
+      res.writeHead(204, { "Cache-Control": "no-store" }).end();
+      return;
+    }
+    if (path === "/init" && req.method === "POST") return handleInit(req, res, context);
+    // /files checks the token or a URL signature itself.
+    if (path === "/files") return handleFiles(req, res, context);
+    const token = context.state.accessToken;
+    if (token !== undefined) {
+      const given = req.headers["x-access-token"];
+      if (typeof given !== "string" || !secretsEqual(given, token)) {
+        sendJsonError(res, 401, UNAUTHORIZED);
+        return;
+      }
+    }
+    if (path === "/envs" && req.method === "GET") return sendJson(res, 200, context.state.envVars());
+    if (path === "/metrics" && req.method === "GET") return sendJson(res, 200, await metrics.sample());
+    rpc(req, res);
+  };
+
+  const server: Server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0 }, (req, res) => {
+    route(req, res).catch((error: unknown) => sendError(res, error));
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(config.port, config.host, () => resolve());
+  });
+  const { port } = server.address() as AddressInfo;
+  const host = config.host.includes(":") ? `[${config.host}]` : config.host;
+  log.info("envd listening", { host: config.host, port });
+
+  let closing: Promise<void> | undefined;
+  return {
+    url: `http://${host === "0.0.0.0" ? "127.0.0.1" : host}:${port}`,
+    port,
+    context,
+    close() {
+      closing ??= (async () => {
+        const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
+        await Promise.all([processes.close(), filesystem.close()]);
+        server.closeAllConnections();
+        await stopped;
+        log.info("envd stopped");
+      })();
+      return closing;
+    },
+  };
+}

@@ -1,0 +1,94 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { fileURLToPath } from "node:url";
+import { Sandbox } from "e2b";
+import { ENVD_VERSION } from "../src/version.js";
+
+const MAIN = fileURLToPath(new URL("../dist/main.js", import.meta.url));
+
+export interface TestEnvd {
+  readonly url: string;
+  readonly port: number;
+  readonly child: ChildProcess;
+  /** Everything envd logged to stderr so far (tests check that no token appears in it). */
+  logs(): string;
+  stop(): Promise<void>;
+}
+
+export interface TestEnvdOptions {
+  port?: number;
+  accessToken?: string;
+  defaultUser?: string;
+  env?: Record<string, string>;
+}
+
+/** Starts the built envd as its own process, as root, the way a sandbox runs it. */
+export async function startTestEnvd(options: TestEnvdOptions = {}): Promise<TestEnvd> {
+  const args = [MAIN, "--port", String(options.port ?? 0), "--default-user", options.defaultUser ?? "user"];
+  const env: Record<string, string> = { ...(process.env as Record<string, string>), ...options.env };
+  if (options.accessToken) env.ENVD_ACCESS_TOKEN = options.accessToken;
+  const child = spawn(process.execPath, args, { env, stdio: ["ignore", "inherit", "pipe"] });
+  let stderr = "";
+  const port = await new Promise<number>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`envd did not start: ${stderr}`)), 10_000);
+    child.stderr?.on("data", (chunk: Buffer) => {
+      stderr += chunk.toString();
+      const match = /"msg":"envd listening".*"port":(\d+)/.exec(stderr);
+      if (match?.[1]) {
+        clearTimeout(timer);
+        resolve(Number(match[1]));
+      }
+    });
+    child.once("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`envd exited with ${code}: ${stderr}`));
+    });
+  });
+  return {
+    url: `http://127.0.0.1:${port}`,
+    port,
+    child,
+    logs: () => stderr,
+    async stop() {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = new Promise((resolve) => child.once("exit", resolve));
+      child.kill("SIGTERM");
+      await exited;
+    },
+  };
+}
+
+/**
+ * An official e2b SDK Sandbox bound to a test envd. The SDK's constructor is what
+ * Sandbox.create/connect call after the API answers; here the "API answer" is ours.
+ */
+export function sdkSandbox(envd: TestEnvd, options: { accessToken?: string } = {}): Sandbox {
+  const SandboxClass = Sandbox as unknown as new (opts: Record<string, unknown>) => Sandbox;
+  return new SandboxClass({
+    sandboxId: "warren-test",
+    envdVersion: ENVD_VERSION,
+    envdAccessToken: options.accessToken,
+    sandboxUrl: envd.url,
+    debug: true,
+  });
+}
+
+/** A fresh directory name under the test user's home, unique per test. */
+export function scratchName(prefix = "t"): string {
+  return `warren-test-${prefix}-${randomBytes(4).toString("hex")}`;
+}
+
+/** Minimal Connect JSON unary call, for tests of behaviour the SDK does not exercise. */
+export async function connectUnary(
+  envd: TestEnvd,
+  method: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+): Promise<{ status: number; body: Record<string, unknown> }> {
+  const res = await fetch(`${envd.url}/${method}`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", "Connect-Protocol-Version": "1", ...headers },
+    body: JSON.stringify(body),
+  });
+  return { status: res.status, body: (await res.json()) as Record<string, unknown> };
+}

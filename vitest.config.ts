@@ -1,0 +1,12 @@
+import { defineConfig } from "vitest/config";
+
+export default defineConfig({
+  test: {
+    include: ["*/src/**/*.test.ts", "*/test/**/*.test.ts"],
+    exclude: ["**/node_modules/**", "**/dist/**"],
+    testTimeout: 30_000,
+    hookTimeout: 30_000,
+    // Each test file starts its own envd; two at a time keep this 2-core machine responsive.
+    maxWorkers: 2,
+  },
+});
