@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Prepares this host for Warren's tests and for running envd directly on it (as root):
+# the Debian packages envd and its tests use, and the `user` account E2B templates have.
+# Idempotent: safe to run on every CI run and by hand.
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup-host.sh must run as root (it installs packages and creates the 'user' account)" >&2
+  exit 1
+fi
+
+# sudo: the `user` account uses it (E2B's base template has it).
+# inotify-tools: envd's directory watcher (inotifywait). attr: getfattr/setfattr for debugging metadata.
+# util-linux: setpriv, which envd uses to drop to a user with their supplementary groups.
+packages=(sudo inotify-tools attr util-linux procps)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! getent passwd user >/dev/null; then
+  useradd --create-home --shell /bin/bash user
+fi
+echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/warren-user
+chmod 0440 /etc/sudoers.d/warren-user
