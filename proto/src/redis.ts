@@ -1,0 +1,174 @@
+/**
+ * The Redis contract between the node agent (writer) and the proxy (reader): every key,
+ * channel and field name Warren uses in Redis is built here and nowhere else.
+ *
+ * Keys
+ *   warren:route:<sandboxId>   hash  SandboxRoute (fields below); written by the node agent that hosts the sandbox
+ *   warren:node:<nodeId>       hash  NodeHeartbeat; expires unless the agent refreshes it (NODE_TTL_SECONDS)
+ *   warren:nodes               set   ids of every node that has sent a heartbeat
+ * Channel
+ *   warren:route-events        JSON RouteEvent on every route change; proxies drop cached routes on it
+ *
+ * Incarnations: every start or resume of a sandbox gets a new `exec` id and a larger `generation`.
+ * A write carrying an older generation, or a delete naming another exec, never clobbers the current
+ * route (the Lua scripts below make both compare-and-set).
+ */
+
+export const ROUTE_EVENTS_CHANNEL = "warren:route-events";
+export const NODES_SET_KEY = "warren:nodes";
+export const NODE_TTL_SECONDS = 15;
+
+const SANDBOX_ID = /^[a-z0-9][a-z0-9-]{0,62}$/;
+
+export function isSandboxId(id: string): boolean {
+  return SANDBOX_ID.test(id);
+}
+
+export function routeKey(sandboxId: string): string {
+  if (!isSandboxId(sandboxId)) throw new Error(`invalid sandbox id '${sandboxId}'`);
+  return `warren:route:${sandboxId}`;
+}
+
+export function nodeKey(nodeId: string): string {
+  if (!isSandboxId(nodeId)) throw new Error(`invalid node id '${nodeId}'`);
+  return `warren:node:${nodeId}`;
+}
+
+export type RouteState = "running" | "pausing" | "paused" | "resuming";
+const ROUTE_STATES: readonly RouteState[] = ["running", "pausing", "paused", "resuming"];
+
+/** Where a sandbox's traffic goes, as the proxy needs it. */
+export interface SandboxRoute {
+  readonly sandboxId: string;
+  /** Incarnation id: changes on every start/resume. */
+  readonly exec: string;
+  /** Orders incarnations: a larger generation is newer. */
+  readonly generation: number;
+  readonly node: string;
+  /** The node agent's address (host:port), for control calls such as resume. */
+  readonly nodeAddr: string;
+  /** The sandbox's own address as reachable from the node (IP); any port on it is the sandbox's port. */
+  readonly sandboxAddr: string;
+  /** Container port → reachable host:port, for ports mapped elsewhere than sandboxAddr:port. */
+  readonly ports: Readonly<Record<string, string>>;
+  readonly state: RouteState;
+  readonly team: string;
+  /** Public traffic: when false, non-envd ports need the traffic token. */
+  readonly public: boolean;
+  /** SHA-256 hex of the traffic access token, empty when none. */
+  readonly trafficTokenHash: string;
+  readonly autoResume: boolean;
+  /** Replace the Host header with the sandbox address when forwarding. */
+  readonly maskRequestHost: string;
+}
+
+export function routeToHash(route: SandboxRoute): Record<string, string> {
+  return {
+    sandboxId: route.sandboxId,
+    exec: route.exec,
+    generation: String(route.generation),
+    node: route.node,
+    nodeAddr: route.nodeAddr,
+    sandboxAddr: route.sandboxAddr,
+    ports: JSON.stringify(route.ports),
+    state: route.state,
+    team: route.team,
+    public: route.public ? "1" : "0",
+    trafficTokenHash: route.trafficTokenHash,
+    autoResume: route.autoResume ? "1" : "0",
+    maskRequestHost: route.maskRequestHost,
+  };
+}
+
+/** Parses a route hash read from Redis; undefined when it is missing or not a complete route. */
+export function routeFromHash(hash: Record<string, string> | null | undefined): SandboxRoute | undefined {
+  if (!hash?.exec || !hash.sandboxId || !hash.sandboxAddr) return undefined;
+  const state = hash.state as RouteState;
+  if (!ROUTE_STATES.includes(state)) return undefined;
+  let ports: Record<string, string> = {};
+  try {
+    const parsed: unknown = JSON.parse(hash.ports || "{}");
+    if (parsed && typeof parsed === "object" && !Array.isArray(parsed)) ports = parsed as Record<string, string>;
+  } catch {
+    return undefined;
+  }
+  return {
+    sandboxId: hash.sandboxId,
+    exec: hash.exec,
+    generation: Number(hash.generation ?? 0),
+    node: hash.node ?? "",
+    nodeAddr: hash.nodeAddr ?? "",
+    sandboxAddr: hash.sandboxAddr,
+    ports,
+    state,
+    team: hash.team ?? "",
+    public: hash.public !== "0",
+    trafficTokenHash: hash.trafficTokenHash ?? "",
+    autoResume: hash.autoResume === "1",
+    maskRequestHost: hash.maskRequestHost ?? "",
+  };
+}
+
+/** Published on ROUTE_EVENTS_CHANNEL; state "deleted" means the route is gone. */
+export interface RouteEvent {
+  readonly sandboxId: string;
+  readonly exec: string;
+  readonly generation: number;
+  readonly state: RouteState | "deleted";
+}
+
+export function parseRouteEvent(message: string): RouteEvent | undefined {
+  try {
+    const event = JSON.parse(message) as Partial<RouteEvent>;
+    if (typeof event.sandboxId !== "string" || typeof event.exec !== "string" || typeof event.state !== "string") {
+      return undefined;
+    }
+    return {
+      sandboxId: event.sandboxId,
+      exec: event.exec,
+      generation: Number(event.generation ?? 0),
+      state: event.state,
+    };
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * KEYS[1]=route key; ARGV[1]=channel, ARGV[2]=generation, ARGV[3]=event JSON, ARGV[4..]=field/value pairs.
+ * Writes the route unless the stored one has a larger generation. Returns 1 if written, 0 if stale.
+ */
+export const WRITE_ROUTE_SCRIPT = `
+local current = redis.call('HGET', KEYS[1], 'generation')
+if current and tonumber(current) > tonumber(ARGV[2]) then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('PUBLISH', ARGV[1], ARGV[3])
+return 1
+`;
+
+/**
+ * KEYS[1]=route key; ARGV[1]=channel, ARGV[2]=exec, ARGV[3]=event JSON.
+ * Deletes the route only if it still belongs to incarnation `exec`. Returns 1 if deleted.
+ */
+export const DELETE_ROUTE_SCRIPT = `
+if redis.call('HGET', KEYS[1], 'exec') ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[1], ARGV[3])
+return 1
+`;
+
+/** Capacity a node agent reports in its heartbeat (hash at nodeKey). */
+export interface NodeHeartbeat {
+  readonly nodeId: string;
+  readonly addr: string;
+  readonly driver: string;
+  readonly cpuCount: number;
+  readonly memoryTotalBytes: number;
+  readonly memoryFreeBytes: number;
+  readonly sandboxes: number;
+  /** Template id → ready sandboxes waiting in the warm pool. */
+  readonly pools: Readonly<Record<string, number>>;
+  readonly templates: readonly string[];
+  readonly updatedAt: number;
+}
