@@ -16,6 +16,8 @@ export interface EnvdConfig {
   readonly outputBufferBytes: number;
   /** How long a finished process's exit stays available to a late Connect. */
   readonly finishedRetentionMs: number;
+  /** PATH every process starts with (envd's own, or a sane default). */
+  readonly processPath: string;
   /** Sandbox-wide environment variables every process starts with. */
   readonly envVars: Readonly<Record<string, string>>;
 }
@@ -51,6 +53,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
       0,
       86_400_000,
     ),
+    processPath: env.PATH || "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     envVars: { E2B_SANDBOX: "true" },
   };
 }

@@ -1,0 +1,267 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { once } from "node:events";
+import { type IPty, spawn as spawnPty } from "@lydell/node-pty";
+import { failedPrecondition, invalidArgument, resourceExhausted } from "../errors.js";
+import type { Logger } from "../log.js";
+import { type ProcessExit, processExit } from "./exit-status.js";
+import type { OutputStream } from "./output-buffer.js";
+import type { SpawnPlan } from "./spawn-plan.js";
+
+// Input a process has not read yet that envd holds before it refuses more.
+const MAX_PENDING_STDIN_BYTES = 16 * 1024 * 1024;
+
+/** What a running child reports. Calls start only after attach() and stop after exit(). */
+export interface ChildEvents {
+  output(stream: OutputStream, data: Buffer): void;
+  /** Once, after the process ended and its output was read to the end. */
+  exit(exit: ProcessExit): void;
+}
+
+/** One OS process envd started, with pipes or a pty: the only code that touches it. */
+export interface ChildHandle {
+  readonly pid: number;
+  readonly hasPty: boolean;
+  /** True while a stdin pipe exists and has not been closed. */
+  readonly stdinOpen: boolean;
+  attach(events: ChildEvents): void;
+  /** Writes to the stdin pipe, resolving once the bytes are handed to the kernel. */
+  writeStdin(data: Uint8Array): Promise<void>;
+  /** Closes the stdin pipe (EOF); closing twice is harmless. */
+  closeStdin(): void;
+  writePty(data: Uint8Array): void;
+  resize(cols: number, rows: number): void;
+  /** Sends `signal` to the process group (each child leads its own session and group). */
+  signalGroup(signal: NodeJS.Signals): void;
+  /** Stops reading output until resume(): a client that reads slowly holds the process back. */
+  pause(): void;
+  resume(): void;
+}
+
+/** Starts the plan's process: detached into its own session, with pipes or a pty. */
+export async function spawnChild(plan: SpawnPlan, log: Logger): Promise<ChildHandle> {
+  return plan.pty ? PtyChild.spawn(plan, plan.pty, log) : PipeChild.spawn(plan, log);
+}
+
+/** Holds events until a listener attaches, so nothing from a fast process is lost. */
+class EventRelay implements ChildEvents {
+  private target: ChildEvents | undefined;
+  private held: Array<(events: ChildEvents) => void> = [];
+
+  attach(target: ChildEvents): void {
+    if (this.target) throw new Error("child events are already attached");
+    this.target = target;
+    for (const deliver of this.held) deliver(target);
+    this.held = [];
+  }
+
+  output(stream: OutputStream, data: Buffer): void {
+    if (this.target) this.target.output(stream, data);
+    else this.held.push((target) => target.output(stream, data));
+  }
+
+  exit(exit: ProcessExit): void {
+    if (this.target) this.target.exit(exit);
+    else this.held.push((target) => target.exit(exit));
+  }
+}
+
+function signalGroup(pid: number, signal: NodeJS.Signals, leaderAlive: boolean): void {
+  try {
+    process.kill(-pid, signal);
+  } catch {
+    // No group left; the leader alone may still be there (it changed its own group).
+    if (leaderAlive) {
+      try {
+        process.kill(pid, signal);
+      } catch {
+        // Already gone.
+      }
+    }
+  }
+}
+
+class PipeChild implements ChildHandle {
+  readonly hasPty = false;
+  private readonly relay = new EventRelay();
+  private leaderAlive = true;
+
+  private constructor(
+    private readonly child: ChildProcess & { pid: number },
+    log: Logger,
+  ) {
+    child.stdin?.on("error", (error) => log.warn("stdin write failed", { pid: child.pid, error: error.message }));
+    child.on("error", (error) => log.warn("process error", { pid: child.pid, error: error.message }));
+    child.once("exit", () => {
+      this.leaderAlive = false;
+      child.stdin?.destroy();
+    });
+    child.once("close", (code, signal) => this.relay.exit(processExit(code, signal)));
+  }
+
+  static async spawn(plan: SpawnPlan, log: Logger): Promise<PipeChild> {
+    let child: ChildProcess;
+    try {
+      child = spawn(plan.file, [...plan.args], {
+        cwd: plan.cwd,
+        env: plan.env,
+        detached: true,
+        stdio: [plan.stdin ? "pipe" : "ignore", "pipe", "pipe"],
+      });
+    } catch (error) {
+      throw invalidArgument(`failed to start command '${plan.command}': ${(error as Error).message}`);
+    }
+    if (child.pid === undefined) {
+      const [error] = (await once(child, "error")) as [Error];
+      throw invalidArgument(`failed to start command '${plan.command}': ${error.message}`);
+    }
+    return new PipeChild(child as ChildProcess & { pid: number }, log);
+  }
+
+  get pid(): number {
+    return this.child.pid;
+  }
+
+  get stdinOpen(): boolean {
+    const stdin = this.child.stdin;
+    return stdin?.writable === true && !stdin.destroyed;
+  }
+
+  attach(events: ChildEvents): void {
+    // Unread pipes buffer in the kernel until these listeners attach.
+    this.child.stdout?.on("data", (data: Buffer) => this.relay.output("stdout", data));
+    this.child.stderr?.on("data", (data: Buffer) => this.relay.output("stderr", data));
+    this.relay.attach(events);
+  }
+
+  writeStdin(data: Uint8Array): Promise<void> {
+    const stdin = this.child.stdin;
+    if (!stdin || !this.stdinOpen) {
+      return Promise.reject(failedPrecondition(`stdin not enabled or closed for process with pid ${this.pid}`));
+    }
+    if (stdin.writableLength > MAX_PENDING_STDIN_BYTES) {
+      return Promise.reject(
+        resourceExhausted(`process with pid ${this.pid} is not reading stdin; ${stdin.writableLength} bytes wait`),
+      );
+    }
+    return new Promise((resolve, reject) => {
+      stdin.write(data, (error) =>
+        error ? reject(failedPrecondition(`writing stdin of pid ${this.pid} failed: ${error.message}`)) : resolve(),
+      );
+    });
+  }
+
+  closeStdin(): void {
+    this.child.stdin?.end();
+  }
+
+  writePty(): void {
+    throw failedPrecondition(`process with pid ${this.pid} has no pty`);
+  }
+
+  resize(): void {
+    throw failedPrecondition(`tty not assigned to process with pid ${this.pid}`);
+  }
+
+  signalGroup(signal: NodeJS.Signals): void {
+    signalGroup(this.pid, signal, this.leaderAlive);
+  }
+
+  pause(): void {
+    this.child.stdout?.pause();
+    this.child.stderr?.pause();
+  }
+
+  resume(): void {
+    this.child.stdout?.resume();
+    this.child.stderr?.resume();
+  }
+}
+
+/** node-pty's terminal as it really behaves with `encoding: null`: Buffers out, Buffers in. */
+type RawPty = Omit<IPty, "onData" | "write"> & {
+  onData(listener: (data: Buffer) => void): void;
+  write(data: Buffer): void;
+  on(event: "error", listener: (error: Error) => void): void;
+};
+
+class PtyChild implements ChildHandle {
+  readonly hasPty = true;
+  readonly stdinOpen = false;
+  private readonly relay = new EventRelay();
+  private alive = true;
+
+  private constructor(
+    private readonly term: RawPty,
+    log: Logger,
+  ) {
+    // node-pty rethrows socket errors that nobody listens to; EIO at exit is normal.
+    term.on("error", (error) => {
+      if ((error as NodeJS.ErrnoException).code === "EIO") return;
+      log.warn("pty error", { pid: term.pid, error: error.message });
+    });
+    term.onData((data) => this.relay.output("pty", data));
+    term.onExit(({ exitCode, signal }) => {
+      this.alive = false;
+      this.relay.exit(processExit(exitCode, signal ?? null));
+    });
+  }
+
+  static spawn(plan: SpawnPlan, size: { cols: number; rows: number }, log: Logger): PtyChild {
+    let term: RawPty;
+    try {
+      term = spawnPty(plan.file, [...plan.args], {
+        name: plan.env.TERM ?? "xterm",
+        cols: size.cols,
+        rows: size.rows,
+        cwd: plan.cwd,
+        env: { ...plan.env },
+        encoding: null,
+      }) as unknown as RawPty;
+    } catch (error) {
+      throw invalidArgument(`failed to start command '${plan.command}': ${(error as Error).message}`);
+    }
+    return new PtyChild(term, log);
+  }
+
+  get pid(): number {
+    return this.term.pid;
+  }
+
+  attach(events: ChildEvents): void {
+    this.relay.attach(events);
+  }
+
+  writeStdin(): Promise<void> {
+    return Promise.reject(failedPrecondition(`process with pid ${this.pid} has a pty: send its input as pty input`));
+  }
+
+  closeStdin(): void {
+    throw failedPrecondition(
+      `process with pid ${this.pid} has a pty and no stdin pipe: send Ctrl-D (0x04) as pty input instead`,
+    );
+  }
+
+  writePty(data: Uint8Array): void {
+    this.term.write(Buffer.from(data.buffer, data.byteOffset, data.byteLength));
+  }
+
+  resize(cols: number, rows: number): void {
+    try {
+      this.term.resize(cols, rows);
+    } catch (error) {
+      throw failedPrecondition(`cannot resize the pty of pid ${this.pid}: ${(error as Error).message}`);
+    }
+  }
+
+  signalGroup(signal: NodeJS.Signals): void {
+    signalGroup(this.pid, signal, this.alive);
+  }
+
+  pause(): void {
+    this.term.pause();
+  }
+
+  resume(): void {
+    this.term.resume();
+  }
+}

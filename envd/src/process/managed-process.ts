@@ -1,0 +1,184 @@
+import { Code } from "@connectrpc/connect";
+import type { ProcessConfig } from "@warren/proto/process/process_pb";
+import { EnvdError, failedPrecondition } from "../errors.js";
+import type { Logger } from "../log.js";
+import { type ChildEvents, type ChildHandle, spawnChild } from "./child.js";
+import type { ProcessExit } from "./exit-status.js";
+import { OutputBuffer, type OutputStream } from "./output-buffer.js";
+import type { PtySize, SpawnPlan } from "./spawn-plan.js";
+import { RESUME_BELOW_BYTES, Subscription, type SubscriptionOwner } from "./subscription.js";
+
+// E2B's chunk limits for data events.
+const MAX_PIPE_CHUNK_BYTES = 32 * 1024;
+const MAX_PTY_CHUNK_BYTES = 16 * 1024;
+// A stream with more than this queued holds its process back until it falls below RESUME_BELOW_BYTES.
+const PAUSE_ABOVE_BYTES = 4 * RESUME_BELOW_BYTES;
+
+export interface ProcessOptions {
+  /** The client's name for the process, unique among live processes. */
+  readonly tag: string | undefined;
+  readonly outputBufferBytes: number;
+  readonly log: Logger;
+}
+
+/**
+ * One process envd started: its output (kept in a bounded buffer and fanned out to every
+ * subscribed stream), its input, its signals and its exit. Streams come and go; the process
+ * runs on regardless until it exits, is signalled, or its lifetime ends.
+ */
+export class ManagedProcess implements ChildEvents, SubscriptionOwner {
+  readonly pid: number;
+  readonly tag: string | undefined;
+  readonly config: ProcessConfig;
+  private readonly history: OutputBuffer;
+  private readonly subscriptions = new Set<Subscription>();
+  // Subscriptions whose backlog is why reading is paused.
+  private readonly laggards = new Set<Subscription>();
+  private readonly maxChunkBytes: number;
+  private readonly exitPromise: Promise<ProcessExit>;
+  private resolveExit!: (exit: ProcessExit) => void;
+  private outcome: ProcessExit | undefined;
+  private lifetimeTimer: NodeJS.Timeout | undefined;
+
+  private constructor(
+    private readonly child: ChildHandle,
+    private readonly plan: SpawnPlan,
+    private readonly options: ProcessOptions,
+  ) {
+    this.pid = child.pid;
+    this.tag = options.tag;
+    this.config = plan.config;
+    this.history = new OutputBuffer(options.outputBufferBytes);
+    this.maxChunkBytes = child.hasPty ? MAX_PTY_CHUNK_BYTES : MAX_PIPE_CHUNK_BYTES;
+    this.exitPromise = new Promise((resolve) => {
+      this.resolveExit = resolve;
+    });
+    child.attach(this);
+  }
+
+  static async start(plan: SpawnPlan, options: ProcessOptions): Promise<ManagedProcess> {
+    return new ManagedProcess(await spawnChild(plan, options.log), plan, options);
+  }
+
+  get running(): boolean {
+    return this.outcome === undefined;
+  }
+
+  get hasPty(): boolean {
+    return this.child.hasPty;
+  }
+
+  whenExited(): Promise<ProcessExit> {
+    return this.exitPromise;
+  }
+
+  /**
+   * A new stream's subscription. Without `replayFrom` it gets live output only; with it, first
+   * the held output from that offset, then live output, with nothing lost or repeated between.
+   * A finished process's subscription holds (the replay and) the end.
+   */
+  subscribe(replayFrom?: number): Subscription {
+    const end = this.history.endOffset;
+    if (replayFrom !== undefined && replayFrom > end) {
+      throw new EnvdError(
+        Code.OutOfRange,
+        `replay offset ${replayFrom} is past the end of the output of pid ${this.pid} (${end} bytes so far)`,
+      );
+    }
+    const first = replayFrom === undefined ? end : Math.max(replayFrom, this.history.startOffset);
+    const subscription = new Subscription(first, this);
+    if (replayFrom !== undefined) {
+      for (const chunk of this.history.readFrom(replayFrom)) subscription.push({ kind: "data", chunk });
+    }
+    if (this.outcome) {
+      subscription.push({ kind: "end", exit: this.outcome });
+    } else {
+      this.subscriptions.add(subscription);
+      this.checkBacklog(subscription);
+    }
+    return subscription;
+  }
+
+  /** Kills the process group when `ms` have passed, unless the process has ended by then. */
+  limitLifetime(ms: number): void {
+    if (!this.running) return;
+    clearTimeout(this.lifetimeTimer);
+    this.lifetimeTimer = setTimeout(() => {
+      this.options.log.info("process lifetime ended, killing it", { pid: this.pid, lifetimeMs: ms });
+      this.signal("SIGKILL");
+    }, ms);
+  }
+
+  signal(signal: NodeJS.Signals): void {
+    if (this.running) this.child.signalGroup(signal);
+  }
+
+  async writeStdin(data: Uint8Array): Promise<void> {
+    if (!this.child.hasPty && !this.plan.stdin) {
+      throw failedPrecondition(`stdin not enabled or closed for process with pid ${this.pid}`);
+    }
+    await this.child.writeStdin(data);
+  }
+
+  writePty(data: Uint8Array): void {
+    this.child.writePty(data);
+  }
+
+  closeStdin(): void {
+    if (!this.child.hasPty && !this.plan.stdin) {
+      throw failedPrecondition(`stdin not enabled for process with pid ${this.pid}`);
+    }
+    this.child.closeStdin();
+  }
+
+  resize(size: PtySize): void {
+    this.child.resize(size.cols, size.rows);
+  }
+
+  /** Lets go of the process as envd shuts down: no lifetime timer, and every open stream ends with `error`. */
+  abandon(error: EnvdError): void {
+    clearTimeout(this.lifetimeTimer);
+    for (const subscription of this.subscriptions) subscription.push({ kind: "failed", error });
+    this.subscriptions.clear();
+    this.laggards.clear();
+  }
+
+  // ChildEvents
+
+  output(stream: OutputStream, data: Buffer): void {
+    for (let start = 0; start < data.length; start += this.maxChunkBytes) {
+      const chunk = this.history.append(stream, data.subarray(start, start + this.maxChunkBytes));
+      for (const subscription of this.subscriptions) {
+        subscription.push({ kind: "data", chunk });
+        this.checkBacklog(subscription);
+      }
+    }
+  }
+
+  exit(exit: ProcessExit): void {
+    this.outcome = exit;
+    clearTimeout(this.lifetimeTimer);
+    this.options.log.info("process ended", { pid: this.pid, status: exit.status });
+    for (const subscription of this.subscriptions) subscription.push({ kind: "end", exit });
+    this.subscriptions.clear();
+    this.laggards.clear();
+    this.resolveExit(exit);
+  }
+
+  // SubscriptionOwner
+
+  drained(subscription: Subscription): void {
+    if (this.laggards.delete(subscription) && this.laggards.size === 0) this.child.resume();
+  }
+
+  release(subscription: Subscription): void {
+    this.subscriptions.delete(subscription);
+    this.drained(subscription);
+  }
+
+  private checkBacklog(subscription: Subscription): void {
+    if (subscription.backlogBytes <= PAUSE_ABOVE_BYTES || this.laggards.has(subscription)) return;
+    this.laggards.add(subscription);
+    if (this.laggards.size === 1) this.child.pause();
+  }
+}

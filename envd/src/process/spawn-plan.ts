@@ -1,0 +1,169 @@
+import { constants } from "node:fs";
+import { access, stat } from "node:fs/promises";
+import { delimiter, isAbsolute, resolve } from "node:path";
+import type { ProcessConfig, StartRequest } from "@warren/proto/process/process_pb";
+import { invalidArgument } from "../errors.js";
+import { resolveUserPath } from "../paths.js";
+import type { SandboxState } from "../state.js";
+import type { SandboxUser } from "../users.js";
+
+/** setpriv drops root to the user's uid, gid and supplementary groups, then execs the command. */
+export const SETPRIV = "/usr/bin/setpriv";
+// A pty's window size is a pair of unsigned shorts (struct winsize).
+const MAX_PTY_SIDE = 0xffff;
+const DEFAULT_PTY_SIZE = { cols: 80, rows: 24 };
+
+export interface PtySize {
+  readonly cols: number;
+  readonly rows: number;
+}
+
+/** Everything needed to start a StartRequest's process, checked and resolved. */
+export interface SpawnPlan {
+  /** The process configuration as the client sent it (List reports it back). */
+  readonly config: ProcessConfig;
+  /** The command as the client named it (for messages and logs). */
+  readonly command: string;
+  /** What envd executes: the resolved command, behind setpriv for every user but root. */
+  readonly file: string;
+  readonly args: readonly string[];
+  readonly env: Readonly<Record<string, string>>;
+  readonly cwd: string;
+  readonly user: SandboxUser;
+  /** Present for a pty process; a pty process has no separate stdin/stdout/stderr. */
+  readonly pty: PtySize | undefined;
+  /** Whether a pipe process gets a stdin pipe (otherwise its stdin is /dev/null). */
+  readonly stdin: boolean;
+}
+
+/**
+ * Turns a StartRequest into a SpawnPlan, failing with invalid_argument before anything runs
+ * when the command, its environment or its cwd are unusable. `envdPath` is envd's own PATH,
+ * which every process starts with.
+ */
+export async function planSpawn(
+  request: StartRequest,
+  user: SandboxUser,
+  state: SandboxState,
+  envdPath: string,
+): Promise<SpawnPlan> {
+  const config = request.process;
+  if (!config) throw invalidArgument("start request must name a process (cmd, args, envs, cwd)");
+  const command = config.cmd;
+  if (command.trim() === "") throw invalidArgument("command must not be empty");
+  if (command.includes("\0")) throw invalidArgument(`command '${printable(command)}' contains a NUL byte`);
+  for (const [index, arg] of config.args.entries()) {
+    if (arg.includes("\0")) throw invalidArgument(`argument ${index} of command '${command}' contains a NUL byte`);
+  }
+  const env = processEnv(user, state, config.envs, envdPath);
+  const cwd = await workingDirectory(config.cwd, user, state);
+  const argv = [await findExecutable(command, env.PATH ?? "", cwd), ...config.args];
+  const launch =
+    user.uid === 0 ? argv : [SETPRIV, `--reuid=${user.uid}`, `--regid=${user.gid}`, "--init-groups", "--", ...argv];
+  return {
+    config,
+    command,
+    file: launch[0] as string,
+    args: launch.slice(1),
+    env,
+    cwd,
+    user,
+    pty: request.pty ? ptySize(request.pty.size?.cols ?? 0, request.pty.size?.rows ?? 0, true) : undefined,
+    stdin: request.stdin ?? true,
+  };
+}
+
+/**
+ * A pty size from a request. Zero means "unset": a new pty gets 80x24, a resize must give
+ * both sides.
+ */
+export function ptySize(cols: number, rows: number, defaultZeros: boolean): PtySize {
+  if (defaultZeros) {
+    cols ||= DEFAULT_PTY_SIZE.cols;
+    rows ||= DEFAULT_PTY_SIZE.rows;
+  }
+  for (const [name, value] of [
+    ["cols", cols],
+    ["rows", rows],
+  ] as const) {
+    if (!Number.isInteger(value) || value < 1 || value > MAX_PTY_SIDE) {
+      throw invalidArgument(`pty ${name} must be between 1 and ${MAX_PTY_SIDE}, got ${value}`);
+    }
+  }
+  return { cols, rows };
+}
+
+/**
+ * PATH, HOME, USER and LOGNAME of the target user, then the sandbox-wide variables, then the
+ * request's own (last wins). Nothing else of envd's environment reaches the process.
+ */
+function processEnv(
+  user: SandboxUser,
+  state: SandboxState,
+  requested: Readonly<Record<string, string>>,
+  envdPath: string,
+): Record<string, string> {
+  const env: Record<string, string> = {
+    PATH: envdPath,
+    HOME: user.home,
+    USER: user.name,
+    LOGNAME: user.name,
+    ...state.envVars(),
+  };
+  for (const [name, value] of Object.entries(requested)) {
+    if (name === "" || name.includes("=") || name.includes("\0")) {
+      throw invalidArgument(`invalid environment variable name '${printable(name)}'`);
+    }
+    if (value.includes("\0")) throw invalidArgument(`environment variable '${name}' contains a NUL byte`);
+    env[name] = value;
+  }
+  return env;
+}
+
+/** The request's cwd (relative to the user's home), else the sandbox default, else the home. */
+async function workingDirectory(
+  requested: string | undefined,
+  user: SandboxUser,
+  state: SandboxState,
+): Promise<string> {
+  const cwd = requested ? resolveUserPath(requested, user) : resolveUserPath(state.defaultWorkdir || user.home, user);
+  let isDirectory: boolean;
+  try {
+    isDirectory = (await stat(cwd)).isDirectory();
+  } catch {
+    throw invalidArgument(`cwd '${cwd}' does not exist`);
+  }
+  if (!isDirectory) throw invalidArgument(`cwd '${cwd}' is not a directory`);
+  return cwd;
+}
+
+/** The file execvp would run for `command`, as Go's exec.LookPath finds it. */
+async function findExecutable(command: string, path: string, cwd: string): Promise<string> {
+  if (command.includes("/")) {
+    const file = isAbsolute(command) ? command : resolve(cwd, command);
+    const problem = await executableProblem(file);
+    if (problem) throw invalidArgument(`failed to start command '${command}': ${problem}`);
+    return file;
+  }
+  for (const dir of path.split(delimiter)) {
+    const file = resolve(cwd, dir || ".", command);
+    if ((await executableProblem(file)) === undefined) return file;
+  }
+  throw invalidArgument(`failed to start command '${command}': executable file not found in $PATH`);
+}
+
+async function executableProblem(file: string): Promise<string | undefined> {
+  try {
+    if (!(await stat(file)).isFile()) return "is a directory or not a regular file";
+    await access(file, constants.X_OK);
+    return undefined;
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    return code === "ENOENT" || code === "ENOTDIR" ? "no such file or directory" : "permission denied";
+  }
+}
+
+/** Text safe to put in an error message. */
+function printable(text: string): string {
+  return text.replaceAll("\0", "\\0");
+}
