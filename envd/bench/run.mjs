@@ -80,7 +80,16 @@ function localSpawnBaseline(runs) {
   const times = [];
   for (let i = 0; i < runs; i++) {
     const t0 = performance.now();
-    spawnSync("/usr/bin/setpriv", [`--reuid=${uid}`, `--regid=${uid}`, "--init-groups", "--", "/bin/bash", "-l", "-c", "true"]);
+    spawnSync("/usr/bin/setpriv", [
+      `--reuid=${uid}`,
+      `--regid=${uid}`,
+      "--init-groups",
+      "--",
+      "/bin/bash",
+      "-l",
+      "-c",
+      "true",
+    ]);
     times.push(performance.now() - t0);
   }
   return times.sort((a, b) => a - b);
@@ -150,18 +159,24 @@ async function main() {
   const rt = await roundTrip(sandbox, runs);
   const base = localSpawnBaseline(runs);
   console.log(`\ncommands.run('true') via e2b SDK, ${runs} runs (bash -l -c true as user):`);
-  console.log(`  envd round trip     p50 ${ms(percentile(rt, 50))}  p99 ${ms(percentile(rt, 99))}  (target p50 <= 2 ms)`);
-  console.log(`  local spawnSync     p50 ${ms(percentile(base, 50))}  p99 ${ms(percentile(base, 99))}  (same argv, no envd: the floor)`);
+  console.log(
+    `  envd round trip     p50 ${ms(percentile(rt, 50))}  p99 ${ms(percentile(rt, 99))}  (target p50 <= 2 ms)`,
+  );
+  console.log(
+    `  local spawnSync     p50 ${ms(percentile(base, 50))}  p99 ${ms(percentile(base, 99))}  (same argv, no envd: the floor)`,
+  );
 
   const c = await concurrent(sandbox, 100);
   console.log(`\n100 concurrent commands.run: ${c.ok}/100 correct, total ${ms(c.elapsed)}`);
 
   const t = await transfer(envd, sandbox, transferBytes);
-  const mbps = (ms_) => ((t.size / (1 << 20)) / (ms_ / 1000)).toFixed(0);
+  const mbps = (ms_) => (t.size / (1 << 20) / (ms_ / 1000)).toFixed(0);
   console.log(`\n${(t.size / (1 << 20)).toFixed(0)} MiB transfer (streamed, octet-stream upload):`);
   console.log(`  upload   ${mbps(t.upload)} MiB/s  (${ms(t.upload)})  envd peak RSS ${mib(t.uploadPeak)}`);
   console.log(`  download ${mbps(t.download)} MiB/s  (${ms(t.download)})  envd peak RSS ${mib(t.downloadPeak)}`);
-  console.log(`  envd RSS before transfer ${mib(t.before)}; received ${t.received} of ${t.size} bytes (target >= 300 MB/s, flat RSS)`);
+  console.log(
+    `  envd RSS before transfer ${mib(t.before)}; received ${t.received} of ${t.size} bytes (target >= 300 MB/s, flat RSS)`,
+  );
   await stop(envd);
 
   const fleet = await Promise.all(Array.from({ length: 10 }, () => startEnvd()));

@@ -21,6 +21,7 @@ export const internal = (message: string) => new EnvdError(Code.Internal, messag
 export const unimplemented = (message: string) => new EnvdError(Code.Unimplemented, message);
 export const failedPrecondition = (message: string) => new EnvdError(Code.FailedPrecondition, message);
 export const resourceExhausted = (message: string) => new EnvdError(Code.ResourceExhausted, message);
+export const unavailable = (message: string) => new EnvdError(Code.Unavailable, message);
 
 /** Turns a Node filesystem error into an EnvdError that names the path involved. */
 export function fromFsError(error: unknown, path: string): EnvdError {
