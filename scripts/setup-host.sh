@@ -12,7 +12,13 @@ fi
 # sudo: the `user` account uses it (E2B's base template has it).
 # inotify-tools: envd's directory watcher (inotifywait). attr: getfattr/setfattr for debugging metadata.
 # util-linux: setpriv, which envd uses to drop to a user with their supplementary groups.
-packages=(sudo inotify-tools attr util-linux procps)
+# python3-ipykernel ... python3-pexpect: the code gateway's kernels (Python via ipykernel, the bash kernel on
+# ipykernel + pexpect, matplotlib/pandas for figures and DataFrames); run with /usr/bin/python3.
+packages=(sudo inotify-tools attr util-linux procps
+  python3-ipykernel python3-jupyter-client python3-matplotlib python3-matplotlib-inline python3-pandas
+  python3-numpy python3-pexpect
+  # nginx, wrk: the proxy benchmark (npm run bench -w proxy) loads nginx as a reference reverse proxy with wrk.
+  nginx wrk)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -27,3 +33,6 @@ if ! getent passwd user >/dev/null; then
 fi
 echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/warren-user
 chmod 0440 /etc/sudoers.d/warren-user
+
+# matplotlib builds its font cache on first import (seconds); do it once here, not in the first test's plot.
+/usr/bin/python3 -c 'import matplotlib.pyplot' >/dev/null 2>&1 || true

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup-host.sh
 [ -d node_modules ] || npm ci --no-audit --no-fund
 npm run build
-exec node envd/dist/main.js --port "${ENVD_PORT:-49983}" --default-user user
+exec node --max-semi-space-size=1 envd/dist/envd.mjs --port "${ENVD_PORT:-49983}" --default-user user

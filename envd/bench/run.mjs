@@ -10,15 +10,18 @@ import { createReadStream, readFileSync, rmSync, statSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { Process } from "@warren/proto/process/process_pb";
 import { Sandbox } from "e2b";
 
-const MAIN = fileURLToPath(new URL("../dist/main.js", import.meta.url));
+const MAIN = fileURLToPath(new URL("../dist/envd.mjs", import.meta.url));
 const GiB = 1 << 30;
 const args = new Set(process.argv.slice(2));
 const quick = args.has("--quick");
 
 function startEnvd() {
-  const child = spawn(process.execPath, [MAIN, "--port", "0", "--default-user", "user"], {
+  const child = spawn(process.execPath, ["--max-semi-space-size=1", MAIN, "--port", "0", "--default-user", "user"], {
     stdio: ["ignore", "ignore", "pipe"],
   });
   return new Promise((resolve, reject) => {
@@ -70,6 +73,25 @@ async function roundTrip(sandbox, runs) {
   for (let i = 0; i < runs; i++) {
     const t0 = performance.now();
     await sandbox.commands.run("true");
+    times.push(performance.now() - t0);
+  }
+  return times.sort((a, b) => a - b);
+}
+
+/** envd's own cost: Start of /bin/true as root over Connect, no login shell, no user switch. */
+async function rawStart(envd, runs) {
+  const client = createClient(Process, createConnectTransport({ baseUrl: envd.url, httpVersion: "1.1" }));
+  const once = async () => {
+    for await (const _ of client.start(
+      { process: { cmd: "/bin/true" }, stdin: false },
+      { headers: { authorization: "Basic cm9vdDo=" } },
+    ));
+  };
+  for (let i = 0; i < 20; i++) await once();
+  const times = [];
+  for (let i = 0; i < runs; i++) {
+    const t0 = performance.now();
+    await once();
     times.push(performance.now() - t0);
   }
   return times.sort((a, b) => a - b);
@@ -164,6 +186,11 @@ async function main() {
   );
   console.log(
     `  local spawnSync     p50 ${ms(percentile(base, 50))}  p99 ${ms(percentile(base, 99))}  (same argv, no envd: the floor)`,
+  );
+
+  const raw = await rawStart(envd, runs);
+  console.log(
+    `  Connect Start /bin/true as root  p50 ${ms(percentile(raw, 50))}  p99 ${ms(percentile(raw, 99))}  (envd alone: no login shell, no setpriv)`,
   );
 
   const c = await concurrent(sandbox, 100);

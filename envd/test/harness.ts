@@ -4,7 +4,9 @@ import { fileURLToPath } from "node:url";
 import { Sandbox } from "e2b";
 import { ENVD_VERSION } from "../src/version.js";
 
-const MAIN = fileURLToPath(new URL("../dist/main.js", import.meta.url));
+// Tests run what ships: the bundled envd with the V8 flags sandboxes start it with.
+const MAIN = fileURLToPath(new URL("../dist/envd.mjs", import.meta.url));
+export const ENVD_NODE_FLAGS = ["--max-semi-space-size=1"];
 
 export interface TestEnvd {
   readonly url: string;
@@ -24,7 +26,14 @@ export interface TestEnvdOptions {
 
 /** Starts the built envd as its own process, as root, the way a sandbox runs it. */
 export async function startTestEnvd(options: TestEnvdOptions = {}): Promise<TestEnvd> {
-  const args = [MAIN, "--port", String(options.port ?? 0), "--default-user", options.defaultUser ?? "user"];
+  const args = [
+    ...ENVD_NODE_FLAGS,
+    MAIN,
+    "--port",
+    String(options.port ?? 0),
+    "--default-user",
+    options.defaultUser ?? "user",
+  ];
   const env: Record<string, string> = { ...(process.env as Record<string, string>), ...options.env };
   if (options.accessToken) env.ENVD_ACCESS_TOKEN = options.accessToken;
   const child = spawn(process.execPath, args, { env, stdio: ["ignore", "inherit", "pipe"] });

@@ -1,0 +1,117 @@
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+
+/** Everything the code gateway reads from its command line and environment, parsed once at start. */
+export interface GatewayConfig {
+  /** TCP port; E2B's code-interpreter SDK expects 49999. */
+  readonly port: number;
+  /** Listen address. Loopback by default; inside a sandbox the template sets 0.0.0.0. */
+  readonly host: string;
+  /** Token required in X-Access-Token on /execute (envd's token); unset means no check. */
+  readonly accessToken: string | undefined;
+  /** envd's base URL, for GET /envs (the sandbox-global environment variables). */
+  readonly envdUrl: string;
+  /** Working directory of contexts that name none. */
+  readonly defaultCwd: string;
+  /** Languages whose default context is created at start (python is always the default of defaults). */
+  readonly startLanguages: readonly string[];
+  /** The Python with Debian's ipykernel; the pyenv python3 on PATH lacks it. */
+  readonly pythonPath: string;
+  /** The Node binary that runs the JavaScript/TypeScript kernel. */
+  readonly nodePath: string;
+  /** Where kernel connection files and IPC sockets live (one directory per gateway process). */
+  readonly runtimeDir: string;
+  /** Silence on an /execute stream after which a keepalive line is written. */
+  readonly keepaliveMs: number;
+  /** How long a kernel may take to answer its first kernel_info_request. */
+  readonly kernelStartTimeoutMs: number;
+  /** After an interrupt, how long the kernel has to go idle before it is restarted instead. */
+  readonly interruptGraceMs: number;
+  /** Longest an execution may run before the gateway interrupts it (0 = no limit). */
+  readonly executionTimeoutMs: number;
+  /** Timeout of the GET /envs call to envd. */
+  readonly envdTimeoutMs: number;
+}
+
+const USAGE = `usage: warren-code-gateway [--port 49999] [--host 127.0.0.1]
+environment: CODE_GATEWAY_PORT, CODE_GATEWAY_HOST, CODE_GATEWAY_ACCESS_TOKEN (else ENVD_ACCESS_TOKEN),
+  CODE_GATEWAY_ENVD_URL (http://127.0.0.1:49983), CODE_GATEWAY_DEFAULT_CWD (/home/user),
+  CODE_GATEWAY_START_LANGUAGES (python,javascript), CODE_GATEWAY_PYTHON (/usr/bin/python3),
+  CODE_GATEWAY_NODE (this node), CODE_GATEWAY_RUNTIME_DIR (<tmp>/warren-cg-<pid>),
+  CODE_GATEWAY_KEEPALIVE_MS (5000), CODE_GATEWAY_KERNEL_START_TIMEOUT_MS (30000),
+  CODE_GATEWAY_INTERRUPT_GRACE_MS (5000), CODE_GATEWAY_EXECUTION_TIMEOUT_MS (0 = none),
+  CODE_GATEWAY_ENVD_TIMEOUT_MS (2000)`;
+
+export class ConfigError extends Error {
+  constructor(message: string) {
+    super(`${message}\n${USAGE}`);
+    this.name = "ConfigError";
+  }
+}
+
+export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): GatewayConfig {
+  let values: ReturnType<typeof parseFlags>["values"];
+  try {
+    values = parseFlags(argv).values;
+  } catch (error) {
+    throw new ConfigError((error as Error).message);
+  }
+  const envdUrl = (env.CODE_GATEWAY_ENVD_URL ?? "http://127.0.0.1:49983").replace(/\/+$/, "");
+  try {
+    new URL(envdUrl);
+  } catch {
+    throw new ConfigError(`CODE_GATEWAY_ENVD_URL must be a URL, got '${envdUrl}'`);
+  }
+  const startLanguages = (env.CODE_GATEWAY_START_LANGUAGES ?? "python,javascript")
+    .split(",")
+    .map((l) => l.trim())
+    .filter((l) => l.length > 0);
+  return {
+    port: integer("--port", values.port ?? env.CODE_GATEWAY_PORT ?? "49999", 0, 65535),
+    host: values.host ?? env.CODE_GATEWAY_HOST ?? "127.0.0.1",
+    accessToken: env.CODE_GATEWAY_ACCESS_TOKEN || env.ENVD_ACCESS_TOKEN || undefined,
+    envdUrl,
+    defaultCwd: env.CODE_GATEWAY_DEFAULT_CWD ?? "/home/user",
+    startLanguages,
+    pythonPath: env.CODE_GATEWAY_PYTHON ?? "/usr/bin/python3",
+    nodePath: env.CODE_GATEWAY_NODE ?? process.execPath,
+    runtimeDir: env.CODE_GATEWAY_RUNTIME_DIR ?? join(tmpdir(), `warren-cg-${process.pid}`),
+    keepaliveMs: integer("CODE_GATEWAY_KEEPALIVE_MS", env.CODE_GATEWAY_KEEPALIVE_MS ?? "5000", 10, 3_600_000),
+    kernelStartTimeoutMs: integer(
+      "CODE_GATEWAY_KERNEL_START_TIMEOUT_MS",
+      env.CODE_GATEWAY_KERNEL_START_TIMEOUT_MS ?? "30000",
+      100,
+      600_000,
+    ),
+    interruptGraceMs: integer(
+      "CODE_GATEWAY_INTERRUPT_GRACE_MS",
+      env.CODE_GATEWAY_INTERRUPT_GRACE_MS ?? "5000",
+      10,
+      600_000,
+    ),
+    executionTimeoutMs: integer(
+      "CODE_GATEWAY_EXECUTION_TIMEOUT_MS",
+      env.CODE_GATEWAY_EXECUTION_TIMEOUT_MS ?? "0",
+      0,
+      86_400_000,
+    ),
+    envdTimeoutMs: integer("CODE_GATEWAY_ENVD_TIMEOUT_MS", env.CODE_GATEWAY_ENVD_TIMEOUT_MS ?? "2000", 1, 60_000),
+  };
+}
+
+function parseFlags(argv: readonly string[]) {
+  return parseArgs({
+    args: [...argv],
+    options: { port: { type: "string" }, host: { type: "string" } },
+    strict: true,
+  });
+}
+
+function integer(name: string, text: string, min: number, max: number): number {
+  const value = Number(text);
+  if (!Number.isInteger(value) || value < min || value > max) {
+    throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${text}'`);
+  }
+  return value;
+}
