@@ -38,7 +38,7 @@ describe("Redis route contract against a real Redis", () => {
   const events: RouteEvent[] = [];
   const ids: string[] = [];
   const newId = () => {
-    const id = `contract-${randomBytes(4).toString("hex")}`;
+    const id = `contract${randomBytes(4).toString("hex")}`;
     ids.push(id);
     return id;
   };
@@ -116,6 +116,8 @@ describe("Redis route contract against a real Redis", () => {
 
   it("rejects malformed ids and incomplete hashes", () => {
     expect(() => routeKey("../etc")).toThrow(/invalid sandbox id/);
+    expect(() => routeKey("has-dash")).toThrow(/invalid sandbox id/);
+    expect(routeFromHash({ ...routeToHash(route("a", 1)), public: "" })?.public).toBe(false);
     expect(routeFromHash({ exec: "x" })).toBeUndefined();
     expect(routeFromHash({ ...routeToHash(route("a", 1)), state: "weird" })).toBeUndefined();
     expect(parseRouteEvent("not json")).toBeUndefined();

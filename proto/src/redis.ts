@@ -18,10 +18,16 @@ export const ROUTE_EVENTS_CHANNEL = "warren:route-events";
 export const NODES_SET_KEY = "warren:nodes";
 export const NODE_TTL_SECONDS = 15;
 
-const SANDBOX_ID = /^[a-z0-9][a-z0-9-]{0,62}$/;
+// No dashes: a sandbox id must survive the `<port>-<sandboxId>.<domain>` host form.
+const SANDBOX_ID = /^[a-z0-9]{1,63}$/;
+const NODE_ID = /^[a-z0-9][a-z0-9-]{0,62}$/;
 
 export function isSandboxId(id: string): boolean {
   return SANDBOX_ID.test(id);
+}
+
+export function isNodeId(id: string): boolean {
+  return NODE_ID.test(id);
 }
 
 export function routeKey(sandboxId: string): string {
@@ -30,7 +36,7 @@ export function routeKey(sandboxId: string): string {
 }
 
 export function nodeKey(nodeId: string): string {
-  if (!isSandboxId(nodeId)) throw new Error(`invalid node id '${nodeId}'`);
+  if (!isNodeId(nodeId)) throw new Error(`invalid node id '${nodeId}'`);
   return `warren:node:${nodeId}`;
 }
 
@@ -58,7 +64,10 @@ export interface SandboxRoute {
   /** SHA-256 hex of the traffic access token, empty when none. */
   readonly trafficTokenHash: string;
   readonly autoResume: boolean;
-  /** Replace the Host header with the sandbox address when forwarding. */
+  /**
+   * Host header to send to non-envd ports instead of the client's (`${PORT}` is replaced by the
+   * port); empty keeps the client's Host.
+   */
   readonly maskRequestHost: string;
 }
 
@@ -102,7 +111,8 @@ export function routeFromHash(hash: Record<string, string> | null | undefined): 
     ports,
     state,
     team: hash.team ?? "",
-    public: hash.public !== "0",
+    // Fail closed: a route without the field is private.
+    public: hash.public === "1",
     trafficTokenHash: hash.trafficTokenHash ?? "",
     autoResume: hash.autoResume === "1",
     maskRequestHost: hash.maskRequestHost ?? "",

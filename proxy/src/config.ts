@@ -1,0 +1,132 @@
+import { isIP } from "node:net";
+
+/**
+ * Everything the proxy reads from its environment, parsed and validated once at start.
+ * README.md lists every variable with its default; this is the only place that reads them.
+ */
+export interface ProxyConfig {
+  /** PROXY_HOST (0.0.0.0): listen address for sandbox traffic. */
+  readonly host: string;
+  /** PROXY_PORT (3002): listen port for sandbox traffic; 0 picks a free port. */
+  readonly port: number;
+  /**
+   * PROXY_DOMAINS (empty): comma-separated sandbox domains. A Host `<port>-<id>.<rest>` routes only
+   * when `<rest>` is one of them; empty accepts any `<rest>`, as E2B's proxy does.
+   */
+  readonly domains: readonly string[];
+  /**
+   * PROXY_SHARED_HOSTS (empty): extra host names on which the E2b-Sandbox-Id/-Port headers route.
+   * `localhost`, any IP literal and `sandbox.<anything>` always do (E2B's rule).
+   */
+  readonly sharedHosts: readonly string[];
+  /** PROXY_REDIS_URL (redis://127.0.0.1:6379): where node agents publish routes. */
+  readonly redisUrl: string;
+  /** PROXY_ROUTE_CACHE_TTL_MS (5000): upper bound on a cached route's age; 0 disables the cache. */
+  readonly routeCacheTtlMs: number;
+  /** PROXY_ROUTE_CACHE_MAX (10000): cached routes kept at most. */
+  readonly routeCacheMax: number;
+  /** PROXY_REDIS_TIMEOUT_MS (2000): a route lookup slower than this fails (502). */
+  readonly redisTimeoutMs: number;
+  /** PROXY_ENVD_PORT (49983): the port whose control-only paths are refused and that skips the traffic token. */
+  readonly envdPort: number;
+  /** PROXY_MAX_CONNECTIONS_PER_SANDBOX (1000): concurrent requests + WebSockets per sandbox; 0 = unlimited. */
+  readonly maxConnectionsPerSandbox: number;
+  /** PROXY_UPSTREAM_CONNECT_RETRIES (3): extra connect attempts when the sandbox port refuses. */
+  readonly upstreamConnectRetries: number;
+  /** PROXY_UPSTREAM_CONNECT_TIMEOUT_MS (5000): one connect attempt's limit. */
+  readonly upstreamConnectTimeoutMs: number;
+  /** PROXY_UPSTREAM_MAX_IDLE_PER_HOST (256): idle keep-alive connections kept per sandbox port. */
+  readonly upstreamMaxIdlePerHost: number;
+  /** PROXY_IDLE_TIMEOUT_MS (610000): a connection with no traffic either way for this long is closed. */
+  readonly idleTimeoutMs: number;
+  /** PROXY_RESUME_TIMEOUT_MS (60000): how long a request waits for an auto-resume before 409. */
+  readonly resumeTimeoutMs: number;
+  /** PROXY_DRAIN_TIMEOUT_MS (30000): on SIGTERM, how long in-flight requests and streams may finish. */
+  readonly drainTimeoutMs: number;
+  /** PROXY_METRICS_HOST (0.0.0.0) / PROXY_METRICS_PORT (9464, "off" disables): Prometheus /metrics. */
+  readonly metricsHost: string;
+  readonly metricsPort: number | undefined;
+  /** PROXY_TLS_CERT_FILE / PROXY_TLS_KEY_FILE (unset): PEM files (a wildcard cert for `*.<domain>`); both or neither. */
+  readonly tls: { readonly certFile: string; readonly keyFile: string } | undefined;
+  /** PROXY_WORKERS (1): processes sharing the listen port (node:cluster); "auto" = one per CPU. */
+  readonly workers: number;
+  /** PROXY_ACCESS_LOG (false): one log line per request (ids, status, timing; never headers). */
+  readonly accessLog: boolean;
+}
+
+export class ConfigError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "ConfigError";
+  }
+}
+
+type Env = Readonly<Record<string, string | undefined>>;
+
+export function loadConfig(env: Env, cpuCount = 1): ProxyConfig {
+  const certFile = env.PROXY_TLS_CERT_FILE || undefined;
+  const keyFile = env.PROXY_TLS_KEY_FILE || undefined;
+  if (Boolean(certFile) !== Boolean(keyFile)) {
+    throw new ConfigError("PROXY_TLS_CERT_FILE and PROXY_TLS_KEY_FILE must be set together");
+  }
+  const metricsPortText = env.PROXY_METRICS_PORT ?? "9464";
+  const workersText = env.PROXY_WORKERS ?? "1";
+  return {
+    host: env.PROXY_HOST || "0.0.0.0",
+    port: integer(env, "PROXY_PORT", 3002, 0, 65535),
+    domains: list(env.PROXY_DOMAINS).map((domain) => hostname("PROXY_DOMAINS", domain)),
+    sharedHosts: list(env.PROXY_SHARED_HOSTS).map((host) => hostname("PROXY_SHARED_HOSTS", host)),
+    redisUrl: env.PROXY_REDIS_URL || "redis://127.0.0.1:6379",
+    routeCacheTtlMs: integer(env, "PROXY_ROUTE_CACHE_TTL_MS", 5000, 0, 3_600_000),
+    routeCacheMax: integer(env, "PROXY_ROUTE_CACHE_MAX", 10_000, 1, 10_000_000),
+    redisTimeoutMs: integer(env, "PROXY_REDIS_TIMEOUT_MS", 2000, 1, 60_000),
+    envdPort: integer(env, "PROXY_ENVD_PORT", 49983, 1, 65535),
+    maxConnectionsPerSandbox: integer(env, "PROXY_MAX_CONNECTIONS_PER_SANDBOX", 1000, 0, 10_000_000),
+    upstreamConnectRetries: integer(env, "PROXY_UPSTREAM_CONNECT_RETRIES", 3, 0, 100),
+    upstreamConnectTimeoutMs: integer(env, "PROXY_UPSTREAM_CONNECT_TIMEOUT_MS", 5000, 1, 600_000),
+    upstreamMaxIdlePerHost: integer(env, "PROXY_UPSTREAM_MAX_IDLE_PER_HOST", 256, 0, 100_000),
+    idleTimeoutMs: integer(env, "PROXY_IDLE_TIMEOUT_MS", 610_000, 1000, 86_400_000),
+    resumeTimeoutMs: integer(env, "PROXY_RESUME_TIMEOUT_MS", 60_000, 1, 3_600_000),
+    drainTimeoutMs: integer(env, "PROXY_DRAIN_TIMEOUT_MS", 30_000, 0, 3_600_000),
+    metricsHost: env.PROXY_METRICS_HOST || "0.0.0.0",
+    metricsPort:
+      metricsPortText === "off"
+        ? undefined
+        : integer({ PROXY_METRICS_PORT: metricsPortText }, "PROXY_METRICS_PORT", 0, 0, 65535),
+    tls: certFile && keyFile ? { certFile, keyFile } : undefined,
+    workers: workersText === "auto" ? Math.max(1, cpuCount) : integer(env, "PROXY_WORKERS", 1, 1, 256),
+    accessLog: boolean(env, "PROXY_ACCESS_LOG", false),
+  };
+}
+
+function integer(env: Env, name: string, fallback: number, min: number, max: number): number {
+  const text = env[name];
+  if (text === undefined || text === "") return fallback;
+  const value = Number(text);
+  if (!/^\d+$/.test(text) || value < min || value > max) {
+    throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${text}'`);
+  }
+  return value;
+}
+
+function boolean(env: Env, name: string, fallback: boolean): boolean {
+  const text = env[name];
+  if (text === undefined || text === "") return fallback;
+  if (/^(1|true|yes|on)$/i.test(text)) return true;
+  if (/^(0|false|no|off)$/i.test(text)) return false;
+  throw new ConfigError(`${name} must be true or false, got '${text}'`);
+}
+
+function list(text: string | undefined): string[] {
+  return (text ?? "")
+    .split(",")
+    .map((item) => item.trim().toLowerCase())
+    .filter((item) => item !== "");
+}
+
+const HOSTNAME = /^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$/;
+
+function hostname(name: string, value: string): string {
+  if (!HOSTNAME.test(value) && isIP(value) === 0) throw new ConfigError(`${name}: '${value}' is not a host name`);
+  return value;
+}

@@ -1,0 +1,10 @@
+export { type RunningProxy, type StartOptions, startMetricsServer, startProxy } from "./app.js";
+export { RouteCache } from "./cache.js";
+export { ConfigError, loadConfig, type ProxyConfig } from "./config.js";
+export { goJson, type ProxyError, wantsHtml } from "./errors.js";
+export { createLogger, type Logger, silentLogger } from "./log.js";
+export { ProxyMetrics } from "./metrics.js";
+export { AutoResume, ResumeError, type ResumeRefusal, type ResumeRequest, type SandboxResumer } from "./resume.js";
+export { RouteStore } from "./routes.js";
+export { controlOnlyPath, Router, type RouteTarget, type RoutingFailure } from "./routing.js";
+export { SandboxProxy, tokenMatches, upstreamAddress } from "./server.js";

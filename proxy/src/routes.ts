@@ -1,0 +1,167 @@
+import {
+  parseRouteEvent,
+  ROUTE_EVENTS_CHANNEL,
+  type RouteEvent,
+  routeFromHash,
+  routeKey,
+  type SandboxRoute,
+} from "@warren/proto/redis";
+import type { Redis } from "ioredis";
+import { RouteCache } from "./cache.js";
+import type { Logger } from "./log.js";
+
+export interface RouteStoreOptions {
+  /** Cache lifetime; 0 reads Redis on every request. */
+  readonly cacheTtlMs: number;
+  readonly cacheMax: number;
+  /** How often a waiter re-reads the route in case an event was lost. */
+  readonly waitPollMs?: number;
+  readonly onLookup?: (result: "hit" | "miss") => void;
+}
+
+export type RouteEventListener = (event: RouteEvent) => void;
+
+/**
+ * The proxy's view of `warren:route:<id>` (the node agents' Redis contract): cached reads,
+ * invalidated by `warren:route-events`, plus a way to wait for a route to reach a state.
+ * `redis` serves reads; `subscriber` is a second connection that only listens to the channel.
+ */
+export class RouteStore {
+  private readonly cache: RouteCache;
+  private readonly listeners = new Set<RouteEventListener>();
+  private readonly waitPollMs: number;
+  private subscribed = false;
+  private closed = false;
+
+  constructor(
+    private readonly redis: Redis,
+    private readonly subscriber: Redis,
+    private readonly options: RouteStoreOptions,
+    private readonly log: Logger,
+  ) {
+    this.cache = new RouteCache(options.cacheTtlMs, options.cacheMax, (id) => this.read(id));
+    this.waitPollMs = options.waitPollMs ?? 500;
+  }
+
+  /** Subscribes to route events; the cache serves entries only while subscribed. */
+  async start(): Promise<void> {
+    this.subscriber.on("message", (channel: string, message: string) => {
+      if (channel !== ROUTE_EVENTS_CHANNEL) return;
+      const event = parseRouteEvent(message);
+      if (!event) {
+        this.log.warn("ignoring malformed route event", { length: message.length });
+        return;
+      }
+      this.cache.invalidate(event.sandboxId);
+      for (const listener of this.listeners) listener(event);
+    });
+    // While the subscription is down, events are lost: stop trusting (and filling) the cache.
+    this.subscriber.on("close", () => {
+      if (this.subscribed && !this.closed)
+        this.log.warn("route events subscription lost; route cache off until it is back");
+      this.subscribed = false;
+      this.cache.setEnabled(false);
+    });
+    this.subscriber.on("ready", () => {
+      if (!this.subscribed && !this.closed) void this.subscribe();
+    });
+    await this.subscribe();
+  }
+
+  private async subscribe(): Promise<void> {
+    await this.subscriber.subscribe(ROUTE_EVENTS_CHANNEL);
+    if (this.closed) return;
+    this.subscribed = true;
+    this.cache.setEnabled(true);
+  }
+
+  /** A cached route when there is one (`{route: undefined}` caches "no route"). */
+  peek(sandboxId: string): { readonly route: SandboxRoute | undefined } | undefined {
+    const hit = this.cache.peek(sandboxId);
+    this.options.onLookup?.(hit ? "hit" : "miss");
+    return hit;
+  }
+
+  /** The route, from the cache or Redis. */
+  get(sandboxId: string): Promise<SandboxRoute | undefined> {
+    const hit = this.peek(sandboxId);
+    return hit ? Promise.resolve(hit.route) : this.cache.load(sandboxId);
+  }
+
+  /** Reads Redis past the cache (and refreshes the cache with the answer). */
+  fresh(sandboxId: string): Promise<SandboxRoute | undefined> {
+    this.cache.invalidate(sandboxId);
+    return this.cache.load(sandboxId);
+  }
+
+  /** Called for every route event, after the cache dropped the sandbox. */
+  onEvent(listener: RouteEventListener): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  /**
+   * Resolves with the route once `done(route)` holds, re-reading it on every event for the sandbox
+   * and every `waitPollMs`; rejects with the signal's reason when it aborts first.
+   */
+  waitFor(
+    sandboxId: string,
+    done: (route: SandboxRoute | undefined) => boolean,
+    signal: AbortSignal,
+  ): Promise<SandboxRoute | undefined> {
+    return new Promise((resolve, reject) => {
+      let settled = false;
+      let checking = false;
+      let again = false;
+      const finish = (fn: () => void) => {
+        if (settled) return;
+        settled = true;
+        clearInterval(timer);
+        unsubscribe();
+        signal.removeEventListener("abort", onAbort);
+        fn();
+      };
+      const check = async () => {
+        if (checking) {
+          again = true;
+          return;
+        }
+        checking = true;
+        try {
+          do {
+            again = false;
+            const route = await this.fresh(sandboxId);
+            if (done(route)) return finish(() => resolve(route));
+          } while (again && !settled);
+        } catch (error) {
+          this.log.warn("route read failed while waiting", { sandboxId, error: String(error) });
+        } finally {
+          checking = false;
+        }
+      };
+      const onAbort = () => finish(() => reject(signal.reason));
+      const unsubscribe = this.onEvent((event) => {
+        if (event.sandboxId === sandboxId) void check();
+      });
+      const timer = setInterval(() => void check(), this.waitPollMs);
+      if (signal.aborted) return onAbort();
+      signal.addEventListener("abort", onAbort, { once: true });
+      void check();
+    });
+  }
+
+  get cacheSize(): number {
+    return this.cache.size;
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    this.cache.setEnabled(false);
+    await Promise.allSettled([this.subscriber.quit(), this.redis.quit()]);
+  }
+
+  private async read(sandboxId: string): Promise<SandboxRoute | undefined> {
+    const hash = await this.redis.hgetall(routeKey(sandboxId));
+    return routeFromHash(hash);
+  }
+}
