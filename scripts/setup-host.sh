@@ -18,7 +18,11 @@ packages=(sudo inotify-tools attr util-linux procps
   python3-ipykernel python3-jupyter-client python3-matplotlib python3-matplotlib-inline python3-pandas
   python3-numpy python3-pexpect
   # nginx, wrk: the proxy benchmark (npm run bench -w proxy) loads nginx as a reference reverse proxy with wrk.
-  nginx wrk)
+  nginx wrk
+  # The node agent's namespace driver: crun starts sandboxes (user namespace with a uid range, seccomp, no forced
+  # no-new-privileges), tini is their PID 1, debootstrap builds templates, iproute2/iptables make the per-sandbox
+  # network namespaces and firewall rules.
+  crun tini debootstrap iproute2 iptables)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

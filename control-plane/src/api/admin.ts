@@ -1,0 +1,74 @@
+import { timingSafeEqual } from "node:crypto";
+import { type NextFunction, type Request, type Response, Router } from "express";
+import type { Db } from "../store/db.js";
+import { listNodes } from "../store/nodes.js";
+import { createApiKey, createTeam, getTeam, listTeams, revokeApiKey, type TeamLimits } from "../store/teams.js";
+import { ApiError, badRequest } from "./errors.js";
+import { body } from "./validate.js";
+
+function sameSecret(a: string, b: string): boolean {
+  const x = Buffer.from(a);
+  const y = Buffer.from(b);
+  return x.length === y.length && timingSafeEqual(x, y);
+}
+
+function limits(obj: Record<string, unknown>): TeamLimits {
+  const out: Record<string, number> = {};
+  for (const field of ["maxConcurrentSandboxes", "maxLengthHours", "maxCreatesPerMinute"] as const) {
+    const value = obj[field];
+    if (value === undefined) continue;
+    if (typeof value !== "number" || !Number.isInteger(value) || value < 1) {
+      throw badRequest(`${field} must be a positive integer, got ${JSON.stringify(value)}`);
+    }
+    out[field] = value;
+  }
+  return out;
+}
+
+/**
+ * Warren extra: team and API key administration, behind `X-Admin-Token` (WARREN_ADMIN_TOKEN). Keys are shown
+ * once, in the response that creates them; only their SHA-256 is stored.
+ */
+export function adminRoutes(db: Db, adminToken: string): Router {
+  const router = Router();
+  const guard = (req: Request, _res: Response, next: NextFunction) => {
+    const given = req.get("X-Admin-Token") ?? "";
+    if (!adminToken || !sameSecret(given, adminToken)) throw new ApiError(401, "Invalid admin token");
+    next();
+  };
+  router.use("/warren/v1/admin", guard);
+
+  router.post("/warren/v1/admin/teams", async (req, res) => {
+    const obj = body(req.body);
+    if (typeof obj.name !== "string" || obj.name.trim() === "") throw badRequest("name is required");
+    const team = await createTeam(db, obj.name, limits(obj));
+    const key = await createApiKey(db, team.id, "default");
+    res.status(201).json({ team, apiKey: { id: key.id, key: key.key, prefix: key.prefix } });
+  });
+
+  router.get("/warren/v1/admin/teams", async (_req, res) => {
+    res.status(200).json(await listTeams(db));
+  });
+
+  router.post("/warren/v1/admin/teams/:teamID/api-keys", async (req, res) => {
+    const teamId = String(req.params.teamID);
+    if (!(await getTeam(db, teamId))) throw new ApiError(404, `team '${teamId}' not found`);
+    const obj = body(req.body);
+    const key = await createApiKey(db, teamId, typeof obj.name === "string" ? obj.name : "");
+    res.status(201).json({ id: key.id, key: key.key, prefix: key.prefix });
+  });
+
+  // Nodes as the master's reconciler last saw them (up/down, last heartbeat): cluster readiness for `warren up`.
+  router.get("/warren/v1/admin/nodes", async (_req, res) => {
+    const nodes = await listNodes(db);
+    res.status(200).json(nodes.map((n) => ({ ...n, lastSeenAt: n.lastSeenAt.toISOString() })));
+  });
+
+  router.delete("/warren/v1/admin/api-keys/:keyID", async (req, res) => {
+    if (!(await revokeApiKey(db, String(req.params.keyID)))) {
+      throw new ApiError(404, `api key '${req.params.keyID}' not found`);
+    }
+    res.status(204).end();
+  });
+  return router;
+}

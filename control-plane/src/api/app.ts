@@ -1,0 +1,128 @@
+import { randomUUID } from "node:crypto";
+import type { Client } from "@connectrpc/connect";
+import type { MasterService } from "@warren/proto/master/v1/master_pb";
+import express, { type NextFunction, type Request, type Response } from "express";
+import type { Logger } from "../master/log.js";
+import type { Db } from "../store/db.js";
+import { teamForApiKey } from "../store/teams.js";
+import { adminRoutes } from "./admin.js";
+import { ApiError, sendError } from "./errors.js";
+import { eventRoutes } from "./events.js";
+import type { ApiMetrics } from "./metrics.js";
+import { OPENAPI_DOCUMENT } from "./openapi.js";
+import { sandboxRoutes } from "./sandboxes.js";
+
+export interface AppDeps {
+  readonly db: Db;
+  readonly master: Client<typeof MasterService>;
+  readonly metrics: ApiMetrics;
+  readonly log: Logger;
+  readonly adminToken: string;
+  readonly streams: Set<() => void>;
+  readonly ssePollMs?: number;
+}
+
+const NOT_YET = [
+  "/sandboxes/:sandboxID/network",
+  "/sandboxes/:sandboxID/fork",
+  "/sandboxes/:sandboxID/snapshots",
+  "/snapshots",
+  "/templates",
+  "/templates/*rest",
+  "/v2/templates/*rest",
+  "/v3/templates",
+  "/volumes",
+  "/volumes/*rest",
+  "/secrets",
+  "/secrets/*rest",
+];
+
+/** Paths answered without an API key. */
+const PUBLIC = new Set(["/health", "/metrics", "/openapi.json", "/warren/v1/openapi.json"]);
+
+export function createApp(deps: AppDeps): express.Express {
+  const app = express();
+  app.disable("x-powered-by");
+  app.set("etag", false);
+
+  // Request id, access log (never headers or bodies: they carry keys and tokens), metrics.
+  app.use((req, res, next) => {
+    const requestId = req.get("X-Request-ID") || randomUUID();
+    res.setHeader("X-Request-ID", requestId);
+    res.locals.requestId = requestId;
+    const started = process.hrtime.bigint();
+    res.on("finish", () => {
+      const route = (req.route?.path as string | undefined) ?? "unmatched";
+      const seconds = Number(process.hrtime.bigint() - started) / 1e9;
+      deps.metrics.requests.inc({ method: req.method, route, status: String(res.statusCode) });
+      deps.metrics.duration.observe({ method: req.method, route }, seconds);
+      deps.log.info("request", {
+        requestId,
+        method: req.method,
+        route,
+        sandboxId: req.params?.sandboxID,
+        team: (res.locals.team as { id?: string } | undefined)?.id,
+        status: res.statusCode,
+        ms: Math.round(seconds * 1000),
+      });
+    });
+    next();
+  });
+
+  app.get("/health", (_req, res) => {
+    res.status(200).json({ status: "ok" });
+  });
+  app.get("/metrics", async (_req, res) => {
+    res.setHeader("Content-Type", deps.metrics.registry.contentType);
+    res.status(200).send(await deps.metrics.registry.metrics());
+  });
+  app.get(["/openapi.json", "/warren/v1/openapi.json"], (_req, res) => {
+    res.status(200).json(OPENAPI_DOCUMENT);
+  });
+
+  app.use(express.json({ limit: "1mb", type: () => true }));
+  app.use(adminRoutes(deps.db, deps.adminToken));
+
+  app.use(async (req: Request, res: Response, next: NextFunction) => {
+    if (PUBLIC.has(req.path)) return next();
+    const key = req.get("X-API-KEY");
+    if (!key) throw new ApiError(401, "Missing API key: set the X-API-KEY header");
+    const team = await teamForApiKey(deps.db, key);
+    if (!team) throw new ApiError(401, "Invalid API key");
+    res.locals.team = team;
+    next();
+  });
+  app.use(sandboxRoutes(deps));
+  app.use(eventRoutes({ db: deps.db, pollMs: deps.ssePollMs ?? 250, streams: deps.streams }));
+
+  // E2B paths Warren does not serve yet: 501, not 404, because the SDK reads 404 as "sandbox not found".
+  app.all(NOT_YET, (req: Request) => {
+    throw new ApiError(501, `${req.method} ${req.path} is not implemented by Warren yet`);
+  });
+  app.use((req: Request, _res: Response, next: NextFunction) => {
+    next(new ApiError(404, `no route for ${req.method} ${req.path}`));
+  });
+  app.use((error: unknown, _req: Request, res: Response, _next: NextFunction) => {
+    if (res.headersSent) {
+      res.end();
+      return;
+    }
+    if (error instanceof ApiError) return sendError(res, error);
+    const status = (error as { status?: number; type?: string }).status;
+    if ((error as { type?: string }).type === "entity.parse.failed") {
+      return sendError(res, new ApiError(400, "request body is not valid JSON"));
+    }
+    if (typeof status === "number" && status >= 400 && status < 500) {
+      return sendError(res, new ApiError(status, error instanceof Error ? error.message : "bad request"));
+    }
+    const requestId = res.locals.requestId as string;
+    deps.log.error("request failed", { requestId, error });
+    // PostgreSQL unreachable is a transient condition the client can retry.
+    const code = (error as { code?: string }).code;
+    if (code === "ECONNREFUSED" || code === "57P01" || code === "ETIMEDOUT") {
+      return sendError(res, new ApiError(503, "database unavailable, please retry"));
+    }
+    sendError(res, new ApiError(500, `internal error (request ${requestId})`, "internal_server_error"));
+  });
+  return app;
+}

@@ -1,0 +1,240 @@
+import { createHash } from "node:crypto";
+import type { Client } from "@connectrpc/connect";
+import type { MasterService } from "@warren/proto/master/v1/master_pb";
+import { type Request, type Response, Router } from "express";
+import type { Db } from "../store/db.js";
+import { readEvents } from "../store/events.js";
+import { encodeCursor, getVisibleSandbox, listSandboxes } from "../store/sandboxes.js";
+import type { Team } from "../store/teams.js";
+import { ApiError, badRequest, fromMasterError, sandboxNotFound } from "./errors.js";
+import type { ApiMetrics } from "./metrics.js";
+import { body, parseConnectBody, parseCreateBody, parseListQuery, parseTimeoutBody } from "./validate.js";
+import { listedSandbox, logEntry, sandboxDetail, sandboxResponse } from "./views.js";
+
+export interface SandboxRoutesDeps {
+  readonly db: Db;
+  readonly master: Client<typeof MasterService>;
+  readonly metrics: ApiMetrics;
+}
+
+export function team(res: Response): Team {
+  return res.locals.team as Team;
+}
+
+function sandboxId(req: Request): string {
+  const id = req.params.sandboxID;
+  if (typeof id !== "string" || !/^[a-z0-9][a-z0-9-]{0,62}$/.test(id)) {
+    // An id that cannot exist is answered like an unknown one.
+    throw sandboxNotFound(String(id));
+  }
+  return id;
+}
+
+async function master<T>(call: () => Promise<T>): Promise<T> {
+  try {
+    return await call();
+  } catch (error) {
+    throw fromMasterError(error);
+  }
+}
+
+const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
+
+/** E2B's sandbox REST surface (v1 and v2 paths), scoped to the caller's team. */
+export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
+  const router = Router();
+
+  const create = (version: 1 | 2) => async (req: Request, res: Response) => {
+    const parsed = parseCreateBody(req.body, version);
+    const idempotencyKey = req.get("Idempotency-Key");
+    if (idempotencyKey !== undefined && !IDEMPOTENCY_KEY.test(idempotencyKey)) {
+      throw badRequest("Idempotency-Key must be 1-255 printable ASCII characters");
+    }
+    const requestHash = createHash("sha256")
+      .update(`v${version}:${JSON.stringify(req.body ?? {})}`)
+      .digest("hex");
+    try {
+      const result = await master(() =>
+        deps.master.createSandbox({
+          teamId: team(res).id,
+          templateId: parsed.templateId,
+          timeoutSeconds: parsed.timeoutSeconds,
+          metadata: parsed.metadata,
+          envVars: parsed.envVars,
+          lifecycle: {
+            autoPause: parsed.autoPause,
+            autoPauseMemory: parsed.autoPauseMemory,
+            autoResume: parsed.autoResume,
+          },
+          networkJson: parsed.network ? JSON.stringify(parsed.network) : "",
+          ...(parsed.allowInternetAccess !== undefined ? { allowInternetAccess: parsed.allowInternetAccess } : {}),
+          idempotencyKey: idempotencyKey ?? "",
+          requestHash,
+        }),
+      );
+      if (!result.sandbox) throw new ApiError(500, "master answered without a sandbox");
+      deps.metrics.sandboxCreates.inc({ outcome: result.replayed ? "replayed" : "created" });
+      if (result.replayed) res.setHeader("Idempotent-Replayed", "true");
+      res.status(201).json(sandboxResponse(result.sandbox));
+    } catch (error) {
+      deps.metrics.sandboxCreates.inc({ outcome: "failed" });
+      throw error;
+    }
+  };
+  router.post("/v2/sandboxes", create(2));
+  router.post("/sandboxes", create(1));
+
+  const connect = (version: 1 | 2) => async (req: Request, res: Response) => {
+    const id = sandboxId(req);
+    const parsed = parseConnectBody(req.body, version);
+    const result = await master(() =>
+      deps.master.connectSandbox({
+        teamId: team(res).id,
+        sandboxId: id,
+        timeoutSeconds: parsed.timeoutSeconds,
+        ...(parsed.memory !== undefined ? { memory: parsed.memory } : {}),
+      }),
+    );
+    if (!result.sandbox) throw new ApiError(500, "master answered without a sandbox");
+    res.status(result.resumed ? 201 : 200).json(sandboxResponse(result.sandbox));
+  };
+  router.post("/v2/sandboxes/:sandboxID/connect", connect(2));
+  router.post("/sandboxes/:sandboxID/connect", connect(1));
+
+  const list = (version: 1 | 2) => async (req: Request, res: Response) => {
+    const params = parseListQuery(req.query as Record<string, unknown>, version);
+    const page = await listSandboxes(deps.db, { teamId: team(res).id, ...params });
+    if (page.next && version === 2) res.setHeader("X-Next-Token", encodeCursor(page.next));
+    res.setHeader("X-Total-Running", String(page.totalRunning));
+    res.status(200).json(page.sandboxes.map(listedSandbox));
+  };
+  router.get("/v2/sandboxes", list(2));
+  router.get("/sandboxes", list(1));
+
+  router.get("/sandboxes/metrics", async (req, res) => {
+    const raw = typeof req.query.sandbox_ids === "string" ? req.query.sandbox_ids : "";
+    const ids = raw.split(",").filter(Boolean);
+    if (ids.length > 100) throw badRequest("at most 100 sandbox_ids");
+    // No per-sandbox metrics source yet: known sandboxes are answered with no entry.
+    res.status(200).json({ sandboxes: {} });
+  });
+
+  router.get("/sandboxes/:sandboxID", async (req, res) => {
+    const id = sandboxId(req);
+    const row = await getVisibleSandbox(deps.db, team(res).id, id);
+    if (!row) throw sandboxNotFound(id);
+    res.status(200).json(sandboxDetail(row));
+  });
+
+  router.delete("/sandboxes/:sandboxID", async (req, res) => {
+    const id = sandboxId(req);
+    await master(() => deps.master.killSandbox({ teamId: team(res).id, sandboxId: id }));
+    res.status(204).end();
+  });
+
+  router.post("/sandboxes/:sandboxID/timeout", async (req, res) => {
+    const id = sandboxId(req);
+    const timeout = parseTimeoutBody(req.body);
+    await master(() =>
+      deps.master.setSandboxTimeout({
+        teamId: team(res).id,
+        sandboxId: id,
+        timeoutSeconds: timeout,
+        extendOnly: false,
+      }),
+    );
+    res.status(204).end();
+  });
+
+  router.post("/sandboxes/:sandboxID/refreshes", async (req, res) => {
+    const id = sandboxId(req);
+    const obj = body(req.body);
+    const duration = obj.duration ?? 60;
+    if (typeof duration !== "number" || !Number.isInteger(duration) || duration < 0 || duration > 3600) {
+      throw badRequest(`duration must be an integer from 0 to 3600, got ${JSON.stringify(duration)}`);
+    }
+    await master(() =>
+      deps.master.setSandboxTimeout({
+        teamId: team(res).id,
+        sandboxId: id,
+        timeoutSeconds: duration,
+        extendOnly: true,
+      }),
+    );
+    res.status(204).end();
+  });
+
+  router.post("/sandboxes/:sandboxID/pause", async (req, res) => {
+    const id = sandboxId(req);
+    const obj = body(req.body);
+    if (obj.memory !== undefined && obj.memory !== null && typeof obj.memory !== "boolean") {
+      throw badRequest("memory must be a boolean");
+    }
+    await master(() =>
+      deps.master.pauseSandbox({
+        teamId: team(res).id,
+        sandboxId: id,
+        ...(typeof obj.memory === "boolean" ? { memory: obj.memory } : {}),
+      }),
+    );
+    res.status(204).end();
+  });
+
+  // Deprecated E2B resume: 409 when the sandbox is not paused, else connect (201).
+  router.post("/sandboxes/:sandboxID/resume", async (req, res) => {
+    const id = sandboxId(req);
+    const obj = body(req.body);
+    const timeout = obj.timeout ?? 15;
+    if (typeof timeout !== "number" || !Number.isInteger(timeout) || timeout < 0) {
+      throw badRequest(`timeout must be a non-negative integer, got ${JSON.stringify(timeout)}`);
+    }
+    const row = await getVisibleSandbox(deps.db, team(res).id, id);
+    if (!row) throw sandboxNotFound(id);
+    if (row.state === "running" || row.state === "pausing") {
+      throw new ApiError(409, `Sandbox ${id} is already running`);
+    }
+    const result = await master(() =>
+      deps.master.connectSandbox({
+        teamId: team(res).id,
+        sandboxId: id,
+        timeoutSeconds: timeout,
+        ...(typeof obj.memory === "boolean" ? { memory: obj.memory } : {}),
+      }),
+    );
+    if (!result.sandbox) throw new ApiError(500, "master answered without a sandbox");
+    res.status(201).json(sandboxResponse(result.sandbox));
+  });
+
+  router.get("/sandboxes/:sandboxID/metrics", async (req, res) => {
+    const id = sandboxId(req);
+    const row = await getVisibleSandbox(deps.db, team(res).id, id);
+    if (!row) throw sandboxNotFound(id);
+    res.status(200).json([]);
+  });
+
+  const lifecycleLogs = async (req: Request, res: Response) => {
+    const id = sandboxId(req);
+    const row = await getVisibleSandbox(deps.db, team(res).id, id);
+    if (!row) throw sandboxNotFound(id);
+    const limitRaw = req.query.limit;
+    const limit = limitRaw === undefined ? 1000 : Number(limitRaw);
+    if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw badRequest("limit must be 1-1000");
+    return readEvents(deps.db, { teamId: team(res).id, sandboxId: id, limit });
+  };
+  router.get("/sandboxes/:sandboxID/logs", async (req, res) => {
+    const events = await lifecycleLogs(req, res);
+    const entries = events.map(logEntry);
+    res.status(200).json({
+      logs: entries.map((e) => ({ timestamp: e.timestamp, line: e.message })),
+      logEntries: entries,
+    });
+  });
+  router.get("/v2/sandboxes/:sandboxID/logs", async (req, res) => {
+    const events = await lifecycleLogs(req, res);
+    const entries = events.map(logEntry);
+    if (req.query.direction === "backward") entries.reverse();
+    res.status(200).json({ logs: entries });
+  });
+
+  return router;
+}

@@ -1,0 +1,80 @@
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { MasterService } from "@warren/proto/master/v1/master_pb";
+import { createLogger, type Logger } from "../master/log.js";
+import { createDb, type Db } from "../store/db.js";
+import { migrate } from "../store/migrations.js";
+import { createApp } from "./app.js";
+import type { ApiConfig } from "./config.js";
+import { ApiMetrics } from "./metrics.js";
+
+export interface ApiServerOptions {
+  readonly config: ApiConfig;
+  readonly log?: Logger;
+  readonly ssePollMs?: number;
+}
+
+/**
+ * One stateless api replica. It applies migrations too (idempotent, under an advisory lock), so the api and the
+ * master can start in any order.
+ */
+export class ApiServer {
+  private constructor(
+    private readonly server: http.Server,
+    readonly db: Db,
+    private readonly config: ApiConfig,
+    private readonly streams: Set<() => void>,
+  ) {}
+
+  static async start(options: ApiServerOptions): Promise<ApiServer> {
+    const { config } = options;
+    const log = options.log ?? createLogger("api");
+    const db = createDb({ url: config.databaseUrl, schema: config.schema });
+    await migrate(db, config.schema);
+    const master = createClient(
+      MasterService,
+      createConnectTransport({ baseUrl: config.masterUrl, httpVersion: "1.1" }),
+    );
+    const streams = new Set<() => void>();
+    const app = createApp({
+      db,
+      master,
+      metrics: new ApiMetrics(),
+      log,
+      adminToken: config.adminToken,
+      streams,
+      ...(options.ssePollMs ? { ssePollMs: options.ssePollMs } : {}),
+    });
+    const server = http.createServer(app);
+    server.keepAliveTimeout = 65_000;
+    await new Promise<void>((resolve) => server.listen(config.port, config.host, resolve));
+    const api = new ApiServer(server, db, config, streams);
+    log.info("api listening", { url: api.url });
+    return api;
+  }
+
+  get url(): string {
+    const address = this.server.address() as AddressInfo;
+    return `http://${this.config.host}:${address.port}`;
+  }
+
+  /** Graceful stop: refuse new connections, end SSE followers, let in-flight requests finish, close the pool. */
+  async stop(drainMs = 10_000): Promise<void> {
+    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    for (const close of [...this.streams]) close();
+    // Keep-alive sockets become idle as their last response ends; close each as soon as it does, and cut
+    // whatever is still open when the drain time is over.
+    const sweep = setInterval(() => this.server.closeIdleConnections(), 50);
+    const deadline = setTimeout(() => this.server.closeAllConnections(), drainMs);
+    this.server.closeIdleConnections();
+    try {
+      await closed;
+    } finally {
+      clearInterval(sweep);
+      clearTimeout(deadline);
+    }
+    await this.db.end().catch(() => undefined);
+  }
+}

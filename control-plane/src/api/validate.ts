@@ -1,0 +1,248 @@
+import { isIP } from "node:net";
+import type { ListCursor } from "../store/sandboxes.js";
+import { decodeCursor } from "../store/sandboxes.js";
+import { badRequest } from "./errors.js";
+
+/** Request bodies and queries parsed once at the edge into typed values; every refusal is a 400. */
+
+type Json = Record<string, unknown>;
+
+function isObject(value: unknown): value is Json {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+export function body(value: unknown): Json {
+  if (value === undefined || value === null) return {};
+  if (!isObject(value)) throw badRequest("request body must be a JSON object");
+  return value;
+}
+
+function optionalBool(obj: Json, field: string): boolean | undefined {
+  const value = obj[field];
+  if (value === undefined || value === null) return undefined;
+  if (typeof value !== "boolean") throw badRequest(`${field} must be a boolean, got ${JSON.stringify(value)}`);
+  return value;
+}
+
+function optionalInt(obj: Json, field: string): number | undefined {
+  const value = obj[field];
+  if (value === undefined || value === null) return undefined;
+  if (typeof value !== "number" || !Number.isInteger(value) || Math.abs(value) > 2 ** 31 - 1) {
+    throw badRequest(`${field} must be a 32-bit integer, got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+function stringMap(obj: Json, field: string): Record<string, string> {
+  const value = obj[field];
+  if (value === undefined || value === null) return {};
+  if (!isObject(value)) throw badRequest(`${field} must be an object of strings`);
+  for (const [key, v] of Object.entries(value)) {
+    if (typeof v !== "string") throw badRequest(`${field}.${key} must be a string, got ${JSON.stringify(v)}`);
+  }
+  return value as Record<string, string>;
+}
+
+function stringList(obj: Json, field: string): string[] | undefined {
+  const value = obj[field];
+  if (value === undefined || value === null) return undefined;
+  if (!Array.isArray(value) || value.some((v) => typeof v !== "string")) {
+    throw badRequest(`${field} must be an array of strings`);
+  }
+  return value as string[];
+}
+
+function isCidrOrIp(entry: string): boolean {
+  const [addr, prefix, ...rest] = entry.split("/");
+  if (rest.length > 0 || !addr) return false;
+  const family = isIP(addr);
+  if (family === 0) return false;
+  if (prefix === undefined) return true;
+  const bits = Number(prefix);
+  return /^\d+$/.test(prefix) && bits >= 0 && bits <= (family === 4 ? 32 : 128);
+}
+
+const ALL_TRAFFIC = "0.0.0.0/0";
+
+/** E2B's SandboxNetworkConfig rules that the server (not the SDK) enforces. */
+export function parseNetwork(value: unknown): Json | null {
+  if (value === undefined || value === null) return null;
+  if (!isObject(value)) throw badRequest("network must be an object");
+  const allowOut = stringList(value, "allowOut") ?? [];
+  const denyOut = stringList(value, "denyOut") ?? [];
+  for (const entry of denyOut) {
+    if (!isCidrOrIp(entry)) throw badRequest(`network.denyOut entry '${entry}' is not an IP address or CIDR`);
+  }
+  const domains = allowOut.filter((entry) => !isCidrOrIp(entry));
+  if (domains.length > 0 && !denyOut.includes(ALL_TRAFFIC)) {
+    throw badRequest(
+      "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' in deny out to block all other traffic.",
+    );
+  }
+  optionalBool(value, "allowPublicTraffic");
+  if (value.maskRequestHost !== undefined && typeof value.maskRequestHost !== "string") {
+    throw badRequest("network.maskRequestHost must be a string");
+  }
+  return value;
+}
+
+export interface CreateSandboxBody {
+  readonly templateId: string;
+  readonly timeoutSeconds: number;
+  readonly metadata: Record<string, string>;
+  readonly envVars: Record<string, string>;
+  readonly autoPause: boolean;
+  readonly autoPauseMemory: boolean;
+  readonly autoResume: boolean;
+  readonly network: Json | null;
+  readonly allowInternetAccess: boolean | undefined;
+}
+
+const TEMPLATE_REF = /^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}(:[A-Za-z0-9._-]{1,64})?$/;
+
+/** `POST /v2/sandboxes` (default timeout 300 s) and `POST /sandboxes` (v1: default 15 s). */
+export function parseCreateBody(raw: unknown, version: 1 | 2): CreateSandboxBody {
+  const obj = body(raw);
+  const templateId = obj.templateID;
+  if (typeof templateId !== "string" || templateId === "") throw badRequest("templateID is required");
+  if (!TEMPLATE_REF.test(templateId)) throw badRequest(`templateID '${templateId}' is not a valid template reference`);
+  const timeout = optionalInt(obj, "timeout");
+  if (timeout !== undefined && timeout <= 0) throw badRequest("Timeout must be greater than 0");
+  const autoPause = optionalBool(obj, "autoPause") ?? false;
+  const autoPauseMemory = optionalBool(obj, "autoPauseMemory");
+  let autoResume = false;
+  if (obj.autoResume !== undefined && obj.autoResume !== null) {
+    if (!isObject(obj.autoResume)) throw badRequest("autoResume must be an object {enabled: boolean}");
+    autoResume = optionalBool(obj.autoResume, "enabled") ?? false;
+  }
+  if (autoPauseMemory === false && !autoPause) {
+    throw badRequest("autoPauseMemory=false only applies when autoPause is true.");
+  }
+  if (autoPauseMemory === false && autoResume) {
+    throw badRequest(
+      "autoPauseMemory=false (filesystem-only auto-pause) cannot be combined with autoResume; resume such a sandbox with connect.",
+    );
+  }
+  if (autoResume && !autoPause) throw badRequest("autoResume requires autoPause to be true.");
+  if (obj.mcp !== undefined && obj.mcp !== null) throw badRequest("mcp is not supported by this server");
+  if (Array.isArray(obj.volumeMounts) && obj.volumeMounts.length > 0) {
+    throw badRequest("volumeMounts are not supported by this server");
+  }
+  return {
+    templateId,
+    timeoutSeconds: timeout ?? (version === 2 ? 300 : 15),
+    metadata: stringMap(obj, "metadata"),
+    envVars: stringMap(obj, "envVars"),
+    autoPause,
+    autoPauseMemory: autoPauseMemory ?? true,
+    autoResume,
+    network: parseNetwork(obj.network),
+    allowInternetAccess: optionalBool(obj, "allow_internet_access"),
+  };
+}
+
+export interface ConnectBody {
+  readonly timeoutSeconds: number;
+  readonly memory: boolean | undefined;
+}
+
+/** v2 connect: timeout optional (300 s); v1 connect: timeout required. */
+export function parseConnectBody(raw: unknown, version: 1 | 2): ConnectBody {
+  const obj = body(raw);
+  const timeout = optionalInt(obj, "timeout");
+  if (timeout === undefined && version === 1) throw badRequest("timeout is required");
+  if (timeout !== undefined && timeout < 0) throw badRequest("Timeout must not be negative");
+  return { timeoutSeconds: timeout || 300, memory: optionalBool(obj, "memory") };
+}
+
+export function parseTimeoutBody(raw: unknown): number {
+  const timeout = optionalInt(body(raw), "timeout");
+  if (timeout === undefined) throw badRequest("timeout is required");
+  if (timeout < 0) throw badRequest("Timeout must not be negative");
+  return timeout;
+}
+
+export interface ListParams {
+  readonly states: ("running" | "paused")[];
+  readonly metadata: Record<string, string>;
+  readonly startedAfter?: Date;
+  readonly template?: string;
+  readonly order: "asc" | "desc";
+  readonly limit: number;
+  readonly cursor?: ListCursor;
+}
+
+function single(value: unknown, name: string): string | undefined {
+  if (value === undefined) return undefined;
+  if (Array.isArray(value)) {
+    if (name === "state") return value.join(",");
+    throw badRequest(`${name} may be given once`);
+  }
+  if (typeof value !== "string") throw badRequest(`${name} is malformed`);
+  return value;
+}
+
+function queryUnescape(value: string, what: string): string {
+  try {
+    return decodeURIComponent(value.replace(/\+/g, " "));
+  } catch {
+    throw badRequest(`metadata filter has a malformed ${what}`);
+  }
+}
+
+/**
+ * The SDK encodes the metadata filter three times; express decoded it once. Decode the joined string once
+ * more, split on & and =, and decode each key and value a third time (infra `utils.parseFilters`).
+ */
+export function parseMetadataFilter(value: string): Record<string, string> {
+  const filter: Record<string, string> = {};
+  const joined = queryUnescape(value, "query");
+  for (const pair of joined.split("&")) {
+    if (pair === "") continue;
+    const eq = pair.indexOf("=");
+    if (eq <= 0) throw badRequest(`metadata filter entry '${pair}' is not key=value`);
+    filter[queryUnescape(pair.slice(0, eq), "key")] = queryUnescape(pair.slice(eq + 1), "value");
+  }
+  return filter;
+}
+
+/** Query of `GET /v2/sandboxes` (and v1 `GET /sandboxes`, which lists running sandboxes only). */
+export function parseListQuery(query: Record<string, unknown>, version: 1 | 2): ListParams {
+  const stateRaw = version === 2 ? single(query.state, "state") : undefined;
+  const states = (
+    stateRaw ? stateRaw.split(",").filter(Boolean) : version === 2 ? ["running", "paused"] : ["running"]
+  ).map((s) => s.trim());
+  for (const state of states) {
+    if (state !== "running" && state !== "paused") throw badRequest(`state '${state}' is not running or paused`);
+  }
+  const metadataRaw = single(query.metadata, "metadata");
+  const startedAfterRaw = version === 2 ? single(query.startedAfter, "startedAfter") : undefined;
+  let startedAfter: Date | undefined;
+  if (startedAfterRaw !== undefined) {
+    startedAfter = new Date(startedAfterRaw);
+    if (Number.isNaN(startedAfter.getTime())) throw badRequest(`startedAfter '${startedAfterRaw}' is not a date`);
+  }
+  const order = single(query.order, "order") ?? "desc";
+  if (order !== "asc" && order !== "desc") throw badRequest(`order must be asc or desc, got '${order}'`);
+  const limitRaw = single(query.limit, "limit");
+  const limit = limitRaw === undefined ? 100 : Number(limitRaw);
+  if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
+    throw badRequest(`limit must be an integer from 1 to 100, got '${limitRaw}'`);
+  }
+  const tokenRaw = single(query.nextToken, "nextToken");
+  let cursor: ListCursor | undefined;
+  if (tokenRaw) {
+    cursor = decodeCursor(tokenRaw);
+    if (!cursor) throw badRequest("nextToken is invalid");
+  }
+  const template = single(query.template, "template");
+  return {
+    states: states as ("running" | "paused")[],
+    metadata: metadataRaw ? parseMetadataFilter(metadataRaw) : {},
+    order,
+    limit: version === 2 ? limit : 100,
+    ...(startedAfter ? { startedAfter } : {}),
+    ...(template ? { template } : {}),
+    ...(cursor ? { cursor } : {}),
+  };
+}

@@ -1,0 +1,95 @@
+import type { SandboxEvent } from "../store/events.js";
+import { publicState, type SandboxRow } from "../store/sandboxes.js";
+
+/** Deprecated by E2B but required in the schema; infra answers this constant. */
+const CLIENT_ID = "6532622b";
+
+function network(row: SandboxRow): Record<string, unknown> | undefined {
+  if (!row.network) return undefined;
+  const copy: Record<string, unknown> = { ...row.network };
+  const proxy = copy.egressProxy;
+  if (proxy && typeof proxy === "object") {
+    const { password: _password, ...rest } = proxy as Record<string, unknown>;
+    copy.egressProxy = rest;
+  }
+  return copy;
+}
+
+/** E2B `ListedSandbox`. */
+export function listedSandbox(row: SandboxRow): Record<string, unknown> {
+  return {
+    sandboxID: row.id,
+    templateID: row.templateId,
+    ...(row.alias ? { alias: row.alias } : {}),
+    clientID: CLIENT_ID,
+    startedAt: row.startedAt.toISOString(),
+    endAt: (row.pausedAt ?? row.endAt).toISOString(),
+    state: publicState(row.state) ?? "running",
+    cpuCount: row.cpuCount,
+    memoryMB: row.memoryMB,
+    diskSizeMB: row.diskSizeMB,
+    envdVersion: row.envdVersion,
+    metadata: row.metadata,
+    volumeMounts: row.volumeMounts,
+  };
+}
+
+/** E2B `SandboxDetail` (the envd access token is not repeated here; connect returns it). */
+export function sandboxDetail(row: SandboxRow): Record<string, unknown> {
+  const net = network(row);
+  return {
+    ...listedSandbox(row),
+    ...(row.allowInternetAccess !== null ? { allowInternetAccess: row.allowInternetAccess } : {}),
+    ...(net ? { network: net } : {}),
+    lifecycle: { onTimeout: row.autoPause ? "pause" : "kill", autoResume: row.autoResume },
+  };
+}
+
+/** E2B `Sandbox` (create/connect response) from the master's answer. */
+export function sandboxResponse(s: {
+  sandboxId: string;
+  templateId: string;
+  alias: string;
+  envdVersion: string;
+  envdAccessToken: string;
+  trafficAccessToken: string;
+  domain: string;
+}): Record<string, unknown> {
+  return {
+    sandboxID: s.sandboxId,
+    templateID: s.templateId,
+    ...(s.alias ? { alias: s.alias } : {}),
+    clientID: CLIENT_ID,
+    envdVersion: s.envdVersion,
+    envdAccessToken: s.envdAccessToken,
+    trafficAccessToken: s.trafficAccessToken || null,
+    domain: s.domain || null,
+  };
+}
+
+/** A ledger event as Warren's API shows it. */
+export function eventView(event: SandboxEvent): Record<string, unknown> {
+  return {
+    id: event.id,
+    sandboxID: event.sandboxId,
+    type: event.type,
+    fromState: event.fromState,
+    toState: event.toState,
+    data: event.data,
+    timestamp: event.createdAt.toISOString(),
+  };
+}
+
+/** A ledger event as an E2B `SandboxLogEntry` (lifecycle logs). */
+export function logEntry(event: SandboxEvent): Record<string, unknown> {
+  const fields: Record<string, string> = { type: event.type };
+  if (event.fromState) fields.fromState = event.fromState;
+  if (event.toState) fields.toState = event.toState;
+  const level = event.type.endsWith("failed") || event.type === "sandbox.lost" ? "error" : "info";
+  return {
+    timestamp: event.createdAt.toISOString(),
+    level,
+    message: event.toState ? `${event.type}: ${event.fromState ?? "-"} -> ${event.toState}` : event.type,
+    fields,
+  };
+}

@@ -1,0 +1,120 @@
+import type { DbClient } from "../store/db.js";
+import { appendEvent } from "../store/events.js";
+import { type SandboxRow, toSandboxRow } from "../store/sandboxes.js";
+import type { Team } from "../store/teams.js";
+import { MasterError } from "./errors.js";
+import type { CreateInput } from "./lifecycle.js";
+import { newSandboxId, sha256Hex, type TokenIssuer } from "./tokens.js";
+
+/** What the admitted row copies from the template and the request. */
+export interface AdmissionTemplate {
+  readonly templateId: string;
+  readonly alias: string | null;
+  readonly cpuCount: number;
+  readonly memoryMB: number;
+  readonly diskSizeMB: number;
+  readonly envdVersion: string;
+  readonly timeout: number;
+  readonly publicTraffic: boolean;
+  /** The first-choice node, so its reservation counts from the start. */
+  readonly nodeId: string | null;
+}
+
+/**
+ * Quota, rate limit and idempotency checks plus the `starting` row and its ledger event, in the caller's
+ * transaction and serialized per team (a transaction-scoped advisory lock), so two concurrent creates can never
+ * both take the last slot or both miss an Idempotency-Key.
+ */
+export async function admitSandbox(
+  tx: DbClient,
+  tokens: TokenIssuer,
+  team: Team,
+  input: CreateInput,
+  t: AdmissionTemplate,
+): Promise<{ row: SandboxRow; replayed: boolean }> {
+  await tx.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`team:${team.id}`]);
+  if (input.idempotencyKey) {
+    await tx.query(
+      `UPDATE sandboxes SET idempotency_key = NULL
+       WHERE team_id = $1 AND idempotency_key = $2 AND created_at <= now() - interval '24 hours'`,
+      [team.id, input.idempotencyKey],
+    );
+    const existing = await tx.query("SELECT * FROM sandboxes WHERE team_id = $1 AND idempotency_key = $2", [
+      team.id,
+      input.idempotencyKey,
+    ]);
+    if (existing.rows[0]) {
+      const row = toSandboxRow(existing.rows[0]);
+      if (row.requestHash !== (input.requestHash ?? null)) {
+        throw new MasterError("invalid", `Idempotency-Key '${input.idempotencyKey}' was used with another request`);
+      }
+      return { row, replayed: true };
+    }
+  }
+  const live = await tx.query<{ n: string }>(
+    "SELECT count(*) AS n FROM sandboxes WHERE team_id = $1 AND state IN ('starting','running','pausing','resuming')",
+    [team.id],
+  );
+  if (Number(live.rows[0]?.n) >= team.maxConcurrentSandboxes) {
+    throw new MasterError(
+      "quota",
+      `You have reached the maximum number of concurrent sandboxes (${team.maxConcurrentSandboxes})`,
+      5,
+    );
+  }
+  const recent = await tx.query<{ n: string; wait: string | null }>(
+    `SELECT count(*) AS n, ceil(extract(epoch FROM min(created_at) + interval '1 minute' - now())) AS wait
+     FROM sandboxes WHERE team_id = $1 AND created_at > now() - interval '1 minute'`,
+    [team.id],
+  );
+  if (Number(recent.rows[0]?.n) >= team.maxCreatesPerMinute) {
+    const wait = Math.max(1, Number(recent.rows[0]?.wait ?? 1));
+    throw new MasterError("quota", `Create rate limit of ${team.maxCreatesPerMinute} per minute reached`, wait);
+  }
+  const id = newSandboxId();
+  const nonce = tokens.newNonce();
+  const now = new Date();
+  const result = await tx.query(
+    `INSERT INTO sandboxes (id, team_id, template_id, alias, state, cpu_count, memory_mb, disk_size_mb,
+       envd_version, token_nonce, envd_token_hash, traffic_token_hash, metadata, env_vars, network,
+       allow_internet_access, volume_mounts, auto_pause, auto_pause_memory, auto_resume, idempotency_key,
+       request_hash, created_at, started_at, end_at, node_id)
+     VALUES ($1,$2,$3,$4,'starting',$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$22,$23,$24)
+     RETURNING *`,
+    [
+      id,
+      team.id,
+      t.templateId,
+      t.alias,
+      t.cpuCount,
+      t.memoryMB,
+      t.diskSizeMB,
+      t.envdVersion,
+      nonce,
+      sha256Hex(tokens.envdToken(id, nonce)),
+      t.publicTraffic ? null : sha256Hex(tokens.trafficToken(id, nonce)),
+      JSON.stringify(input.metadata),
+      JSON.stringify(input.envVars),
+      input.network ? JSON.stringify(input.network) : null,
+      input.allowInternetAccess,
+      JSON.stringify(input.volumeMounts),
+      input.autoPause,
+      input.autoPauseMemory,
+      input.autoResume,
+      input.idempotencyKey ?? null,
+      input.requestHash ?? null,
+      now,
+      new Date(now.getTime() + t.timeout * 1000),
+      t.nodeId,
+    ],
+  );
+  const row = toSandboxRow(result.rows[0]);
+  await appendEvent(tx, {
+    sandboxId: id,
+    teamId: team.id,
+    type: "sandbox.created",
+    toState: "starting",
+    data: { templateId: t.templateId, timeoutSeconds: t.timeout, metadata: input.metadata },
+  });
+  return { row, replayed: false };
+}

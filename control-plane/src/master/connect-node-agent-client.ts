@@ -1,0 +1,140 @@
+import { type Client, Code, ConnectError, createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { type CreateResponse, NodeAgentService, SandboxState } from "@warren/proto/nodeagent/v1/node_agent_pb";
+import {
+  type NodeAgentClient,
+  type NodeAgentConnector,
+  NodeAgentError,
+  type SandboxPlacement,
+} from "./node-agent-client.js";
+
+/** Node agent refusals that mean "try another node"; everything else is a failure of this node. */
+function toNodeAgentError(error: unknown): NodeAgentError {
+  const e = ConnectError.from(error);
+  switch (e.code) {
+    case Code.NotFound:
+      return new NodeAgentError("not_found", e.rawMessage);
+    case Code.ResourceExhausted:
+    case Code.FailedPrecondition:
+    case Code.AlreadyExists:
+      return new NodeAgentError("refused", e.rawMessage);
+    case Code.Unimplemented:
+      return new NodeAgentError("unimplemented", e.rawMessage);
+    case Code.Unavailable:
+    case Code.DeadlineExceeded:
+      return new NodeAgentError("unavailable", e.rawMessage);
+    default:
+      return new NodeAgentError("failed", `${Code[e.code]}: ${e.rawMessage}`);
+  }
+}
+
+async function call<T>(fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (error) {
+    throw toNodeAgentError(error);
+  }
+}
+
+function placement(response: CreateResponse | undefined): SandboxPlacement {
+  if (!response) throw new NodeAgentError("failed", "node agent answered without a placement");
+  return {
+    exec: response.exec,
+    sandboxAddr: response.sandboxAddr,
+    envdUrl: response.envdUrl,
+    ...(response.envdVersion ? { envdVersion: response.envdVersion } : {}),
+  };
+}
+
+/** Upper bounds per call, so a hung node agent cannot hold a transition (or the master's shutdown) forever. */
+const TIMEOUT_MS = { create: 120_000, resume: 120_000, pause: 120_000, kill: 30_000, list: 10_000 } as const;
+
+/** NodeAgentClient over `warren.nodeagent.v1.NodeAgentService` (Connect protocol). */
+export class ConnectNodeAgentClient implements NodeAgentClient {
+  private readonly client: Client<typeof NodeAgentService>;
+
+  constructor(addr: string, httpVersion: "1.1" | "2" = "1.1") {
+    const baseUrl = addr.includes("://") ? addr : `http://${addr}`;
+    this.client = createClient(NodeAgentService, createConnectTransport({ baseUrl, httpVersion }));
+  }
+
+  create: NodeAgentClient["create"] = (request) =>
+    call(async () => {
+      // A template the node does not have is a refusal (another node may have it), not "no such sandbox".
+      try {
+        const response = await this.client.create(
+          {
+            sandboxId: request.sandboxId,
+            teamId: request.teamId,
+            templateId: request.templateId,
+            resources: {
+              cpuCount: request.resources.cpuCount,
+              memoryMb: request.resources.memoryMB,
+              diskSizeMb: request.resources.diskSizeMB,
+            },
+            envVars: { ...request.envVars },
+            envdAccessToken: request.envdAccessToken,
+            trafficTokenHash: request.trafficTokenHash,
+            publicTraffic: request.publicTraffic,
+            autoResume: request.autoResume,
+            metadata: { ...request.metadata },
+            allowInternetAccess: request.allowInternetAccess ?? false,
+          },
+          { timeoutMs: TIMEOUT_MS.create },
+        );
+        return placement(response);
+      } catch (error) {
+        const e = ConnectError.from(error);
+        if (e.code === Code.NotFound) throw new ConnectError(e.rawMessage, Code.FailedPrecondition);
+        throw e;
+      }
+    });
+
+  kill: NodeAgentClient["kill"] = (sandboxId) =>
+    call(async () => {
+      await this.client.kill({ sandboxId }, { timeoutMs: TIMEOUT_MS.kill });
+    });
+
+  list: NodeAgentClient["list"] = () =>
+    call(async () => {
+      const response = await this.client.list({}, { timeoutMs: TIMEOUT_MS.list });
+      return response.sandboxes.map((sandbox) => ({
+        sandboxId: sandbox.sandboxId,
+        exec: sandbox.exec,
+        state: sandbox.state === SandboxState.PAUSED ? ("paused" as const) : ("running" as const),
+      }));
+    });
+
+  pause: NodeAgentClient["pause"] = (sandboxId, memory) =>
+    call(async () => {
+      await this.client.pause({ sandboxId, memory }, { timeoutMs: TIMEOUT_MS.pause });
+    });
+
+  resume: NodeAgentClient["resume"] = (request) =>
+    call(async () => {
+      const response = await this.client.resume(
+        {
+          sandboxId: request.sandboxId,
+          teamId: request.teamId,
+          envdAccessToken: request.envdAccessToken,
+          envVars: { ...request.envVars },
+          memory: request.memory,
+        },
+        { timeoutMs: TIMEOUT_MS.resume },
+      );
+      return placement(response.placement);
+    });
+}
+
+/** One client per node address, created on first use. */
+export function connectNodeAgents(httpVersion: "1.1" | "2" = "1.1"): NodeAgentConnector {
+  const clients = new Map<string, ConnectNodeAgentClient>();
+  return (_nodeId, addr) => {
+    let client = clients.get(addr);
+    if (!client) {
+      client = new ConnectNodeAgentClient(addr, httpVersion);
+      clients.set(addr, client);
+    }
+    return client;
+  };
+}

@@ -1,0 +1,458 @@
+import type { NodeHeartbeat } from "@warren/proto/redis";
+import type { Redis } from "ioredis";
+import { type Db, type DbClient, withTransaction } from "../store/db.js";
+import { appendEvent } from "../store/events.js";
+import { findTemplate, reservedMemoryByNode } from "../store/nodes.js";
+import { getSandbox, lockSandbox, type SandboxRow, type SandboxState, toSandboxRow } from "../store/sandboxes.js";
+import { getTeam } from "../store/teams.js";
+import { admitSandbox } from "./admission.js";
+import { MasterError, notFound } from "./errors.js";
+import type { Logger } from "./log.js";
+import { type NodeAgentConnector, NodeAgentError, type SandboxPlacement } from "./node-agent-client.js";
+import type { NodeRegistry } from "./node-registry.js";
+import { rankNodes } from "./placement.js";
+import { deleteRoute } from "./routes.js";
+import type { TokenIssuer } from "./tokens.js";
+
+export interface LifecycleConfig {
+  /** Base domain handed to clients; empty means "use your own". */
+  readonly domain: string;
+  readonly placementAttempts: number;
+  readonly memoryOvercommit: number;
+  /** How long a replayed create waits for the original to finish. */
+  readonly replayWaitMs: number;
+}
+
+export interface LifecycleDeps {
+  readonly db: Db;
+  readonly redis: Redis;
+  readonly registry: NodeRegistry;
+  readonly nodeAgent: NodeAgentConnector;
+  readonly tokens: TokenIssuer;
+  readonly log: Logger;
+  readonly config: LifecycleConfig;
+}
+
+export interface CreateInput {
+  readonly teamId: string;
+  readonly templateId: string;
+  readonly timeoutSeconds: number;
+  readonly metadata: Record<string, string>;
+  readonly envVars: Record<string, string>;
+  readonly autoPause: boolean;
+  readonly autoPauseMemory: boolean;
+  readonly autoResume: boolean;
+  readonly network: Record<string, unknown> | null;
+  readonly allowInternetAccess: boolean | null;
+  readonly volumeMounts: unknown[];
+  readonly idempotencyKey?: string;
+  readonly requestHash?: string;
+}
+
+/** What create/connect hand back to the api. */
+export interface SandboxView {
+  readonly sandboxId: string;
+  readonly templateId: string;
+  readonly alias: string;
+  readonly envdVersion: string;
+  readonly envdAccessToken: string;
+  readonly trafficAccessToken: string;
+  readonly domain: string;
+}
+
+const DEFAULT_TIMEOUT_SECONDS = 300;
+
+/** A node call that failed, as the api should see it: "not supported yet" is not "try again". */
+function nodeFailure(what: string, error: unknown): MasterError {
+  const message = error instanceof Error ? error.message : String(error);
+  if (error instanceof NodeAgentError && error.kind === "unimplemented") {
+    return new MasterError("unimplemented", `${what}: not supported by the node yet (${message})`);
+  }
+  return new MasterError("unavailable", `${what} failed: ${message}`);
+}
+
+/**
+ * The sandbox state machine. Every change happens in a PostgreSQL transaction that holds the sandbox's row
+ * lock and ends by appending to the ledger; long node calls run between two such transactions behind an
+ * intermediate state (starting, pausing, resuming) so a second transition sees the first and is refused.
+ */
+export class SandboxLifecycle {
+  constructor(private readonly deps: LifecycleDeps) {}
+
+  view(row: SandboxRow): SandboxView {
+    const { tokens, config } = this.deps;
+    return {
+      sandboxId: row.id,
+      templateId: row.templateId,
+      alias: row.alias ?? "",
+      envdVersion: row.envdVersion,
+      envdAccessToken: tokens.envdToken(row.id, row.tokenNonce),
+      trafficAccessToken: row.trafficTokenHash ? tokens.trafficToken(row.id, row.tokenNonce) : "",
+      domain: config.domain,
+    };
+  }
+
+  async create(input: CreateInput): Promise<{ sandbox: SandboxView; replayed: boolean }> {
+    const { db } = this.deps;
+    const [team, template, nodes, reserved] = await Promise.all([
+      getTeam(db, input.teamId),
+      findTemplate(db, input.templateId),
+      this.deps.registry.liveNodes(),
+      reservedMemoryByNode(db),
+    ]);
+    if (!team) throw new MasterError("not_found", `team '${input.teamId}' not found`);
+    if (!template) throw new MasterError("not_found", `template '${input.templateId}' not found`);
+    const timeout = input.timeoutSeconds > 0 ? input.timeoutSeconds : DEFAULT_TIMEOUT_SECONDS;
+    if (timeout > team.maxLengthHours * 3600) {
+      throw new MasterError("invalid", `Timeout cannot be greater than ${team.maxLengthHours} hours`);
+    }
+    const publicTraffic = input.network?.allowPublicTraffic !== false;
+    const firstChoice = rankNodes(
+      nodes,
+      reserved,
+      { templateId: template.id, memoryMB: template.memoryMB },
+      this.placementOptions(),
+    )[0];
+    const admitted = await withTransaction(db, (tx) =>
+      admitSandbox(tx, this.deps.tokens, team, input, {
+        templateId: template.id,
+        alias: template.alias,
+        cpuCount: template.cpuCount,
+        memoryMB: template.memoryMB,
+        diskSizeMB: template.diskSizeMB,
+        envdVersion: template.envdVersion,
+        timeout,
+        publicTraffic,
+        nodeId: firstChoice?.nodeId ?? null,
+      }),
+    );
+    if (admitted.replayed) {
+      const row = await this.awaitSettled(admitted.row.id);
+      if (row.state === "failed" && row.endReason === "placement_failed") {
+        throw new MasterError("unavailable", `the original create with this Idempotency-Key failed; retry`);
+      }
+      if (row.state === "killed" || row.state === "failed") throw notFound(row.id);
+      return { sandbox: this.view(row), replayed: true };
+    }
+    const row = await this.place(admitted.row, timeout, input.templateId, firstChoice);
+    return { sandbox: this.view(row), replayed: false };
+  }
+
+  private placementOptions() {
+    return { memoryOvercommit: this.deps.config.memoryOvercommit };
+  }
+
+  /** Live nodes that can take the sandbox, best first, skipping `exclude`. */
+  private async rank(row: SandboxRow, exclude: ReadonlySet<string>) {
+    const [nodes, reserved] = await Promise.all([this.deps.registry.liveNodes(), reservedMemoryByNode(this.deps.db)]);
+    // The row's own reservation sits on a node already tried (excluded), so it does not count against others.
+    return rankNodes(
+      nodes.filter((node) => !exclude.has(node.nodeId)),
+      reserved,
+      { templateId: row.templateId, memoryMB: row.memoryMB },
+      this.placementOptions(),
+    );
+  }
+
+  /** Tries nodes best first; a node that refuses or fails is skipped for the next one. */
+  private async place(
+    row: SandboxRow,
+    timeout: number,
+    templateRef: string,
+    firstChoice: NodeHeartbeat | undefined,
+  ): Promise<SandboxRow> {
+    const { db, nodeAgent, tokens, log, config } = this.deps;
+    const tried = new Set<string>();
+    const reasons: string[] = [];
+    for (let attempt = 0; attempt < config.placementAttempts; attempt++) {
+      // The admitted row already names the first choice; a retry moves the reservation to the next node.
+      const node = attempt === 0 && firstChoice ? firstChoice : (await this.rank(row, tried))[0];
+      if (!node) break;
+      tried.add(node.nodeId);
+      if (node.nodeId !== row.nodeId || attempt > 0) {
+        await db.query("UPDATE sandboxes SET node_id = $2 WHERE id = $1 AND state = 'starting'", [row.id, node.nodeId]);
+      }
+      let placement: SandboxPlacement;
+      try {
+        placement = await nodeAgent(node.nodeId, node.addr).create({
+          sandboxId: row.id,
+          teamId: row.teamId,
+          templateId: row.templateId,
+          resources: { cpuCount: row.cpuCount, memoryMB: row.memoryMB, diskSizeMB: row.diskSizeMB },
+          envVars: row.envVars,
+          envdAccessToken: tokens.envdToken(row.id, row.tokenNonce),
+          trafficTokenHash: row.trafficTokenHash ?? "",
+          publicTraffic: row.trafficTokenHash === null,
+          autoResume: row.autoResume,
+          metadata: row.metadata,
+          network: row.network,
+          allowInternetAccess: row.allowInternetAccess,
+        });
+      } catch (error) {
+        const reason = error instanceof Error ? error.message : String(error);
+        reasons.push(`${node.nodeId}: ${reason}`);
+        log.warn("node refused sandbox", { sandboxId: row.id, node: node.nodeId, reason });
+        continue;
+      }
+      return await this.markStarted(row, node.nodeId, placement, timeout);
+    }
+    await this.failCreate(row, reasons);
+    const detail = reasons.length > 0 ? `: ${reasons.join("; ")}` : "";
+    throw new MasterError("unavailable", `no node could start a sandbox from template '${templateRef}'${detail}`);
+  }
+
+  private async markStarted(
+    row: SandboxRow,
+    nodeId: string,
+    placement: SandboxPlacement,
+    timeout: number,
+  ): Promise<SandboxRow> {
+    const { db, nodeAgent, registry, log } = this.deps;
+    const started = await withTransaction(db, async (tx) => {
+      const current = await lockSandbox(tx, row.id);
+      if (current?.state !== "starting") return undefined;
+      const result = await tx.query(
+        `UPDATE sandboxes SET state = 'running', node_id = $2, exec_id = $3, envd_version = COALESCE($4, envd_version),
+           end_at = now() + make_interval(secs => $5) WHERE id = $1 RETURNING *`,
+        [row.id, nodeId, placement.exec, placement.envdVersion ?? null, timeout],
+      );
+      await appendEvent(tx, {
+        sandboxId: row.id,
+        teamId: row.teamId,
+        type: "sandbox.started",
+        fromState: "starting",
+        toState: "running",
+        data: { node: nodeId, exec: placement.exec },
+      });
+      return toSandboxRow(result.rows[0]);
+    });
+    if (started) return started;
+    // Killed while starting: the kill saw no node to call, so the sandbox is ours to remove.
+    const node = (await registry.liveNodes()).find((n) => n.nodeId === nodeId);
+    if (node)
+      await nodeAgent(nodeId, node.addr)
+        .kill(row.id)
+        .catch(() => undefined);
+    log.info("sandbox killed while starting", { sandboxId: row.id, node: nodeId });
+    throw notFound(row.id);
+  }
+
+  private async failCreate(row: SandboxRow, reasons: string[]): Promise<void> {
+    await withTransaction(this.deps.db, async (tx) => {
+      const current = await lockSandbox(tx, row.id);
+      if (current?.state !== "starting") return;
+      await tx.query(
+        `UPDATE sandboxes SET state = 'failed', node_id = NULL, idempotency_key = NULL, ended_at = now(),
+           end_reason = 'placement_failed' WHERE id = $1`,
+        [row.id],
+      );
+      await appendEvent(tx, {
+        sandboxId: row.id,
+        teamId: row.teamId,
+        type: "sandbox.create_failed",
+        fromState: "starting",
+        toState: "failed",
+        data: { reasons },
+      });
+    });
+  }
+
+  /** Waits for a replayed create's original to leave `starting`. */
+  private async awaitSettled(id: string): Promise<SandboxRow> {
+    const deadline = Date.now() + this.deps.config.replayWaitMs;
+    for (;;) {
+      const row = await getSandbox(this.deps.db, id);
+      if (!row) throw notFound(id);
+      if (row.state !== "starting") return row;
+      if (Date.now() > deadline) throw new MasterError("busy", `sandbox ${id} is still starting`);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
+
+  /**
+   * Runs one transition under the row lock. `teamId` undefined means the master itself (evictor, reconciler).
+   * Returns what `fn` returns; `fn` sees the locked row.
+   */
+  private async transition<T>(
+    sandboxId: string,
+    teamId: string | undefined,
+    fn: (tx: DbClient, row: SandboxRow) => Promise<T>,
+  ): Promise<T> {
+    return withTransaction(this.deps.db, async (tx) => {
+      await tx.query("SET LOCAL lock_timeout = '30s'");
+      const row = await lockSandbox(tx, sandboxId);
+      if (!row || (teamId !== undefined && row.teamId !== teamId)) throw notFound(sandboxId);
+      if (row.state === "killed" || row.state === "failed") throw notFound(sandboxId);
+      return fn(tx, row);
+    });
+  }
+
+  private async setState(
+    tx: DbClient,
+    row: SandboxRow,
+    to: SandboxState,
+    type: string,
+    data: Record<string, unknown> = {},
+    extraSql = "",
+    extraParams: unknown[] = [],
+  ): Promise<SandboxRow> {
+    const result = await tx.query(`UPDATE sandboxes SET state = $2${extraSql} WHERE id = $1 RETURNING *`, [
+      row.id,
+      to,
+      ...extraParams,
+    ]);
+    await appendEvent(tx, { sandboxId: row.id, teamId: row.teamId, type, fromState: row.state, toState: to, data });
+    return toSandboxRow(result.rows[0]);
+  }
+
+  async kill(sandboxId: string, teamId: string | undefined, reason = "killed"): Promise<void> {
+    await this.transition(sandboxId, teamId, async (tx, row) => {
+      if (row.state === "pausing" || row.state === "resuming") {
+        throw new MasterError("busy", `sandbox ${sandboxId} is ${row.state}; retry shortly`);
+      }
+      if (row.state !== "starting" && row.nodeId) await this.killOnNode(row);
+      await this.setState(tx, row, "killed", "sandbox.killed", { reason }, ", ended_at = now(), end_reason = $3", [
+        reason,
+      ]);
+    });
+  }
+
+  /** Kills on the node; an unreachable node does not stop the kill (its route is removed here instead). */
+  private async killOnNode(row: SandboxRow): Promise<void> {
+    const { registry, nodeAgent, redis, log } = this.deps;
+    const node = (await registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
+    try {
+      if (!node) throw new NodeAgentError("unavailable", `node ${row.nodeId} is not heartbeating`);
+      await nodeAgent(node.nodeId, node.addr).kill(row.id);
+    } catch (error) {
+      if (error instanceof NodeAgentError && error.kind === "not_found") return;
+      log.warn("kill on node failed; removing the route", { sandboxId: row.id, node: row.nodeId, error });
+      if (row.execId) await deleteRoute(redis, row.id, row.execId).catch(() => undefined);
+    }
+  }
+
+  async setTimeout(sandboxId: string, teamId: string, seconds: number, extendOnly: boolean): Promise<{ endAt: Date }> {
+    const team = await getTeam(this.deps.db, teamId);
+    if (!team) throw notFound(sandboxId);
+    return this.transition(sandboxId, teamId, async (tx, row) => {
+      if (row.state === "starting") throw notFound(sandboxId);
+      if (row.state !== "running") throw new MasterError("conflict", `sandbox ${sandboxId} is ${row.state}`);
+      const now = Date.now();
+      const max = row.startedAt.getTime() + team.maxLengthHours * 3600_000;
+      if (now >= max) throw new MasterError("invalid", "Max instance length exceeded");
+      const wanted = Math.min(now + seconds * 1000, max);
+      if (extendOnly && wanted <= row.endAt.getTime()) return { endAt: row.endAt };
+      const endAt = new Date(wanted);
+      await tx.query("UPDATE sandboxes SET end_at = $2 WHERE id = $1", [row.id, endAt]);
+      await appendEvent(tx, {
+        sandboxId: row.id,
+        teamId: row.teamId,
+        type: "sandbox.timeout_changed",
+        data: { endAt: endAt.toISOString(), previousEndAt: row.endAt.toISOString() },
+      });
+      return { endAt };
+    });
+  }
+
+  async connect(
+    sandboxId: string,
+    teamId: string,
+    seconds: number,
+    memory: boolean | undefined,
+  ): Promise<{ sandbox: SandboxView; resumed: boolean }> {
+    const timeout = seconds > 0 ? seconds : DEFAULT_TIMEOUT_SECONDS;
+    const row = await this.transition(sandboxId, teamId, async (_tx, current) => current);
+    if (row.state === "running" || row.state === "pausing") {
+      if (row.state === "running") await this.setTimeout(sandboxId, teamId, timeout, true);
+      return { sandbox: this.view(row), resumed: false };
+    }
+    if (row.state === "paused") {
+      const resumed = await this.resume(sandboxId, teamId, timeout, memory ?? true);
+      return { sandbox: this.view(resumed), resumed: true };
+    }
+    if (row.state === "starting") throw notFound(sandboxId);
+    throw new MasterError("busy", `sandbox ${sandboxId} is ${row.state}; retry shortly`);
+  }
+
+  async pause(sandboxId: string, teamId: string | undefined, memory: boolean): Promise<void> {
+    const row = await this.transition(sandboxId, teamId, async (tx, current) => {
+      if (current.state === "paused" || current.state === "pausing") {
+        throw new MasterError("conflict", `Sandbox ${sandboxId} is already paused`);
+      }
+      if (current.state !== "running") throw new MasterError("busy", `sandbox ${sandboxId} is ${current.state}`);
+      return this.setState(tx, current, "pausing", "sandbox.pausing", { memory });
+    });
+    const { registry, nodeAgent } = this.deps;
+    try {
+      const node = (await registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
+      if (!node) throw new NodeAgentError("unavailable", `node ${row.nodeId} is not heartbeating`);
+      await nodeAgent(node.nodeId, node.addr).pause(row.id, memory);
+    } catch (error) {
+      await this.transition(sandboxId, undefined, (tx, current) =>
+        this.setState(tx, current, "running", "sandbox.pause_failed", { error: String(error) }),
+      );
+      throw nodeFailure(`pausing sandbox ${sandboxId}`, error);
+    }
+    await this.transition(sandboxId, undefined, (tx, current) =>
+      this.setState(tx, current, "paused", "sandbox.paused", { memory }, ", paused_at = now(), end_at = now()"),
+    );
+  }
+
+  private async resume(sandboxId: string, teamId: string, timeout: number, memory: boolean): Promise<SandboxRow> {
+    const row = await this.transition(sandboxId, teamId, async (tx, current) => {
+      if (current.state !== "paused") throw new MasterError("busy", `sandbox ${sandboxId} is ${current.state}`);
+      return this.setState(tx, current, "resuming", "sandbox.resuming", { memory });
+    });
+    const { registry, nodeAgent, tokens } = this.deps;
+    let placement: SandboxPlacement;
+    try {
+      const node = (await registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
+      if (!node) throw new NodeAgentError("unavailable", `node ${row.nodeId} holding the snapshot is down`);
+      placement = await nodeAgent(node.nodeId, node.addr).resume({
+        sandboxId: row.id,
+        teamId: row.teamId,
+        envdAccessToken: tokens.envdToken(row.id, row.tokenNonce),
+        envVars: row.envVars,
+        memory,
+      });
+    } catch (error) {
+      await this.transition(sandboxId, undefined, (tx, current) =>
+        this.setState(tx, current, "paused", "sandbox.resume_failed", { error: String(error) }),
+      );
+      throw nodeFailure(`resuming sandbox ${sandboxId}`, error);
+    }
+    return this.transition(sandboxId, undefined, (tx, current) =>
+      this.setState(
+        tx,
+        current,
+        "running",
+        "sandbox.resumed",
+        { exec: placement.exec },
+        ", exec_id = $3, paused_at = NULL, end_at = now() + make_interval(secs => $4)",
+        [placement.exec, timeout],
+      ),
+    );
+  }
+
+  /** The reconciler's verdict: the sandbox is gone (node lost it or went down); its route is removed. */
+  async markLost(sandboxId: string, reason: string, data: Record<string, unknown>): Promise<boolean> {
+    try {
+      const row = await this.transition(sandboxId, undefined, async (tx, current) =>
+        this.setState(
+          tx,
+          current,
+          "failed",
+          "sandbox.lost",
+          { reason, ...data },
+          ", ended_at = now(), end_reason = $3",
+          [reason],
+        ),
+      );
+      if (row.execId) await deleteRoute(this.deps.redis, row.id, row.execId).catch(() => undefined);
+      return true;
+    } catch (error) {
+      if (error instanceof MasterError && error.kind === "not_found") return false;
+      throw error;
+    }
+  }
+}

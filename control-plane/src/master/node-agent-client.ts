@@ -1,0 +1,84 @@
+/**
+ * What the master needs from a node agent. The Connect adapter (`connect-node-agent-client.ts`) maps it onto
+ * `warren.nodeagent.v1.NodeAgentService`; tests use an in-process fake.
+ */
+
+export interface SandboxResources {
+  readonly cpuCount: number;
+  readonly memoryMB: number;
+  readonly diskSizeMB: number;
+}
+
+export interface CreateOnNodeRequest {
+  readonly sandboxId: string;
+  readonly teamId: string;
+  readonly templateId: string;
+  readonly resources: SandboxResources;
+  readonly envVars: Readonly<Record<string, string>>;
+  /** The envd access token the node passes to envd's /init; never logged. */
+  readonly envdAccessToken: string;
+  /** SHA-256 hex of the traffic token (route field), empty when traffic is public. */
+  readonly trafficTokenHash: string;
+  readonly publicTraffic: boolean;
+  readonly autoResume: boolean;
+  readonly metadata: Readonly<Record<string, string>>;
+  /** E2B SandboxNetworkConfig as given at create (egress policy), or null. */
+  readonly network: Readonly<Record<string, unknown>> | null;
+  readonly allowInternetAccess: boolean | null;
+}
+
+/** Where a sandbox started on a node can be reached. */
+export interface SandboxPlacement {
+  /** Incarnation id (changes on every start and resume); the route's `exec`. */
+  readonly exec: string;
+  /** The sandbox's address as reachable from the node. */
+  readonly sandboxAddr: string;
+  /** envd's base URL as reachable from the node. */
+  readonly envdUrl: string;
+  readonly envdVersion?: string;
+}
+
+export interface SandboxOnNode {
+  readonly sandboxId: string;
+  readonly exec: string;
+  readonly state: "running" | "paused";
+}
+
+export interface ResumeOnNodeRequest {
+  readonly sandboxId: string;
+  readonly teamId: string;
+  readonly envdAccessToken: string;
+  readonly envVars: Readonly<Record<string, string>>;
+  /** false: cold boot from the filesystem snapshot. */
+  readonly memory: boolean;
+}
+
+/**
+ * Why a node agent said no. `refused` means "try another node" (no capacity, template missing, draining);
+ * `not_found` means the node does not have that sandbox; `unimplemented` means the node cannot do that yet
+ * (pause/resume before the pause issue); anything else is a failure of the call itself.
+ */
+export type NodeAgentErrorKind = "refused" | "not_found" | "unavailable" | "unimplemented" | "failed";
+
+export class NodeAgentError extends Error {
+  constructor(
+    readonly kind: NodeAgentErrorKind,
+    message: string,
+  ) {
+    super(message);
+    this.name = "NodeAgentError";
+  }
+}
+
+export interface NodeAgentClient {
+  /** Starts the sandbox (pooled or fresh), initialises envd, writes the route; resolves once envd answers. */
+  create(request: CreateOnNodeRequest): Promise<SandboxPlacement>;
+  /** Kills the sandbox and deletes its route; not_found when the node does not have it. */
+  kill(sandboxId: string): Promise<void>;
+  list(): Promise<SandboxOnNode[]>;
+  pause(sandboxId: string, memory: boolean): Promise<void>;
+  resume(request: ResumeOnNodeRequest): Promise<SandboxPlacement>;
+}
+
+/** Gives the client for a node at `addr` (host:port), reusing connections. */
+export type NodeAgentConnector = (nodeId: string, addr: string) => NodeAgentClient;

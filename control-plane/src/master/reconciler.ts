@@ -1,0 +1,130 @@
+import { type Db, withTransaction } from "../store/db.js";
+import { appendEvent } from "../store/events.js";
+import { listNodes, markNodeDown, markNodeUp } from "../store/nodes.js";
+import { getSandbox } from "../store/sandboxes.js";
+import type { SandboxLifecycle } from "./lifecycle.js";
+import type { Logger } from "./log.js";
+import type { NodeAgentConnector } from "./node-agent-client.js";
+import type { NodeRegistry } from "./node-registry.js";
+
+export interface ReconcileReport {
+  readonly nodesDown: string[];
+  readonly lost: string[];
+  readonly orphansKilled: string[];
+  /** Sandboxes a node runs that this cluster has no record of (left alone). */
+  readonly unknown: string[];
+}
+
+/**
+ * Brings PostgreSQL in line with what nodes report:
+ *  - a node whose heartbeat expired is marked down and each of its sandboxes is recorded as lost (ledger
+ *    event `sandbox.lost`, reason `node_down`), not silently forgotten;
+ *  - a sandbox PostgreSQL has as running/paused on a live node that the node no longer lists is lost too
+ *    (reason `missing_on_node`) and its route removed;
+ *  - a sandbox a node runs that PostgreSQL has as ended is killed on the node; one PostgreSQL never had is
+ *    left alone (it is not this cluster's).
+ */
+export interface ReconcileTiming {
+  /** A sandbox still `starting` after this is failed. */
+  readonly startTimeoutMs: number;
+  /**
+   * A node is down only once its heartbeat has been missing this long: a Redis restart empties the heartbeat
+   * keys until each agent's next beat, and that must not fail every sandbox in the cluster.
+   */
+  readonly nodeDownAfterMs: number;
+}
+
+export async function reconcile(
+  db: Db,
+  registry: NodeRegistry,
+  nodeAgent: NodeAgentConnector,
+  lifecycle: SandboxLifecycle,
+  log: Logger,
+  timing: ReconcileTiming = { startTimeoutMs: 120_000, nodeDownAfterMs: 30_000 },
+): Promise<ReconcileReport> {
+  const { startTimeoutMs, nodeDownAfterMs } = timing;
+  const report: ReconcileReport = { nodesDown: [], lost: [], orphansKilled: [], unknown: [] };
+  // A create whose master died (or whose commit PostgreSQL lost) would stay `starting` forever.
+  const stuck = await db.query<{ id: string }>(
+    "SELECT id FROM sandboxes WHERE state = 'starting' AND created_at < now() - make_interval(secs => $1)",
+    [startTimeoutMs / 1000],
+  );
+  for (const { id } of stuck.rows) {
+    if (await lifecycle.markLost(id, "start_timeout", {})) {
+      report.lost.push(id);
+      log.warn("sandbox stuck starting; marked failed", { sandboxId: id });
+    }
+  }
+  const live = await registry.liveNodes();
+  const liveIds = new Set(live.map((node) => node.nodeId));
+  const now = new Date();
+  for (const node of live) {
+    if (await markNodeUp(db, node.nodeId, node.addr, now)) log.info("node up", { node: node.nodeId, addr: node.addr });
+  }
+  for (const known of await listNodes(db)) {
+    if (known.state !== "up" || liveIds.has(known.id)) continue;
+    if (now.getTime() - known.lastSeenAt.getTime() < nodeDownAfterMs) continue;
+    if (!(await markNodeDown(db, known.id))) continue;
+    report.nodesDown.push(known.id);
+    log.warn("node stopped heartbeating; marking it down", { node: known.id });
+    const onNode = await db.query<{ id: string }>(
+      "SELECT id FROM sandboxes WHERE node_id = $1 AND state IN ('running','pausing','paused','resuming')",
+      [known.id],
+    );
+    for (const { id } of onNode.rows) {
+      if (await lifecycle.markLost(id, "node_down", { node: known.id })) {
+        report.lost.push(id);
+        log.warn("sandbox lost with its node", { sandboxId: id, node: known.id });
+      }
+    }
+  }
+  for (const node of live) {
+    // Read PostgreSQL before asking the node: a sandbox recorded running here was started on the node before.
+    const expected = await db.query<{ id: string; team_id: string }>(
+      "SELECT id, team_id FROM sandboxes WHERE node_id = $1 AND state IN ('running','paused')",
+      [node.nodeId],
+    );
+    let onNode: Awaited<ReturnType<ReturnType<NodeAgentConnector>["list"]>>;
+    try {
+      onNode = await nodeAgent(node.nodeId, node.addr).list();
+    } catch (error) {
+      log.warn("listing sandboxes on node failed", { node: node.nodeId, error });
+      continue;
+    }
+    const present = new Set(onNode.map((sandbox) => sandbox.sandboxId));
+    for (const { id } of expected.rows) {
+      if (present.has(id)) continue;
+      if (await lifecycle.markLost(id, "missing_on_node", { node: node.nodeId })) {
+        report.lost.push(id);
+        log.warn("sandbox missing on its node; marked lost", { sandboxId: id, node: node.nodeId });
+      }
+    }
+    for (const sandbox of onNode) {
+      const row = await getSandbox(db, sandbox.sandboxId);
+      // Rows are written before a node is asked to create, so a sandbox without a row was not made by this
+      // cluster (another Warren sharing the Redis, or a node agent's own tests): report it, never destroy it.
+      if (!row) {
+        report.unknown.push(sandbox.sandboxId);
+        continue;
+      }
+      const ended = row.state === "killed" || row.state === "failed" || row.nodeId !== node.nodeId;
+      if (!ended) continue;
+      try {
+        await nodeAgent(node.nodeId, node.addr).kill(sandbox.sandboxId);
+        report.orphansKilled.push(sandbox.sandboxId);
+        await withTransaction(db, (tx) =>
+          appendEvent(tx, {
+            sandboxId: row.id,
+            teamId: row.teamId,
+            type: "sandbox.orphan_killed",
+            data: { node: node.nodeId },
+          }),
+        );
+        log.info("killed orphan sandbox", { sandboxId: sandbox.sandboxId, node: node.nodeId });
+      } catch (error) {
+        log.warn("killing orphan sandbox failed", { sandboxId: sandbox.sandboxId, node: node.nodeId, error });
+      }
+    }
+  }
+  return report;
+}

@@ -1,0 +1,168 @@
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import { Redis } from "ioredis";
+import { createDb, type Db } from "../store/db.js";
+import { migrate } from "../store/migrations.js";
+import type { MasterConfig } from "./config.js";
+import { evictExpired } from "./evictor.js";
+import { LeaderElection } from "./leader.js";
+import { SandboxLifecycle } from "./lifecycle.js";
+import { createLogger, type Logger } from "./log.js";
+import { MasterMetrics } from "./metrics.js";
+import type { NodeAgentConnector } from "./node-agent-client.js";
+import { NodeRegistry } from "./node-registry.js";
+import { reconcile } from "./reconciler.js";
+import { masterRoutes } from "./service.js";
+import { TokenIssuer } from "./tokens.js";
+
+export interface MasterOptions {
+  readonly config: MasterConfig;
+  readonly nodeAgent: NodeAgentConnector;
+  readonly log?: Logger;
+}
+
+/** A master replica: serves MasterService always; runs the evictor and reconciler only while leader. */
+export class Master {
+  readonly lifecycle: SandboxLifecycle;
+  readonly registry: NodeRegistry;
+  private readonly loops: NodeJS.Timeout[] = [];
+  private readonly leader: LeaderElection;
+  private server: http.Server | undefined;
+  private leaderTasks = new Set<Promise<unknown>>();
+  /** Bumped on demotion so loops of an earlier term stop rescheduling. */
+  private generation = 0;
+
+  private constructor(
+    readonly config: MasterConfig,
+    readonly db: Db,
+    readonly redis: Redis,
+    private readonly nodeAgent: NodeAgentConnector,
+    private readonly log: Logger,
+  ) {
+    this.registry = new NodeRegistry(redis);
+    this.lifecycle = new SandboxLifecycle({
+      db,
+      redis,
+      registry: this.registry,
+      nodeAgent,
+      tokens: new TokenIssuer(config.tokenSecret),
+      log,
+      config: {
+        domain: config.domain,
+        placementAttempts: config.placementAttempts,
+        memoryOvercommit: config.memoryOvercommit,
+        replayWaitMs: 60_000,
+      },
+    });
+    this.leader = new LeaderElection({
+      url: config.databaseUrl,
+      schema: config.schema,
+      intervalMs: config.leaderIntervalMs,
+      log,
+      onElected: () => this.startLeaderLoops(),
+      onDemoted: () => this.stopLeaderLoops(),
+    });
+  }
+
+  static async start(options: MasterOptions): Promise<Master> {
+    const { config } = options;
+    const log = options.log ?? createLogger("master");
+    const db = createDb({
+      url: config.databaseUrl,
+      schema: config.schema,
+      max: 20,
+      synchronousCommit: config.synchronousCommit,
+    });
+    const applied = await migrate(db, config.schema);
+    if (applied.length > 0) log.info("migrations applied", { versions: applied });
+    const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 3, keyPrefix: config.redisKeyPrefix });
+    redis.on("error", () => undefined);
+    const master = new Master(config, db, redis, options.nodeAgent, log);
+    const metrics = new MasterMetrics(db, () => master.isLeader);
+    const handler = connectNodeAdapter({
+      routes: masterRoutes(master.lifecycle),
+      interceptors: [metrics.interceptor(log)],
+    });
+    const server = http.createServer((req, res) => {
+      if (req.method === "GET" && req.url === "/metrics") {
+        metrics.registry.metrics().then(
+          (text) => {
+            res.writeHead(200, { "Content-Type": metrics.registry.contentType }).end(text);
+          },
+          () => res.writeHead(500).end(),
+        );
+        return;
+      }
+      handler(req, res);
+    });
+    await new Promise<void>((resolve) => server.listen(config.port, config.host, resolve));
+    master.server = server;
+    master.leader.start();
+    log.info("master listening", { url: master.url });
+    return master;
+  }
+
+  get url(): string {
+    const address = this.server?.address() as AddressInfo | null;
+    return `http://${this.config.host}:${address?.port ?? this.config.port}`;
+  }
+
+  get isLeader(): boolean {
+    return this.leader.isLeader;
+  }
+
+  private startLeaderLoops(): void {
+    this.every(this.config.evictIntervalMs, () => evictExpired(this.db, this.lifecycle, this.log));
+    this.every(this.config.reconcileIntervalMs, () =>
+      reconcile(this.db, this.registry, this.nodeAgent, this.lifecycle, this.log, {
+        startTimeoutMs: this.config.startTimeoutMs,
+        nodeDownAfterMs: this.config.nodeDownAfterMs,
+      }),
+    );
+  }
+
+  /** Runs `task` repeatedly, never overlapping itself. */
+  private every(intervalMs: number, task: () => Promise<unknown>): void {
+    const slot = this.loops.length;
+    const generation = this.generation;
+    const run = () => {
+      const pending = task()
+        .catch((error) => this.log.warn("leader task failed", { error }))
+        .finally(() => {
+          this.leaderTasks.delete(pending);
+          if (this.generation === generation) this.loops[slot] = setTimeout(run, intervalMs);
+        });
+      this.leaderTasks.add(pending);
+    };
+    this.loops.push(setTimeout(run, 0));
+  }
+
+  private stopLeaderLoops(): void {
+    this.generation++;
+    for (const timer of this.loops) clearTimeout(timer);
+    this.loops.length = 0;
+  }
+
+  /** Graceful stop: no new RPCs, in-flight ones and leader tasks drain, then connections close. */
+  async stop(): Promise<void> {
+    const server = this.server;
+    this.server = undefined;
+    const closed = server ? new Promise<void>((resolve) => server.close(() => resolve())) : Promise.resolve();
+    // Keep-alive sockets from the api become idle once their RPC ends: close each then; cut the rest after 10 s.
+    const sweep = setInterval(() => server?.closeIdleConnections(), 50);
+    const deadline = setTimeout(() => server?.closeAllConnections(), 10_000);
+    server?.closeIdleConnections();
+    await this.leader.stop();
+    // Leader tasks end on their own (node calls have timeouts); do not let one hold the shutdown long.
+    await Promise.race([
+      Promise.allSettled([...this.leaderTasks]),
+      new Promise((resolve) => setTimeout(resolve, 5_000).unref()),
+    ]);
+    await closed;
+    clearInterval(sweep);
+    clearTimeout(deadline);
+    await this.db.end().catch(() => undefined);
+    this.redis.disconnect();
+  }
+}

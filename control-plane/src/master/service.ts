@@ -1,0 +1,74 @@
+import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
+import { MasterService } from "@warren/proto/master/v1/master_pb";
+import { MasterError, toConnectError } from "./errors.js";
+import type { SandboxLifecycle } from "./lifecycle.js";
+
+function parseJsonObject(value: string, field: string): Record<string, unknown> | null {
+  if (!value) return null;
+  try {
+    const parsed: unknown = JSON.parse(value);
+    if (parsed && typeof parsed === "object" && !Array.isArray(parsed)) return parsed as Record<string, unknown>;
+  } catch {
+    // fall through
+  }
+  throw new MasterError("invalid", `${field} must be a JSON object`);
+}
+
+async function guarded<T>(fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (error) {
+    throw toConnectError(error);
+  }
+}
+
+/** `warren.master.v1.MasterService`: a thin shell; the state machine is SandboxLifecycle. */
+export function masterServiceImpl(lifecycle: SandboxLifecycle): ServiceImpl<typeof MasterService> {
+  return {
+    createSandbox: (req) =>
+      guarded(async () => {
+        const volumeMounts = req.volumeMountsJson ? (JSON.parse(req.volumeMountsJson) as unknown[]) : [];
+        const result = await lifecycle.create({
+          teamId: req.teamId,
+          templateId: req.templateId,
+          timeoutSeconds: req.timeoutSeconds,
+          metadata: { ...req.metadata },
+          envVars: { ...req.envVars },
+          autoPause: req.lifecycle?.autoPause ?? false,
+          autoPauseMemory: req.lifecycle?.autoPauseMemory ?? true,
+          autoResume: req.lifecycle?.autoResume ?? false,
+          network: parseJsonObject(req.networkJson, "network"),
+          allowInternetAccess: req.allowInternetAccess ?? null,
+          volumeMounts,
+          ...(req.idempotencyKey ? { idempotencyKey: req.idempotencyKey, requestHash: req.requestHash } : {}),
+        });
+        return { sandbox: result.sandbox, replayed: result.replayed };
+      }),
+    connectSandbox: (req) =>
+      guarded(async () => {
+        const result = await lifecycle.connect(req.sandboxId, req.teamId, req.timeoutSeconds, req.memory);
+        return { sandbox: result.sandbox, resumed: result.resumed };
+      }),
+    killSandbox: (req) =>
+      guarded(async () => {
+        await lifecycle.kill(req.sandboxId, req.teamId);
+        return {};
+      }),
+    setSandboxTimeout: (req) =>
+      guarded(async () => {
+        const { endAt } = await lifecycle.setTimeout(req.sandboxId, req.teamId, req.timeoutSeconds, req.extendOnly);
+        return { endAt: endAt.toISOString() };
+      }),
+    pauseSandbox: (req) =>
+      guarded(async () => {
+        await lifecycle.pause(req.sandboxId, req.teamId, req.memory ?? true);
+        return {};
+      }),
+  };
+}
+
+export function masterRoutes(lifecycle: SandboxLifecycle): (router: ConnectRouter) => void {
+  return (router) => {
+    router.service(MasterService, masterServiceImpl(lifecycle));
+  };
+}

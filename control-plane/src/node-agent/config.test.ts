@@ -1,0 +1,29 @@
+import { describe, expect, it } from "vitest";
+import { ConfigError, loadNodeAgentConfig } from "./config.js";
+
+describe("node agent config", () => {
+  it("has documented defaults", () => {
+    const config = loadNodeAgentConfig({ WARREN_NODE_ID: "node1" });
+    expect(config).toMatchObject({
+      nodeId: "node1",
+      listenHost: "127.0.0.1",
+      listenPort: 49700,
+      nodeAddr: "127.0.0.1:49700",
+      redisUrl: "redis://127.0.0.1:6379",
+      stateDir: "/var/lib/warren/agent-a",
+      templatesDir: "/var/lib/warren/templates",
+      netCidr: "10.201.0.0/16",
+      poolSize: 2,
+      poolTemplates: ["base"],
+      uidBase: 100000,
+    });
+  });
+
+  it("rejects invalid values with a message naming the variable and the value", () => {
+    expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "Bad Id" })).toThrow(/WARREN_NODE_ID 'Bad Id'/);
+    expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_POOL_SIZE: "-1" })).toThrow(ConfigError);
+    expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_AGENT_LISTEN: "nope" })).toThrow(/host:port/);
+    expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_INSTANCE: "toolong" })).toThrow(/WARREN_INSTANCE/);
+    expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_UID_BASE: "0" })).toThrow(/WARREN_UID_BASE/);
+  });
+});

@@ -1,0 +1,126 @@
+import { hostname } from "node:os";
+import { dirname, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { isNodeId } from "@warren/proto/redis";
+import type { LogLevel } from "./log.js";
+
+/**
+ * The node agent's one configuration object, read once from the environment at start and validated.
+ *
+ * | variable | default | meaning |
+ * |---|---|---|
+ * | WARREN_NODE_ID | host name | node id in Redis (lowercase letters, digits, '-') |
+ * | WARREN_AGENT_LISTEN | 127.0.0.1:49700 | Connect service address (host:port) |
+ * | WARREN_NODE_ADDR | the listen address | address the master and proxies use to reach this agent |
+ * | WARREN_REDIS_URL | redis://127.0.0.1:6379 | routes and heartbeats |
+ * | WARREN_STATE_DIR | /var/lib/warren/agent-<instance> | sandbox records, mounts, crun state |
+ * | WARREN_TEMPLATES_DIR | /var/lib/warren/templates | template cache, shared by agents on the host |
+ * | WARREN_INSTANCE | a | tag in netns/veth/cgroup/firewall names ([a-z0-9]{1,4}); one per agent on a host |
+ * | WARREN_NET_CIDR | 10.201.0.0/16 | sandbox addresses, one /30 each |
+ * | WARREN_POOL_SIZE | 2 | warm sandboxes kept per pooled template |
+ * | WARREN_POOL_TEMPLATES | base | templates with a warm pool (comma-separated) |
+ * | WARREN_NET_POOL_SIZE | 4 | network namespaces kept ready |
+ * | WARREN_PREBUILD_TEMPLATES | base | templates built at start (others are built on first request) |
+ * | WARREN_MAX_SANDBOXES | 200 | sandboxes this node accepts |
+ * | WARREN_UID_BASE | 100000 | host uid of sandbox root (sandbox uids 0..65535 map to base..base+65535) |
+ * | WARREN_NODE_BINARY | the running node | node binary bind-mounted into sandboxes |
+ * | WARREN_ENVD_ROOT | this repository | directory with envd/, proto/, node_modules/ |
+ * | WARREN_DEBIAN_MIRROR | apt's own | mirror for debootstrap |
+ * | WARREN_HEARTBEAT_MS | 5000 | heartbeat period (the node key expires after NODE_TTL_SECONDS) |
+ * | WARREN_READY_TIMEOUT_MS | 15000 | how long a start may take before it counts as failed |
+ * | WARREN_LOG_LEVEL | info | debug, info, warn, error |
+ */
+export interface NodeAgentConfig {
+  readonly nodeId: string;
+  readonly listenHost: string;
+  readonly listenPort: number;
+  readonly nodeAddr: string;
+  readonly redisUrl: string;
+  readonly stateDir: string;
+  readonly templatesDir: string;
+  readonly instance: string;
+  readonly netCidr: string;
+  readonly poolSize: number;
+  readonly poolTemplates: readonly string[];
+  readonly netPoolSize: number;
+  readonly prebuildTemplates: readonly string[];
+  readonly maxSandboxes: number;
+  readonly uidBase: number;
+  readonly nodeBinary: string;
+  readonly envdRoot: string;
+  readonly debianMirror: string | undefined;
+  readonly heartbeatMs: number;
+  readonly readyTimeoutMs: number;
+  readonly logLevel: LogLevel;
+}
+
+export class ConfigError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "ConfigError";
+  }
+}
+
+const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
+
+function integer(env: NodeJS.ProcessEnv, name: string, fallback: number, min: number, max: number): number {
+  const text = env[name];
+  if (text === undefined || text === "") return fallback;
+  const value = Number(text);
+  if (!Number.isInteger(value) || value < min || value > max) {
+    throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${text}'`);
+  }
+  return value;
+}
+
+function list(env: NodeJS.ProcessEnv, name: string, fallback: string): string[] {
+  return (env[name] ?? fallback)
+    .split(",")
+    .map((s) => s.trim())
+    .filter(Boolean);
+}
+
+export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeAgentConfig {
+  const nodeId =
+    env.WARREN_NODE_ID ??
+    hostname()
+      .toLowerCase()
+      .replace(/[^a-z0-9-]/g, "-")
+      .slice(0, 63);
+  if (!isNodeId(nodeId)) throw new ConfigError(`WARREN_NODE_ID '${nodeId}' is not a valid id`);
+  const listen = env.WARREN_AGENT_LISTEN ?? "127.0.0.1:49700";
+  const match = /^(.+):(\d+)$/.exec(listen);
+  if (!match) throw new ConfigError(`WARREN_AGENT_LISTEN must be host:port, got '${listen}'`);
+  const listenPort = Number(match[2]);
+  if (listenPort > 65535) throw new ConfigError(`WARREN_AGENT_LISTEN port out of range: '${listen}'`);
+  const instance = env.WARREN_INSTANCE ?? "a";
+  if (!/^[a-z0-9]{1,4}$/.test(instance))
+    throw new ConfigError(`WARREN_INSTANCE must match [a-z0-9]{1,4}, got '${instance}'`);
+  const logLevel = (env.WARREN_LOG_LEVEL ?? "info") as LogLevel;
+  if (!["debug", "info", "warn", "error"].includes(logLevel)) {
+    throw new ConfigError(`WARREN_LOG_LEVEL must be debug, info, warn or error, got '${logLevel}'`);
+  }
+  return {
+    nodeId,
+    listenHost: match[1]!,
+    listenPort,
+    nodeAddr: env.WARREN_NODE_ADDR ?? listen,
+    redisUrl: env.WARREN_REDIS_URL ?? "redis://127.0.0.1:6379",
+    stateDir: env.WARREN_STATE_DIR ?? `/var/lib/warren/agent-${instance}`,
+    templatesDir: env.WARREN_TEMPLATES_DIR ?? "/var/lib/warren/templates",
+    instance,
+    netCidr: env.WARREN_NET_CIDR ?? "10.201.0.0/16",
+    poolSize: integer(env, "WARREN_POOL_SIZE", 2, 0, 100),
+    poolTemplates: list(env, "WARREN_POOL_TEMPLATES", "base"),
+    netPoolSize: integer(env, "WARREN_NET_POOL_SIZE", 4, 0, 1000),
+    prebuildTemplates: list(env, "WARREN_PREBUILD_TEMPLATES", "base"),
+    maxSandboxes: integer(env, "WARREN_MAX_SANDBOXES", 200, 1, 16000),
+    uidBase: integer(env, "WARREN_UID_BASE", 100000, 65536, 2 ** 31 - 65536),
+    nodeBinary: env.WARREN_NODE_BINARY ?? process.execPath,
+    envdRoot: env.WARREN_ENVD_ROOT ?? REPO_ROOT,
+    debianMirror: env.WARREN_DEBIAN_MIRROR || undefined,
+    heartbeatMs: integer(env, "WARREN_HEARTBEAT_MS", 5000, 100, 60000),
+    readyTimeoutMs: integer(env, "WARREN_READY_TIMEOUT_MS", 15000, 1000, 600000),
+    logLevel,
+  };
+}

@@ -1,0 +1,77 @@
+import { createServer, type Server } from "node:http";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import { NamespaceDriver } from "../runtime/namespace/driver.js";
+import { TemplateStore } from "../templates/store.js";
+import { NodeAgent } from "./agent.js";
+import type { NodeAgentConfig } from "./config.js";
+import type { Logger } from "./log.js";
+import { RouteStore } from "./routes.js";
+import { nodeAgentRoutes } from "./service.js";
+
+export interface RunningNodeAgent {
+  readonly agent: NodeAgent;
+  readonly driver: NamespaceDriver;
+  readonly templates: TemplateStore;
+  readonly server: Server;
+  /** The port the Connect service listens on (useful when configured as 0). */
+  readonly port: number;
+  /** Stops serving, stops pools and heartbeats; sandboxes keep running unless killAll. */
+  stop(options?: { killAll?: boolean }): Promise<void>;
+}
+
+/** Wires config → driver, template store, Redis, agent and the Connect server, and starts them. */
+export async function startNodeAgent(config: NodeAgentConfig, log: Logger): Promise<RunningNodeAgent> {
+  const driver = new NamespaceDriver({
+    stateDir: config.stateDir,
+    instance: config.instance,
+    netCidr: config.netCidr,
+    netPoolSize: config.netPoolSize,
+    uidBase: config.uidBase,
+    nodeBinary: config.nodeBinary,
+    envdRoot: config.envdRoot,
+    readyTimeoutMs: config.readyTimeoutMs,
+    log: log.child({ part: "driver" }),
+  });
+  const templates = new TemplateStore({
+    dir: config.templatesDir,
+    uidBase: config.uidBase,
+    ...(config.debianMirror ? { mirror: config.debianMirror } : {}),
+    log: log.child({ part: "templates" }),
+  });
+  const routes = new RouteStore(config.redisUrl);
+  // Listen first, so a configured port 0 becomes the real port in the address the agent advertises.
+  const server = createServer();
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(config.listenPort, config.listenHost, () => resolve());
+  });
+  const address = server.address();
+  const port = typeof address === "object" && address ? address.port : config.listenPort;
+  const nodeAddr = config.nodeAddr.endsWith(":0") ? `${config.nodeAddr.slice(0, -2)}:${port}` : config.nodeAddr;
+  const agent = new NodeAgent({ ...config, nodeAddr }, driver, templates, routes, log);
+  server.on("request", connectNodeAdapter({ routes: nodeAgentRoutes(agent, log) }));
+  try {
+    await agent.start();
+  } catch (error) {
+    server.close();
+    throw error;
+  }
+  driver.startPools();
+  log.info("node agent listening", { host: config.listenHost, port, nodeId: config.nodeId, driver: driver.name });
+  return {
+    agent,
+    driver,
+    templates,
+    server,
+    port,
+    async stop(options = {}) {
+      // Stop accepting; let in-flight calls (a create takes well under a second) finish, then cut the rest.
+      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      server.closeIdleConnections();
+      const deadline = setTimeout(() => server.closeAllConnections(), 10_000);
+      await closed;
+      clearTimeout(deadline);
+      await agent.close(options);
+    },
+  };
+}

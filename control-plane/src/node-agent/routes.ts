@@ -1,0 +1,127 @@
+import {
+  DELETE_ROUTE_SCRIPT,
+  NODE_TTL_SECONDS,
+  NODES_SET_KEY,
+  type NodeHeartbeat,
+  nodeKey,
+  ROUTE_EVENTS_CHANNEL,
+  type RouteEvent,
+  routeFromHash,
+  routeKey,
+  routeToHash,
+  type SandboxRoute,
+  WRITE_ROUTE_SCRIPT,
+} from "@warren/proto/redis";
+import { Redis } from "ioredis";
+
+interface RouteCommands {
+  warrenWriteRoute(
+    key: string,
+    channel: string,
+    generation: string,
+    event: string,
+    ...fields: string[]
+  ): Promise<number>;
+  warrenDeleteRoute(key: string, channel: string, exec: string, event: string): Promise<number>;
+}
+
+/**
+ * The node agent's side of the Redis contract (@warren/proto/redis): writes and deletes sandbox routes with the
+ * contract's compare-and-set scripts, and refreshes this node's heartbeat key.
+ */
+export class RouteStore {
+  private readonly redis: Redis & RouteCommands;
+
+  constructor(url: string) {
+    const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 3, enableOfflineQueue: true });
+    redis.defineCommand("warrenWriteRoute", { numberOfKeys: 1, lua: WRITE_ROUTE_SCRIPT });
+    redis.defineCommand("warrenDeleteRoute", { numberOfKeys: 1, lua: DELETE_ROUTE_SCRIPT });
+    this.redis = redis as Redis & RouteCommands;
+  }
+
+  async connect(): Promise<void> {
+    if (this.redis.status === "wait") await this.redis.connect();
+  }
+
+  /** Writes the route unless Redis holds a newer generation; true when written. */
+  async write(route: SandboxRoute): Promise<boolean> {
+    const event: RouteEvent = {
+      sandboxId: route.sandboxId,
+      exec: route.exec,
+      generation: route.generation,
+      state: route.state,
+    };
+    const fields = Object.entries(routeToHash(route)).flat();
+    const written = await this.redis.warrenWriteRoute(
+      routeKey(route.sandboxId),
+      ROUTE_EVENTS_CHANNEL,
+      String(route.generation),
+      JSON.stringify(event),
+      ...fields,
+    );
+    return written === 1;
+  }
+
+  /** Deletes the route if it still belongs to incarnation `exec`; true when deleted. */
+  async delete(sandboxId: string, exec: string, generation: number): Promise<boolean> {
+    const event: RouteEvent = { sandboxId, exec, generation, state: "deleted" };
+    const deleted = await this.redis.warrenDeleteRoute(
+      routeKey(sandboxId),
+      ROUTE_EVENTS_CHANNEL,
+      exec,
+      JSON.stringify(event),
+    );
+    return deleted === 1;
+  }
+
+  async read(sandboxId: string): Promise<SandboxRoute | undefined> {
+    return routeFromHash(await this.redis.hgetall(routeKey(sandboxId)));
+  }
+
+  /** Routes in Redis that name this node (found with SCAN; used at start to drop routes of vanished sandboxes). */
+  async routesOfNode(nodeId: string): Promise<SandboxRoute[]> {
+    const routes: SandboxRoute[] = [];
+    let cursor = "0";
+    do {
+      const [next, keys] = await this.redis.scan(cursor, "MATCH", routeKey("x").replace(/x$/, "*"), "COUNT", 500);
+      cursor = next;
+      for (const key of keys) {
+        const route = routeFromHash(await this.redis.hgetall(key));
+        if (route?.node === nodeId) routes.push(route);
+      }
+    } while (cursor !== "0");
+    return routes;
+  }
+
+  /** Refreshes the node's capacity hash; it expires NODE_TTL_SECONDS after the last heartbeat. */
+  async heartbeat(beat: NodeHeartbeat): Promise<void> {
+    const key = nodeKey(beat.nodeId);
+    await this.redis
+      .multi()
+      .del(key)
+      .hset(key, {
+        nodeId: beat.nodeId,
+        addr: beat.addr,
+        driver: beat.driver,
+        cpuCount: String(beat.cpuCount),
+        memoryTotalBytes: String(beat.memoryTotalBytes),
+        memoryFreeBytes: String(beat.memoryFreeBytes),
+        sandboxes: String(beat.sandboxes),
+        pools: JSON.stringify(beat.pools),
+        templates: JSON.stringify(beat.templates),
+        updatedAt: String(beat.updatedAt),
+      })
+      .expire(key, NODE_TTL_SECONDS)
+      .sadd(NODES_SET_KEY, beat.nodeId)
+      .exec();
+  }
+
+  /** Drops the node's heartbeat key (clean shutdown). */
+  async removeNode(nodeId: string): Promise<void> {
+    await this.redis.del(nodeKey(nodeId));
+  }
+
+  async close(): Promise<void> {
+    await this.redis.quit().catch(() => this.redis.disconnect());
+  }
+}

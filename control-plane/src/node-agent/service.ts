@@ -1,0 +1,132 @@
+import { create } from "@bufbuild/protobuf";
+import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
+import {
+  CreateResponseSchema,
+  NodeAgentService,
+  ResourcesSchema,
+  SandboxInfoSchema,
+  SandboxState,
+} from "@warren/proto/nodeagent/v1/node_agent_pb";
+import type { NodeAgent } from "./agent.js";
+import { AgentError, toConnectError } from "./errors.js";
+import type { Logger } from "./log.js";
+
+/**
+ * `warren.nodeagent.v1.NodeAgentService`: thin handlers that parse the request into the agent's types, call the
+ * agent, and map AgentError codes to Connect codes (errors.ts, one place).
+ */
+export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typeof NodeAgentService> {
+  const guard = async <T>(method: string, fields: Record<string, unknown>, run: () => Promise<T>): Promise<T> => {
+    try {
+      return await run();
+    } catch (error) {
+      const connectError = toConnectError(error);
+      log.warn("request failed", { method, ...fields, code: connectError.code, error: connectError.rawMessage });
+      throw connectError;
+    }
+  };
+  return {
+    create: (req) =>
+      guard("Create", { sandboxId: req.sandboxId, templateId: req.templateId }, async () => {
+        if (req.allowInternetAccess) {
+          // E2B's default is true; refusing would fail every create. Egress stays off until the policy issue.
+          log.warn("internet access asked for but not available yet; egress stays off", { sandboxId: req.sandboxId });
+        }
+        const placement = await agent.create({
+          sandboxId: req.sandboxId,
+          teamId: req.teamId,
+          templateId: req.templateId,
+          resources: {
+            cpuCount: req.resources?.cpuCount ?? 0,
+            memoryMiB: req.resources?.memoryMb ?? 0,
+            diskMiB: req.resources?.diskSizeMb ?? 0,
+          },
+          envVars: req.envVars,
+          envdAccessToken: req.envdAccessToken,
+          trafficTokenHash: req.trafficTokenHash,
+          publicTraffic: req.publicTraffic,
+          autoResume: req.autoResume,
+          metadata: req.metadata,
+          defaultUser: req.defaultUser,
+          defaultWorkdir: req.defaultWorkdir,
+        });
+        return create(CreateResponseSchema, {
+          sandboxId: placement.sandboxId,
+          exec: placement.exec,
+          sandboxAddr: placement.sandboxAddr,
+          envdUrl: placement.envdUrl,
+          envdVersion: placement.envdVersion,
+          pooled: placement.pooled,
+          generation: BigInt(placement.generation),
+        });
+      }),
+    kill: (req) =>
+      guard("Kill", { sandboxId: req.sandboxId }, async () => {
+        await agent.kill(req.sandboxId, req.exec || undefined);
+        return {};
+      }),
+    list: () =>
+      guard("List", {}, async () => ({
+        sandboxes: agent.list().map((s) =>
+          create(SandboxInfoSchema, {
+            sandboxId: s.sandboxId,
+            exec: s.exec,
+            state: s.paused ? SandboxState.PAUSED : SandboxState.RUNNING,
+            templateId: s.templateId,
+            teamId: s.teamId,
+            sandboxAddr: s.sandboxAddr,
+            resources: create(ResourcesSchema, {
+              cpuCount: s.resources.cpuCount,
+              memoryMb: s.resources.memoryMiB,
+              diskSizeMb: s.resources.diskMiB,
+            }),
+            startedAt: BigInt(s.startedAt),
+            metadata: { ...s.metadata },
+          }),
+        ),
+      })),
+    stats: (req) =>
+      guard("Stats", { sandboxId: req.sandboxId }, async () => {
+        const stats = await agent.stats(req.sandboxId);
+        return {
+          sandboxId: req.sandboxId,
+          memoryUsageBytes: BigInt(stats.memoryUsageBytes),
+          memoryLimitBytes: BigInt(Math.min(stats.memoryLimitBytes, Number.MAX_SAFE_INTEGER)),
+          cpuUsageUsec: BigInt(stats.cpuUsageUsec),
+          pids: stats.pids,
+          pidsLimit: Math.min(stats.pidsLimit, 2 ** 32 - 1),
+          diskUsageBytes: BigInt(stats.diskUsageBytes),
+          diskLimitBytes: BigInt(stats.diskLimitBytes),
+        };
+      }),
+    pause: (req) =>
+      guard("Pause", { sandboxId: req.sandboxId }, async () => {
+        throw new AgentError("unimplemented", "pause is not implemented yet (the pause/resume issue adds it)");
+      }),
+    resume: (req) =>
+      guard("Resume", { sandboxId: req.sandboxId }, async () => {
+        throw new AgentError("unimplemented", "resume is not implemented yet (the pause/resume issue adds it)");
+      }),
+    info: () =>
+      guard("Info", {}, async () => {
+        const info = agent.info();
+        return {
+          nodeId: info.nodeId,
+          addr: info.addr,
+          driver: info.driver,
+          cpuCount: info.cpuCount,
+          memoryTotalBytes: BigInt(info.memoryTotalBytes),
+          memoryFreeBytes: BigInt(info.memoryFreeBytes),
+          sandboxes: info.sandboxes,
+          pools: { ...info.pools },
+          templates: [...info.templates],
+        };
+      }),
+  };
+}
+
+export function nodeAgentRoutes(agent: NodeAgent, log: Logger): (router: ConnectRouter) => void {
+  return (router) => {
+    router.service(NodeAgentService, nodeAgentService(agent, log));
+  };
+}

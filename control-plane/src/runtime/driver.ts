@@ -1,0 +1,89 @@
+/**
+ * The runtime driver interface: how the node agent starts, stops and inspects sandboxes, whatever isolates them.
+ * `namespace` (Linux namespaces + overlayfs + cgroups + seccomp, ./namespace/) is the only driver today; a `microvm`
+ * driver comes later behind the same interface, chosen by a capability probe.
+ *
+ * A driver knows nothing of sandbox ids, teams or routes: it runs *instances* (internal ids), and keeps, with each
+ * instance's on-disk record, an opaque set of labels the agent attaches (the agent stores the sandbox binding
+ * there, so both survive an agent crash together).
+ */
+
+export interface SandboxResources {
+  /** CPUs (CFS quota); may be fractional. */
+  readonly cpuCount: number;
+  readonly memoryMiB: number;
+  /** Writable layer quota. */
+  readonly diskMiB: number;
+  /** Max processes + threads. */
+  readonly pidsMax: number;
+}
+
+/** A template as the driver needs it: a read-only root filesystem and how to start envd in it. */
+export interface TemplateImage {
+  readonly templateId: string;
+  /** Content hash of the build; instances record it so a rebuilt template never mixes with old instances. */
+  readonly hash: string;
+  /** Read-only root filesystem (uids shifted into the sandbox user-namespace range). */
+  readonly rootfs: string;
+  /** Keep no-new-privileges off so `sudo` works (the E2B templates' `user` has passwordless sudo). */
+  readonly allowSetuid: boolean;
+}
+
+export interface InstanceSpec {
+  readonly template: TemplateImage;
+  readonly resources: SandboxResources;
+  readonly labels?: Readonly<Record<string, string>>;
+  /** Replace the sandbox's start command (tests of failing starts; ready checks of odd templates). */
+  readonly command?: readonly string[];
+}
+
+export interface Instance {
+  readonly instanceId: string;
+  readonly templateId: string;
+  readonly templateHash: string;
+  /** IP address of the sandbox, reachable from the node; any port a sandbox process listens on is reachable here. */
+  readonly addr: string;
+  readonly envdUrl: string;
+  readonly resources: SandboxResources;
+  readonly createdAt: number;
+  readonly labels: Readonly<Record<string, string>>;
+  readonly paused: boolean;
+}
+
+export interface InstanceStats {
+  readonly memoryUsageBytes: number;
+  readonly memoryLimitBytes: number;
+  readonly cpuUsageUsec: number;
+  readonly pids: number;
+  readonly pidsLimit: number;
+  readonly diskUsageBytes: number;
+  readonly diskLimitBytes: number;
+}
+
+export interface ReconcileResult {
+  /** Instances found alive and healthy: the driver manages them again. */
+  readonly adopted: readonly Instance[];
+  /** Instances found dead or broken and removed, with the labels they had (the agent deletes their routes). */
+  readonly removed: readonly { readonly instanceId: string; readonly labels: Readonly<Record<string, string>> }[];
+}
+
+export interface RuntimeDriver {
+  readonly name: string;
+  /** Host preparation (firewall chains, cgroup parents, network pool); idempotent. */
+  start(): Promise<void>;
+  /** Starts an instance; resolves once envd answers /health. On failure nothing is left behind. */
+  create(spec: InstanceSpec): Promise<Instance>;
+  /** Merges labels into the instance's on-disk record. */
+  label(instanceId: string, labels: Readonly<Record<string, string>>): Promise<Instance>;
+  /** Stops every process and removes every trace (mounts, cgroups, netns, veth, firewall rules, files). */
+  kill(instanceId: string): Promise<void>;
+  /** Freezes the instance's processes (instant tier; memory stays resident). */
+  pause(instanceId: string): Promise<void>;
+  resume(instanceId: string): Promise<void>;
+  list(): Instance[];
+  stats(instanceId: string): Promise<InstanceStats>;
+  /** After an agent restart: re-adopt live instances from disk, remove dead ones and any orphan. */
+  reconcile(): Promise<ReconcileResult>;
+  /** Stops background work; instances keep running (a restarted agent re-adopts them). */
+  close(): Promise<void>;
+}

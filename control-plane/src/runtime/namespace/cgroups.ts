@@ -1,0 +1,266 @@
+import { existsSync } from "node:fs";
+import { mkdir, readdir, readFile, rmdir, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { SandboxResources } from "../driver.js";
+import { exec } from "../exec.js";
+
+/**
+ * Cgroup limits for one sandbox, over cgroup v1 (this machine: one hierarchy per controller) or v2 (one
+ * unified tree). The agent owns the cgroups; crun runs with `--cgroup-manager=disabled` and the sandbox
+ * inherits its cgroups from the launcher, which joins them before exec'ing crun.
+ */
+export interface SandboxCgroup {
+  /** `cgroup.procs` files a process writes its pid to, to join every controller. */
+  readonly procsFiles: readonly string[];
+  usage(): Promise<{ memoryBytes: number; memoryLimitBytes: number; cpuUsec: number; pids: number; pidsLimit: number }>;
+  pids(): Promise<number[]>;
+  freeze(): Promise<void>;
+  thaw(): Promise<void>;
+  /** SIGKILLs every process (frozen first, so nothing forks meanwhile) and waits until none is left. */
+  killAll(): Promise<void>;
+  /** Removes the cgroup directories; processes must be gone. Missing directories are fine. */
+  remove(): Promise<void>;
+  /** True when any of its directories exists. */
+  exists(): boolean;
+}
+
+export interface CgroupManager {
+  readonly version: 1 | 2;
+  prepare(): Promise<void>;
+  open(name: string): SandboxCgroup;
+  create(name: string, resources: SandboxResources): Promise<SandboxCgroup>;
+  /** Names of the sandbox cgroups that exist under this agent's parent. */
+  listNames(): Promise<string[]>;
+}
+
+const ROOT = "/sys/fs/cgroup";
+
+export function detectCgroupManager(parent: string): CgroupManager {
+  return existsSync(join(ROOT, "cgroup.controllers")) ? new CgroupV2(parent) : new CgroupV1(parent);
+}
+
+async function readNumber(path: string): Promise<number> {
+  try {
+    const text = (await readFile(path, "utf8")).trim();
+    return text === "max" ? Number.MAX_SAFE_INTEGER : Number(text);
+  } catch {
+    return 0;
+  }
+}
+
+async function readPids(file: string): Promise<number[]> {
+  try {
+    return (await readFile(file, "utf8")).split("\n").filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
+}
+
+function killPids(pids: readonly number[]): void {
+  for (const pid of pids) {
+    try {
+      process.kill(pid, "SIGKILL");
+    } catch {
+      // already gone
+    }
+  }
+}
+
+async function waitEmpty(list: () => Promise<number[]>, retryKill: boolean): Promise<void> {
+  for (let i = 0; i < 2000; i++) {
+    const pids = await list();
+    if (pids.length === 0) return;
+    if (retryKill && i % 50 === 49) killPids(pids);
+    await new Promise((resolve) => setTimeout(resolve, 2));
+  }
+  throw new Error("cgroup processes did not exit after SIGKILL");
+}
+
+async function removeDir(path: string): Promise<void> {
+  for (let i = 0; i < 200; i++) {
+    try {
+      await rmdir(path);
+      return;
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      if (code === "ENOENT") return;
+      if (code !== "EBUSY") throw error;
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+  }
+  throw new Error(`cgroup ${path} stayed busy`);
+}
+
+/** cgroup v1: memory, cpu, cpuacct, pids and freezer hierarchies, each with `<parent>/<name>`. */
+class CgroupV1 implements CgroupManager {
+  readonly version = 1 as const;
+  private static readonly CONTROLLERS = ["memory", "cpu", "cpuacct", "pids", "freezer"] as const;
+
+  constructor(private readonly parent: string) {}
+
+  async prepare(): Promise<void> {
+    for (const c of CgroupV1.CONTROLLERS) {
+      if (!existsSync(join(ROOT, c))) throw new Error(`cgroup v1 controller '${c}' is not mounted at ${ROOT}/${c}`);
+      await mkdir(join(ROOT, c, this.parent), { recursive: true });
+    }
+    // crun refuses "hybrid" hosts whose v2 tree still offers controllers (here: hugetlb, unused by anything).
+    // Binding those controllers to v1 hierarchies makes the host plain v1, which crun accepts.
+    const unified = join(ROOT, "unified", "cgroup.controllers");
+    if (existsSync(unified)) {
+      const offered = (await readFile(unified, "utf8")).trim().split(/\s+/).filter(Boolean);
+      for (const controller of offered) {
+        const target = join(ROOT, controller);
+        await mkdir(target, { recursive: true });
+        await exec("mount", ["-t", "cgroup", "-o", controller, "cgroup", target]);
+      }
+    }
+  }
+
+  open(name: string): SandboxCgroup {
+    const dir = (c: string) => join(ROOT, c, this.parent, name);
+    const dirs = CgroupV1.CONTROLLERS.map(dir);
+    const freezerState = join(dir("freezer"), "freezer.state");
+    const setFreezer = async (state: "FROZEN" | "THAWED") => {
+      await writeFile(freezerState, state);
+      for (let i = 0; i < 5000; i++) {
+        if ((await readFile(freezerState, "utf8")).trim() === state) return;
+        await new Promise((resolve) => setTimeout(resolve, 1));
+      }
+      throw new Error(`freezer did not reach ${state}`);
+    };
+    const pids = () => readPids(join(dir("pids"), "cgroup.procs"));
+    return {
+      procsFiles: dirs.map((d) => join(d, "cgroup.procs")),
+      exists: () => dirs.some((d) => existsSync(d)),
+      pids,
+      usage: async () => ({
+        memoryBytes: await readNumber(join(dir("memory"), "memory.usage_in_bytes")),
+        memoryLimitBytes: await readNumber(join(dir("memory"), "memory.limit_in_bytes")),
+        cpuUsec: Math.round((await readNumber(join(dir("cpuacct"), "cpuacct.usage"))) / 1000),
+        pids: await readNumber(join(dir("pids"), "pids.current")),
+        pidsLimit: await readNumber(join(dir("pids"), "pids.max")),
+      }),
+      freeze: () => setFreezer("FROZEN"),
+      thaw: () => setFreezer("THAWED"),
+      killAll: async () => {
+        if (!existsSync(dir("freezer"))) return;
+        // v1 has no cgroup.kill: freeze so no process forks between reading the list and the kills.
+        await setFreezer("FROZEN").catch(() => undefined);
+        killPids(await readPids(join(dir("freezer"), "cgroup.procs")));
+        await setFreezer("THAWED").catch(() => undefined);
+        await waitEmpty(() => readPids(join(dir("freezer"), "cgroup.procs")), true);
+        await waitEmpty(pids, true);
+      },
+      remove: async () => {
+        for (const d of dirs) await removeDir(d);
+      },
+    };
+  }
+
+  async create(name: string, resources: SandboxResources): Promise<SandboxCgroup> {
+    const cgroup = this.open(name);
+    const dir = (c: string) => join(ROOT, c, this.parent, name);
+    for (const c of CgroupV1.CONTROLLERS) await mkdir(dir(c));
+    const memory = String(resources.memoryMiB * 1024 * 1024);
+    await writeFile(join(dir("memory"), "memory.limit_in_bytes"), memory);
+    // No swap escape hatch: memory+swap gets the same limit where the kernel accounts swap.
+    const memsw = join(dir("memory"), "memory.memsw.limit_in_bytes");
+    if (existsSync(memsw)) await writeFile(memsw, memory);
+    await writeFile(join(dir("cpu"), "cpu.cfs_period_us"), "100000");
+    await writeFile(
+      join(dir("cpu"), "cpu.cfs_quota_us"),
+      String(Math.max(1000, Math.round(resources.cpuCount * 100000))),
+    );
+    await writeFile(join(dir("pids"), "pids.max"), String(resources.pidsMax));
+    return cgroup;
+  }
+
+  async listNames(): Promise<string[]> {
+    const names = new Set<string>();
+    for (const c of CgroupV1.CONTROLLERS) {
+      try {
+        for (const entry of await readdir(join(ROOT, c, this.parent), { withFileTypes: true })) {
+          if (entry.isDirectory()) names.add(entry.name);
+        }
+      } catch {
+        // parent missing
+      }
+    }
+    return [...names];
+  }
+}
+
+/** cgroup v2: one directory per sandbox under `<parent>`, with memory, cpu and pids enabled on the parents. */
+class CgroupV2 implements CgroupManager {
+  readonly version = 2 as const;
+
+  constructor(private readonly parent: string) {}
+
+  async prepare(): Promise<void> {
+    let path = ROOT;
+    for (const part of this.parent.split("/").filter(Boolean)) {
+      await writeFile(join(path, "cgroup.subtree_control"), "+memory +cpu +pids").catch(() => undefined);
+      path = join(path, part);
+      await mkdir(path, { recursive: true });
+    }
+    await writeFile(join(path, "cgroup.subtree_control"), "+memory +cpu +pids");
+  }
+
+  open(name: string): SandboxCgroup {
+    const dir = join(ROOT, this.parent, name);
+    const pids = () => readPids(join(dir, "cgroup.procs"));
+    const setFrozen = async (frozen: boolean) => {
+      await writeFile(join(dir, "cgroup.freeze"), frozen ? "1" : "0");
+      for (let i = 0; i < 5000; i++) {
+        const events = await readFile(join(dir, "cgroup.events"), "utf8");
+        if (events.includes(`frozen ${frozen ? 1 : 0}`)) return;
+        await new Promise((resolve) => setTimeout(resolve, 1));
+      }
+      throw new Error("cgroup did not change its frozen state");
+    };
+    return {
+      procsFiles: [join(dir, "cgroup.procs")],
+      exists: () => existsSync(dir),
+      pids,
+      usage: async () => {
+        const stat = await readFile(join(dir, "cpu.stat"), "utf8").catch(() => "");
+        return {
+          memoryBytes: await readNumber(join(dir, "memory.current")),
+          memoryLimitBytes: await readNumber(join(dir, "memory.max")),
+          cpuUsec: Number(/usage_usec (\d+)/.exec(stat)?.[1] ?? 0),
+          pids: await readNumber(join(dir, "pids.current")),
+          pidsLimit: await readNumber(join(dir, "pids.max")),
+        };
+      },
+      freeze: () => setFrozen(true),
+      thaw: () => setFrozen(false),
+      killAll: async () => {
+        if (!existsSync(dir)) return;
+        await writeFile(join(dir, "cgroup.kill"), "1");
+        await waitEmpty(pids, false);
+      },
+      remove: () => removeDir(dir),
+    };
+  }
+
+  async create(name: string, resources: SandboxResources): Promise<SandboxCgroup> {
+    const dir = join(ROOT, this.parent, name);
+    await mkdir(dir);
+    const memory = String(resources.memoryMiB * 1024 * 1024);
+    await writeFile(join(dir, "memory.max"), memory);
+    if (existsSync(join(dir, "memory.swap.max"))) await writeFile(join(dir, "memory.swap.max"), "0");
+    await writeFile(join(dir, "cpu.max"), `${Math.max(1000, Math.round(resources.cpuCount * 100000))} 100000`);
+    await writeFile(join(dir, "pids.max"), String(resources.pidsMax));
+    return this.open(name);
+  }
+
+  async listNames(): Promise<string[]> {
+    try {
+      return (await readdir(join(ROOT, this.parent), { withFileTypes: true }))
+        .filter((entry) => entry.isDirectory())
+        .map((entry) => entry.name);
+    } catch {
+      return [];
+    }
+  }
+}

@@ -1,0 +1,454 @@
+import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync } from "node:fs";
+import { mkdir, open, readdir, readFile, rename, rm, statfs, writeFile } from "node:fs/promises";
+import { request } from "node:http";
+import { join } from "node:path";
+import type { Logger } from "../../node-agent/log.js";
+import type {
+  Instance,
+  InstanceSpec,
+  InstanceStats,
+  ReconcileResult,
+  RuntimeDriver,
+  SandboxResources,
+} from "../driver.js";
+import { exec } from "../exec.js";
+import { type CgroupManager, detectCgroupManager } from "./cgroups.js";
+import { mountPoints, unmountTree } from "./mounts.js";
+import { NetworkPool, type NetworkSlot } from "./network.js";
+import { sandboxSpec } from "./oci-spec.js";
+
+/**
+ * The `namespace` runtime driver: Linux namespaces (user, mount, pid, net, ipc, uts, cgroup) started by crun,
+ * an overlayfs root over the template's read-only rootfs, cgroup limits (v1 or v2), a seccomp filter, and a
+ * pre-made network namespace per sandbox.
+ *
+ * Why crun, not bubblewrap (RUNTIME-NOTES §2.3 recommends bwrap for speed): bwrap 0.8 always sets
+ * no-new-privileges and can map only one uid into a user namespace. E2B templates give `user` passwordless sudo
+ * (the SDK's tests use it), and sudo is setuid, which no-new-privileges disables. crun (Debian, C, ~10 ms to
+ * start a container here) maps a whole uid range, leaves no-new-privileges to the spec, compiles the seccomp
+ * filter with libseccomp, and joins a pre-made network namespace.
+ *
+ * Security model (user namespace, sudo and no-new-privileges):
+ * - sandbox uids 0..65535 map to host uids uidBase.. (default 100000..165535); template files were chowned into
+ *   that range when the template was built. Sandbox root is host uid 100000: no capability outside the sandbox's
+ *   own namespaces, so `sudo` inside yields only sandbox root.
+ * - no-new-privileges is OFF for templates that ship sudo (`allowSetuid`), because setuid is how sudo works; it is
+ *   ON for every template that does not need setuid. What NNP would protect against (a setuid binary gaining
+ *   host privilege) cannot happen here: setuid only reaches sandbox root, whose capabilities are those of
+ *   oci-spec.ts SANDBOX_CAPABILITIES in namespaces the sandbox owns, under the seccomp filter (seccomp.ts:
+ *   no mount, unshare, setns, modules, kexec, reboot, swap, bpf, perf, keyring, clock changes).
+ * - the network namespace is owned by the host's user namespace, so sandbox root cannot reconfigure it.
+ *
+ * Process tree (for a later CRIU checkpoint, RUNTIME-NOTES §2.8): the launcher (sh) joins the cgroups, mounts
+ * the overlay and execs `crun run --detach`; crun exits once the sandbox runs, so the sandbox's PID 1 (tini,
+ * reaping orphans) is re-parented away from the agent: no PDEATHSIG, no --die-with-parent, and sandboxes
+ * survive an agent crash (reconcile() re-adopts them). envd runs under tini; envd starts every process as a
+ * session leader.
+ *
+ * Disk quota: the writable layer is a size-limited tmpfs (upper + work dirs of the overlay). Its pages are
+ * charged to the sandbox's memory cgroup, so disk use also counts against the memory limit.
+ */
+export interface NamespaceDriverOptions {
+  readonly stateDir: string;
+  /** Tag separating this agent's names (netns, veth, cgroups, chains) from another agent's on the host. */
+  readonly instance: string;
+  readonly netCidr: string;
+  readonly netPoolSize: number;
+  readonly uidBase: number;
+  /** The host's node binary, bind-mounted read-only at /usr/local/bin/node (one copy of its pages per host). */
+  readonly nodeBinary: string;
+  /** Directory holding envd/, proto/ and node_modules/ (the repository root), bind-mounted read-only. */
+  readonly envdRoot: string;
+  readonly readyTimeoutMs: number;
+  readonly log: Logger;
+}
+
+export const ENVD_PORT = 49983;
+const ID_COUNT = 65536;
+
+interface InstanceRecord {
+  instanceId: string;
+  templateId: string;
+  templateHash: string;
+  lowerDir: string;
+  allowSetuid: boolean;
+  slot: number;
+  addr: string;
+  resources: SandboxResources;
+  createdAt: number;
+  labels: Record<string, string>;
+  pid?: number;
+  pidStartTime?: string;
+  paused: boolean;
+}
+
+const LAUNCHER = `set -e
+D="$1"
+mkdir -p "$D/disk" "$D/rootfs"
+mount -t tmpfs -o "size=\${DISK_MIB}m,mode=0755,nodev" warren-disk "$D/disk"
+mkdir "$D/disk/upper" "$D/disk/work"
+chown "$UID_BASE:$UID_BASE" "$D/disk/upper"
+chmod 0755 "$D/disk/upper"
+mount -t overlay -o "lowerdir=$LOWER,upperdir=$D/disk/upper,workdir=$D/disk/work" warren-root "$D/rootfs"
+for f in $CGROUP_PROCS; do echo $$ > "$f"; done
+exec crun --root "$CRUN_ROOT" --cgroup-manager=disabled run --detach --bundle "$D/bundle" --pid-file "$D/pid" "$CID"
+`;
+
+export class NamespaceDriver implements RuntimeDriver {
+  readonly name = "namespace";
+  private readonly instances = new Map<string, InstanceRecord>();
+  private readonly cgroups: CgroupManager;
+  readonly network: NetworkPool;
+  private readonly instancesDir: string;
+  private readonly crunRoot: string;
+
+  constructor(private readonly options: NamespaceDriverOptions) {
+    this.cgroups = detectCgroupManager(`warren/${options.instance}`);
+    this.network = new NetworkPool({
+      instance: options.instance,
+      cidr: options.netCidr,
+      poolSize: options.netPoolSize,
+      log: options.log,
+    });
+    this.instancesDir = join(options.stateDir, "instances");
+    this.crunRoot = join(options.stateDir, "crun");
+  }
+
+  get cgroupVersion(): 1 | 2 {
+    return this.cgroups.version;
+  }
+
+  /** The directory of an instance's files and mounts (tests inspect it). */
+  instanceDir(instanceId: string): string {
+    return join(this.instancesDir, instanceId);
+  }
+
+  containerId(instanceId: string): string {
+    return `warren-${this.options.instance}-${instanceId}`;
+  }
+
+  /** envd's esbuild bundle (one file: fast to load) when built, else its tsc output. */
+  private get envdEntry(): string {
+    return existsSync(join(this.options.envdRoot, "envd", "dist", "envd.mjs")) ? "envd.mjs" : "main.js";
+  }
+
+  async start(): Promise<void> {
+    await mkdir(this.instancesDir, { recursive: true });
+    await mkdir(this.crunRoot, { recursive: true });
+    await this.cgroups.prepare();
+    await this.network.start();
+  }
+
+  /** Starts refilling the network pool (after reconcile, so adopted slots are known). */
+  startPools(): void {
+    this.network.refill();
+  }
+
+  async create(spec: InstanceSpec): Promise<Instance> {
+    const instanceId = `i${randomBytes(6).toString("hex")}`;
+    const log = this.options.log.child({ instanceId, templateId: spec.template.templateId });
+    const dir = this.instanceDir(instanceId);
+    await mkdir(join(dir, "bundle"), { recursive: true });
+    let slot: NetworkSlot | undefined;
+    let record: InstanceRecord | undefined;
+    try {
+      slot = await this.network.acquire();
+      record = {
+        instanceId,
+        templateId: spec.template.templateId,
+        templateHash: spec.template.hash,
+        lowerDir: spec.template.rootfs,
+        allowSetuid: spec.template.allowSetuid,
+        slot: slot.index,
+        addr: slot.sandboxAddr,
+        resources: spec.resources,
+        createdAt: Date.now(),
+        labels: { ...spec.labels },
+        paused: false,
+      };
+      // The record goes to disk before anything else exists, so a crash at any later step is cleaned up.
+      await this.persist(record);
+      this.instances.set(instanceId, record);
+      const cgroup = await this.cgroups.create(instanceId, spec.resources);
+      const maxOldSpace = Math.max(32, Math.floor(spec.resources.memoryMiB / 2));
+      const args = spec.command ?? [
+        "/usr/bin/tini",
+        "-g",
+        "--",
+        "/usr/local/bin/node",
+        `--max-old-space-size=${maxOldSpace}`,
+        // envd's own measurement: a 1 MiB semi-space cuts idle PSS by about a third.
+        "--max-semi-space-size=1",
+        `/opt/warren/envd/dist/${this.envdEntry}`,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        String(ENVD_PORT),
+        "--default-user",
+        "user",
+      ];
+      const config = sandboxSpec({
+        rootfs: join(dir, "rootfs"),
+        netnsPath: slot.netnsPath,
+        uidBase: this.options.uidBase,
+        idCount: ID_COUNT,
+        allowSetuid: spec.template.allowSetuid,
+        args,
+        env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"],
+        hostBinds: [
+          { source: this.options.nodeBinary, destination: "/usr/local/bin/node" },
+          { source: join(this.options.envdRoot, "envd"), destination: "/opt/warren/envd" },
+          { source: join(this.options.envdRoot, "proto"), destination: "/opt/warren/proto" },
+          { source: join(this.options.envdRoot, "node_modules"), destination: "/opt/warren/node_modules" },
+        ],
+      });
+      await writeFile(join(dir, "bundle", "config.json"), JSON.stringify(config));
+      const launchAt = performance.now();
+      await this.launch(record, cgroup.procsFiles);
+      const readyAt = performance.now();
+      await this.waitReady(record, log);
+      log.debug("instance ready", {
+        addr: record.addr,
+        launchMs: Math.round(readyAt - launchAt),
+        envdStartMs: Math.round(performance.now() - readyAt),
+      });
+      return this.toInstance(record);
+    } catch (error) {
+      log.warn("instance start failed; removing it", { error });
+      if (record)
+        await this.teardown(record).catch((e) => log.error("cleanup after failed start failed", { error: e }));
+      else {
+        if (slot) await this.network.release(slot).catch(() => undefined);
+        await rm(dir, { recursive: true, force: true });
+      }
+      throw error;
+    }
+  }
+
+  private async launch(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
+    const dir = this.instanceDir(record.instanceId);
+    const logFile = await open(join(dir, "envd.log"), "a");
+    try {
+      const code = await new Promise<number>((resolve, reject) => {
+        const child = spawn("sh", ["-c", LAUNCHER, "launcher", dir], {
+          env: {
+            PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            DISK_MIB: String(record.resources.diskMiB),
+            UID_BASE: String(this.options.uidBase),
+            LOWER: record.lowerDir,
+            CGROUP_PROCS: procsFiles.join(" "),
+            CRUN_ROOT: this.crunRoot,
+            CID: this.containerId(record.instanceId),
+          },
+          stdio: ["ignore", logFile.fd, logFile.fd],
+        });
+        child.once("error", reject);
+        child.once("exit", (exitCode) => resolve(exitCode ?? 1));
+      });
+      if (code !== 0) {
+        const tail = (await readFile(join(dir, "envd.log"), "utf8").catch(() => "")).slice(-500);
+        throw new Error(`sandbox launcher failed (${code}): ${tail.trim()}`);
+      }
+    } finally {
+      await logFile.close();
+    }
+    const pid = Number((await readFile(join(dir, "pid"), "utf8")).trim());
+    record.pid = pid;
+    record.pidStartTime = await processStartTime(pid);
+    await this.persist(record);
+  }
+
+  private async waitReady(record: InstanceRecord, log: Logger): Promise<void> {
+    const deadline = Date.now() + this.options.readyTimeoutMs;
+    for (let attempt = 0; ; attempt++) {
+      if (await healthy(record.addr, 250)) return;
+      if (!record.pid || (await processStartTime(record.pid)) !== record.pidStartTime) {
+        const tail = (await readFile(join(this.instanceDir(record.instanceId), "envd.log"), "utf8").catch(() => ""))
+          .slice(-500)
+          .trim();
+        throw new Error(`sandbox exited before envd answered: ${tail}`);
+      }
+      if (Date.now() > deadline) throw new Error(`envd did not answer within ${this.options.readyTimeoutMs} ms`);
+      if (attempt % 500 === 499) log.debug("still waiting for envd", { attempt });
+      await new Promise((resolve) => setTimeout(resolve, attempt < 100 ? 2 : 10));
+    }
+  }
+
+  async label(instanceId: string, labels: Readonly<Record<string, string>>): Promise<Instance> {
+    const record = this.require(instanceId);
+    record.labels = { ...record.labels, ...labels };
+    await this.persist(record);
+    return this.toInstance(record);
+  }
+
+  async kill(instanceId: string): Promise<void> {
+    const record = this.require(instanceId);
+    await this.teardown(record);
+  }
+
+  async pause(instanceId: string): Promise<void> {
+    const record = this.require(instanceId);
+    await this.cgroups.open(instanceId).freeze();
+    record.paused = true;
+    await this.persist(record);
+  }
+
+  async resume(instanceId: string): Promise<void> {
+    const record = this.require(instanceId);
+    await this.cgroups.open(instanceId).thaw();
+    record.paused = false;
+    await this.persist(record);
+  }
+
+  list(): Instance[] {
+    return [...this.instances.values()].filter((r) => r.pid !== undefined).map((r) => this.toInstance(r));
+  }
+
+  async stats(instanceId: string): Promise<InstanceStats> {
+    this.require(instanceId);
+    const usage = await this.cgroups.open(instanceId).usage();
+    const fs = await statfs(join(this.instanceDir(instanceId), "disk"));
+    return {
+      memoryUsageBytes: usage.memoryBytes,
+      memoryLimitBytes: usage.memoryLimitBytes,
+      cpuUsageUsec: usage.cpuUsec,
+      pids: usage.pids,
+      pidsLimit: usage.pidsLimit,
+      diskUsageBytes: (fs.blocks - fs.bfree) * fs.bsize,
+      diskLimitBytes: fs.blocks * fs.bsize,
+    };
+  }
+
+  async reconcile(): Promise<ReconcileResult> {
+    const adopted: Instance[] = [];
+    const removed: { instanceId: string; labels: Record<string, string> }[] = [];
+    const names = existsSync(this.instancesDir) ? await readdir(this.instancesDir) : [];
+    const mounts = new Set(await mountPoints());
+    for (const name of names) {
+      const record = await this.load(name);
+      if (!record) {
+        await unmountTree(this.instanceDir(name));
+        await rm(this.instanceDir(name), { recursive: true, force: true });
+        continue;
+      }
+      const alive =
+        record.pid !== undefined &&
+        (await processStartTime(record.pid)) === record.pidStartTime &&
+        mounts.has(join(this.instanceDir(name), "rootfs")) &&
+        existsSync(this.network.slot(record.slot).netnsPath) &&
+        (record.paused || (await healthy(record.addr, 1000)));
+      if (alive) {
+        this.instances.set(name, record);
+        adopted.push(this.toInstance(record));
+      } else {
+        this.options.log.warn("removing dead sandbox instance found at start", { instanceId: name });
+        await this.teardown(record);
+        removed.push({ instanceId: name, labels: record.labels });
+      }
+    }
+    // Orphans with no record at all: cgroups, crun state, mounts, network slots.
+    for (const name of await this.cgroups.listNames()) {
+      if (this.instances.has(name)) continue;
+      const cgroup = this.cgroups.open(name);
+      await cgroup.killAll().catch(() => undefined);
+      await cgroup.remove().catch((error) => this.options.log.error("orphan cgroup removal failed", { name, error }));
+    }
+    const crunList = await exec("crun", ["--root", this.crunRoot, "list", "-q"], { allowFailure: true });
+    for (const cid of crunList.stdout.split("\n").filter(Boolean)) {
+      const instanceId = cid.slice(this.containerId("").length);
+      if (!this.instances.has(instanceId))
+        await exec("crun", ["--root", this.crunRoot, "delete", "-f", cid], { allowFailure: true });
+    }
+    for (const point of await mountPoints()) {
+      if (!point.startsWith(`${this.instancesDir}/`)) continue;
+      const instanceId = point.slice(this.instancesDir.length + 1).split("/")[0] ?? "";
+      if (!this.instances.has(instanceId)) await unmountTree(this.instanceDir(instanceId));
+    }
+    await this.network.sweep(new Set([...this.instances.values()].map((r) => r.slot)));
+    return { adopted, removed };
+  }
+
+  async close(): Promise<void> {
+    await this.network.close();
+  }
+
+  /** Removes everything an instance has, in an order that works from any partial state. */
+  private async teardown(record: InstanceRecord): Promise<void> {
+    const dir = this.instanceDir(record.instanceId);
+    const cgroup = this.cgroups.open(record.instanceId);
+    await cgroup.killAll();
+    await exec("crun", ["--root", this.crunRoot, "delete", "-f", this.containerId(record.instanceId)], {
+      allowFailure: true,
+    });
+    await unmountTree(dir);
+    await cgroup.remove();
+    await this.network.release(this.network.slot(record.slot));
+    this.instances.delete(record.instanceId);
+    await rm(dir, { recursive: true, force: true });
+  }
+
+  private require(instanceId: string): InstanceRecord {
+    const record = this.instances.get(instanceId);
+    if (!record) throw new Error(`no instance '${instanceId}'`);
+    return record;
+  }
+
+  private toInstance(record: InstanceRecord): Instance {
+    return {
+      instanceId: record.instanceId,
+      templateId: record.templateId,
+      templateHash: record.templateHash,
+      addr: record.addr,
+      envdUrl: `http://${record.addr}:${ENVD_PORT}`,
+      resources: record.resources,
+      createdAt: record.createdAt,
+      labels: { ...record.labels },
+      paused: record.paused,
+    };
+  }
+
+  private async persist(record: InstanceRecord): Promise<void> {
+    const path = join(this.instanceDir(record.instanceId), "instance.json");
+    await writeFile(`${path}.tmp`, JSON.stringify(record));
+    await rename(`${path}.tmp`, path);
+  }
+
+  private async load(instanceId: string): Promise<InstanceRecord | undefined> {
+    try {
+      const record = JSON.parse(
+        await readFile(join(this.instanceDir(instanceId), "instance.json"), "utf8"),
+      ) as InstanceRecord;
+      return record.instanceId === instanceId ? record : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+}
+
+/** Field 22 of /proc/<pid>/stat: tells a live process from a recycled pid. */
+async function processStartTime(pid: number): Promise<string | undefined> {
+  try {
+    const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
+  } catch {
+    return undefined;
+  }
+}
+
+/** GET /health on envd; true on any 2xx. */
+export function healthy(addr: string, timeoutMs: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const req = request(
+      { host: addr, port: ENVD_PORT, path: "/health", method: "GET", agent: false, timeout: timeoutMs },
+      (res) => {
+        res.resume();
+        resolve((res.statusCode ?? 500) < 300);
+      },
+    );
+    req.once("timeout", () => req.destroy());
+    req.once("error", () => resolve(false));
+    req.end();
+  });
+}

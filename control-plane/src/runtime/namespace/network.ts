@@ -1,0 +1,299 @@
+import { existsSync } from "node:fs";
+import { readdir } from "node:fs/promises";
+import type { Logger } from "../../node-agent/log.js";
+import { exec, SerialQueue } from "../exec.js";
+
+/**
+ * Sandbox networking: every sandbox gets its own network namespace with one veth pair to the host and a /30 the
+ * agent controls (host side .1, sandbox .2). Namespaces are made ahead of time in a pool, fully configured
+ * (addresses up, static neighbour entries both ways), so a create never waits for the kernel's 1 s ARP retry
+ * (RUNTIME-NOTES §2.5) and the node can reach envd (49983), the gateway (49999) and any port a sandbox listens on
+ * at `<sandbox address>:<port>`.
+ *
+ * Isolation, in two independent layers:
+ * - inside the sandbox's namespace (owned by the host's user namespace, so sandbox root has no CAP_NET_ADMIN
+ *   over it and cannot change any of this): only the /30 is routed (no default route, so no path to other
+ *   sandboxes, the host's other addresses, link-local metadata or the internet); IPv6 is disabled; the OUTPUT
+ *   policy is DROP except loopback and replies, and new connections are REJECTed so they fail at once;
+ * - on the host: per-slot rules in this agent's chains drop everything from the sandbox's veth to the host itself
+ *   (INPUT) except replies to the node's own connections, and drop all forwarding from or to it (FORWARD).
+ * Slots are never reused: a killed sandbox's namespace, veth and rules are deleted, and the pool makes new ones.
+ */
+export interface NetworkSlot {
+  readonly index: number;
+  readonly netns: string;
+  /** /run/netns path the sandbox joins. */
+  readonly netnsPath: string;
+  readonly hostVeth: string;
+  readonly hostAddr: string;
+  readonly sandboxAddr: string;
+}
+
+export interface NetworkPoolOptions {
+  /** Short tag separating this agent's names from another agent's on the same host ([a-z0-9]{1,4}). */
+  readonly instance: string;
+  /** IPv4 network (e.g. 10.201.0.0/16) carved into one /30 per sandbox. */
+  readonly cidr: string;
+  /** Namespaces kept ready. */
+  readonly poolSize: number;
+  readonly log: Logger;
+}
+
+function parseCidr(cidr: string): { base: number; slots: number } {
+  const match = /^(\d+)\.(\d+)\.(\d+)\.(\d+)\/(\d+)$/.exec(cidr);
+  if (!match) throw new Error(`invalid CIDR '${cidr}'`);
+  const octets = match.slice(1, 5).map(Number);
+  const bits = Number(match[5]);
+  if (octets.some((o) => o > 255) || bits < 8 || bits > 28) throw new Error(`invalid CIDR '${cidr}' (prefix 8..28)`);
+  const base = ((octets[0]! << 24) | (octets[1]! << 16) | (octets[2]! << 8) | octets[3]!) >>> 0;
+  const mask = bits === 0 ? 0 : (0xffffffff << (32 - bits)) >>> 0;
+  return { base: (base & mask) >>> 0, slots: 2 ** (32 - bits) / 4 };
+}
+
+function ipString(n: number): string {
+  return [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join(".");
+}
+
+function mac(prefix: number, ip: number): string {
+  return [2, prefix, ip >>> 24, (ip >>> 16) & 255, (ip >>> 8) & 255, ip & 255]
+    .map((b) => b.toString(16).padStart(2, "0"))
+    .join(":");
+}
+
+/** Firewall of the sandbox's own namespace: nothing leaves except replies and loopback. */
+const SANDBOX_RULES = `*filter
+:INPUT ACCEPT [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT DROP [0:0]
+-A OUTPUT -o lo -j ACCEPT
+-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset
+-A OUTPUT -j REJECT --reject-with icmp-admin-prohibited
+COMMIT
+`;
+
+const SLOT_SCRIPT = `set -e
+ip netns add "$NS"
+ip link add "$HV" address "$HMAC" type veth peer name eth0 address "$SMAC" netns "$NS"
+sysctl -qw "net.ipv6.conf.$HV.disable_ipv6=1"
+ip addr add "$HIP/30" dev "$HV"
+ip link set "$HV" up
+ip neigh replace "$SIP" lladdr "$SMAC" dev "$HV" nud permanent
+ip netns exec "$NS" sh -c '
+set -e
+sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 net.ipv4.ip_unprivileged_port_start=0 "net.ipv4.ping_group_range=0 2147483647"
+ip link set lo up
+ip addr add "$SIP/30" dev eth0
+ip link set eth0 up
+ip neigh replace "$HIP" lladdr "$HMAC" dev eth0 nud permanent
+printf "%s" "$NS_RULES" | iptables-restore
+'
+`;
+
+export class NetworkPool {
+  private readonly base: number;
+  private readonly capacity: number;
+  private readonly used = new Set<number>();
+  private readonly ready: NetworkSlot[] = [];
+  private readonly firewall = new SerialQueue();
+  private refilling: Promise<void> | undefined;
+  private closed = false;
+  readonly inputChain: string;
+  readonly forwardChain: string;
+
+  constructor(private readonly options: NetworkPoolOptions) {
+    if (!/^[a-z0-9]{1,4}$/.test(options.instance)) throw new Error(`invalid instance tag '${options.instance}'`);
+    const { base, slots } = parseCidr(options.cidr);
+    this.base = base;
+    this.capacity = slots;
+    const tag = options.instance.toUpperCase();
+    this.inputChain = `WARREN-${tag}-IN`;
+    this.forwardChain = `WARREN-${tag}-FWD`;
+  }
+
+  get netnsPrefix(): string {
+    return `warren-${this.options.instance}-`;
+  }
+
+  get vethPrefix(): string {
+    return `wr-${this.options.instance}-`;
+  }
+
+  /** The comment tagging every host rule of a slot. */
+  ruleTag(index: number): string {
+    return `warren:${this.options.instance}:${index}`;
+  }
+
+  slot(index: number): NetworkSlot {
+    const net = this.base + index * 4;
+    return {
+      index,
+      netns: `${this.netnsPrefix}${index}`,
+      netnsPath: `/run/netns/${this.netnsPrefix}${index}`,
+      hostVeth: `${this.vethPrefix}${index}`,
+      hostAddr: ipString(net + 1),
+      sandboxAddr: ipString(net + 2),
+    };
+  }
+
+  /** Creates this agent's firewall chains and the jumps to them; idempotent. */
+  async start(): Promise<void> {
+    await this.firewall.run(async () => {
+      for (const [chain, parent] of [
+        [this.inputChain, "INPUT"],
+        [this.forwardChain, "FORWARD"],
+      ] as const) {
+        await exec("iptables", ["-w", "-N", chain], { allowFailure: true });
+        const present = await exec("iptables", ["-w", "-C", parent, "-j", chain], { allowFailure: true });
+        if (present.code !== 0) await exec("iptables", ["-w", "-I", parent, "1", "-j", chain]);
+      }
+    });
+  }
+
+  /** Marks slots in use by adopted sandboxes, then deletes every other namespace, veth and rule of this agent. */
+  async sweep(keep: ReadonlySet<number>): Promise<number[]> {
+    for (const index of keep) this.used.add(index);
+    const orphans = new Set<number>();
+    const netnsNames = existsSync("/run/netns") ? await readdir("/run/netns") : [];
+    for (const name of netnsNames) {
+      if (name.startsWith(this.netnsPrefix)) orphans.add(Number(name.slice(this.netnsPrefix.length)));
+    }
+    for (const name of await readdir("/sys/class/net")) {
+      if (name.startsWith(this.vethPrefix)) orphans.add(Number(name.slice(this.vethPrefix.length)));
+    }
+    for (const line of await this.ownRules()) {
+      const match = new RegExp(`warren:${this.options.instance}:(\\d+)`).exec(line);
+      if (match) orphans.add(Number(match[1]));
+    }
+    const removed: number[] = [];
+    for (const index of orphans) {
+      if (keep.has(index) || !Number.isInteger(index)) continue;
+      await this.destroy(this.slot(index));
+      removed.push(index);
+    }
+    return removed;
+  }
+
+  /** A configured namespace: from the pool when one is ready, else made now. */
+  async acquire(): Promise<NetworkSlot> {
+    const slot = this.ready.shift() ?? (await this.make());
+    this.refill();
+    return slot;
+  }
+
+  /** Deletes the slot's veth pair, namespace and host rules (slots are never reused). */
+  async release(slot: NetworkSlot): Promise<void> {
+    await this.destroy(slot);
+  }
+
+  get readyCount(): number {
+    return this.ready.length;
+  }
+
+  /** Tops the pool up in the background. */
+  refill(): void {
+    if (this.refilling || this.closed) return;
+    this.refilling = (async () => {
+      while (!this.closed && this.ready.length < this.options.poolSize) {
+        try {
+          this.ready.push(await this.make());
+        } catch (error) {
+          this.options.log.error("network pool refill failed", { error });
+          break;
+        }
+      }
+    })().finally(() => {
+      this.refilling = undefined;
+    });
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.refilling;
+    const slots = this.ready.splice(0);
+    for (const slot of slots) await this.destroy(slot);
+  }
+
+  private allocate(): number {
+    for (let i = 0; i < this.capacity; i++) {
+      if (!this.used.has(i)) {
+        this.used.add(i);
+        return i;
+      }
+    }
+    throw new Error(`no free sandbox network in ${this.options.cidr}`);
+  }
+
+  private async make(): Promise<NetworkSlot> {
+    const index = this.allocate();
+    const slot = this.slot(index);
+    const net = this.base + index * 4;
+    try {
+      await exec("sh", ["-c", SLOT_SCRIPT], {
+        env: {
+          NS: slot.netns,
+          HV: slot.hostVeth,
+          HIP: slot.hostAddr,
+          SIP: slot.sandboxAddr,
+          HMAC: mac(0x57, net + 1),
+          SMAC: mac(0x58, net + 2),
+          NS_RULES: SANDBOX_RULES,
+        },
+      });
+      const tag = this.ruleTag(index);
+      const comment = `-m comment --comment ${tag}`;
+      await this.restore(
+        [
+          `-A ${this.inputChain} -i ${slot.hostVeth} -m conntrack --ctstate ESTABLISHED,RELATED ${comment} -j ACCEPT`,
+          `-A ${this.inputChain} -i ${slot.hostVeth} ${comment} -j DROP`,
+          `-A ${this.forwardChain} -i ${slot.hostVeth} ${comment} -j DROP`,
+          `-A ${this.forwardChain} -o ${slot.hostVeth} ${comment} -j DROP`,
+        ],
+        false,
+      );
+      return slot;
+    } catch (error) {
+      await this.destroy(slot).catch(() => undefined);
+      throw error;
+    }
+  }
+
+  private async destroy(slot: NetworkSlot): Promise<void> {
+    await exec("ip", ["link", "del", slot.hostVeth], { allowFailure: true });
+    await exec("ip", ["netns", "del", slot.netns], { allowFailure: true });
+    const tag = this.ruleTag(slot.index);
+    const tagged = new RegExp(`(^|[\\s"])${tag}(["\\s]|$)`);
+    const mine = (await this.ownRules()).filter((line) => tagged.test(line));
+    if (mine.length > 0)
+      await this.restore(
+        mine.map((line) => line.replace(/^-A /, "-D ")),
+        true,
+      );
+    this.used.delete(slot.index);
+  }
+
+  /** This agent's host rules, as `iptables -S` lines. */
+  async ownRules(): Promise<string[]> {
+    const lines: string[] = [];
+    for (const chain of [this.inputChain, this.forwardChain]) {
+      const { stdout } = await exec("iptables", ["-w", "-S", chain], { allowFailure: true });
+      lines.push(...stdout.split("\n").filter((line) => line.startsWith("-A ")));
+    }
+    return lines;
+  }
+
+  private restore(lines: readonly string[], tolerant: boolean): Promise<void> {
+    return this.firewall.run(async () => {
+      const input = `*filter\n${lines.join("\n")}\nCOMMIT\n`;
+      for (let attempt = 0; ; attempt++) {
+        const result = await exec("iptables-restore", ["-w", "--noflush"], { input, allowFailure: true });
+        if (result.code === 0) return;
+        if (attempt >= 4) {
+          if (tolerant) return;
+          throw new Error(`iptables-restore failed: ${result.stderr.trim()}`);
+        }
+        await new Promise((resolve) => setTimeout(resolve, 20 * (attempt + 1)));
+      }
+    });
+  }
+}

@@ -1,0 +1,54 @@
+import pg from "pg";
+
+export type Db = pg.Pool;
+export type DbClient = pg.PoolClient;
+export type Queryable = Pick<pg.Pool, "query">;
+
+export interface DbOptions {
+  readonly url: string;
+  /** PostgreSQL schema holding Warren's tables (tests use one per file). */
+  readonly schema: string;
+  readonly max?: number;
+  /**
+   * `off` lets COMMIT return before the WAL is flushed: no corruption, but a PostgreSQL crash may lose the
+   * last fraction of a second of commits. Row locks are then held for microseconds instead of an fsync,
+   * which is what lets concurrent creates and the ledger's commit-order lock scale.
+   */
+  readonly synchronousCommit?: "on" | "off";
+}
+
+const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,62}$/;
+
+export function assertSchemaName(schema: string): string {
+  if (!SCHEMA_NAME.test(schema)) throw new Error(`invalid PostgreSQL schema name '${schema}'`);
+  return schema;
+}
+
+/** A pool whose connections resolve unqualified table names in `schema`. */
+export function createDb(options: DbOptions): Db {
+  const schema = assertSchemaName(options.schema);
+  const pool = new pg.Pool({
+    connectionString: options.url,
+    max: options.max ?? 10,
+    options: `-c search_path=${schema} -c synchronous_commit=${options.synchronousCommit ?? "on"}`,
+    connectionTimeoutMillis: 5_000,
+  });
+  // An idle client that loses its server (PostgreSQL restart) must not crash the process.
+  pool.on("error", () => undefined);
+  return pool;
+}
+
+export async function withTransaction<T>(db: Db, fn: (client: DbClient) => Promise<T>): Promise<T> {
+  const client = await db.connect();
+  try {
+    await client.query("BEGIN");
+    const result = await fn(client);
+    await client.query("COMMIT");
+    return result;
+  } catch (error) {
+    await client.query("ROLLBACK").catch(() => undefined);
+    throw error;
+  } finally {
+    client.release();
+  }
+}

@@ -1,0 +1,147 @@
+import type { Db } from "./db.js";
+import { assertSchemaName, withTransaction } from "./db.js";
+
+/**
+ * Versioned schema migrations. A migration is never edited once released: add a new version instead.
+ * They run in one transaction each, under an advisory lock, so concurrent starters apply each exactly once.
+ */
+export const MIGRATIONS: readonly { readonly version: number; readonly name: string; readonly sql: string }[] = [
+  {
+    version: 1,
+    name: "teams, api keys, templates, nodes, sandboxes, sandbox_events",
+    sql: `
+CREATE TABLE teams (
+  id text PRIMARY KEY,
+  name text NOT NULL,
+  max_concurrent_sandboxes integer NOT NULL DEFAULT 100,
+  max_length_hours integer NOT NULL DEFAULT 24,
+  max_creates_per_minute integer NOT NULL DEFAULT 600,
+  created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE api_keys (
+  id text PRIMARY KEY,
+  team_id text NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+  key_hash text NOT NULL UNIQUE,
+  key_prefix text NOT NULL,
+  name text NOT NULL DEFAULT '',
+  created_at timestamptz NOT NULL DEFAULT now(),
+  last_used_at timestamptz,
+  revoked_at timestamptz
+);
+-- Resources match the node agent's template recipes (control-plane/src/templates/catalog.ts).
+CREATE TABLE templates (
+  id text PRIMARY KEY,
+  alias text UNIQUE,
+  cpu_count integer NOT NULL,
+  memory_mb integer NOT NULL,
+  disk_size_mb integer NOT NULL,
+  envd_version text NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO templates (id, alias, cpu_count, memory_mb, disk_size_mb, envd_version) VALUES
+  ('base', 'base', 1, 512, 1024, '0.6.4'),
+  ('code-interpreter-v1', 'code-interpreter-v1', 2, 1024, 2048, '0.6.4');
+CREATE TABLE nodes (
+  id text PRIMARY KEY,
+  addr text NOT NULL,
+  state text NOT NULL CHECK (state IN ('up', 'down')),
+  last_seen_at timestamptz NOT NULL,
+  changed_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE sandboxes (
+  id text PRIMARY KEY,
+  team_id text NOT NULL REFERENCES teams(id),
+  template_id text NOT NULL,
+  alias text,
+  state text NOT NULL CHECK (state IN ('starting','running','pausing','paused','resuming','killed','failed')),
+  node_id text,
+  exec_id text,
+  cpu_count integer NOT NULL,
+  memory_mb integer NOT NULL,
+  disk_size_mb integer NOT NULL,
+  envd_version text NOT NULL,
+  token_nonce text NOT NULL,
+  envd_token_hash text NOT NULL,
+  traffic_token_hash text,
+  metadata jsonb NOT NULL DEFAULT '{}',
+  env_vars jsonb NOT NULL DEFAULT '{}',
+  network jsonb,
+  allow_internet_access boolean,
+  volume_mounts jsonb NOT NULL DEFAULT '[]',
+  auto_pause boolean NOT NULL DEFAULT false,
+  auto_pause_memory boolean NOT NULL DEFAULT true,
+  auto_resume boolean NOT NULL DEFAULT false,
+  idempotency_key text,
+  request_hash text,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  started_at timestamptz NOT NULL DEFAULT now(),
+  end_at timestamptz NOT NULL,
+  paused_at timestamptz,
+  ended_at timestamptz,
+  end_reason text
+);
+CREATE UNIQUE INDEX sandboxes_idempotency ON sandboxes (team_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX sandboxes_team_live ON sandboxes (team_id, started_at) WHERE state NOT IN ('killed', 'failed');
+CREATE INDEX sandboxes_team_created ON sandboxes (team_id, created_at);
+CREATE INDEX sandboxes_expiry ON sandboxes (end_at) WHERE state = 'running';
+CREATE INDEX sandboxes_node ON sandboxes (node_id) WHERE state NOT IN ('killed', 'failed');
+CREATE TABLE sandbox_events (
+  id bigserial PRIMARY KEY,
+  sandbox_id text NOT NULL,
+  team_id text NOT NULL,
+  type text NOT NULL,
+  from_state text,
+  to_state text,
+  data jsonb NOT NULL DEFAULT '{}',
+  created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX sandbox_events_team ON sandbox_events (team_id, id);
+CREATE INDEX sandbox_events_sandbox ON sandbox_events (sandbox_id, id);
+CREATE RULE sandbox_events_no_update AS ON UPDATE TO sandbox_events DO INSTEAD NOTHING;
+CREATE RULE sandbox_events_no_delete AS ON DELETE TO sandbox_events DO INSTEAD NOTHING;
+`,
+  },
+];
+
+const MIGRATION_LOCK = 0x5741_5252; // "WARR"
+
+/** Applies every migration not yet recorded in schema_migrations; returns the versions applied now. */
+export async function migrate(db: Db, schema: string): Promise<number[]> {
+  const applied: number[] = [];
+  const client = await db.connect();
+  try {
+    // Lock first: two concurrent `CREATE SCHEMA IF NOT EXISTS` can still collide.
+    await client.query("SELECT pg_advisory_lock($1, hashtext($2))", [MIGRATION_LOCK, schema]);
+    try {
+      await client.query(`CREATE SCHEMA IF NOT EXISTS ${assertSchemaName(schema)}`);
+      await client.query(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+      );
+      const done = await client.query<{ version: number }>("SELECT version FROM schema_migrations");
+      const doneVersions = new Set(done.rows.map((row) => row.version));
+      for (const migration of MIGRATIONS) {
+        if (doneVersions.has(migration.version)) continue;
+        await client.query("BEGIN");
+        try {
+          await client.query(migration.sql);
+          await client.query("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", [
+            migration.version,
+            migration.name,
+          ]);
+          await client.query("COMMIT");
+        } catch (error) {
+          await client.query("ROLLBACK");
+          throw new Error(`migration ${migration.version} (${migration.name}) failed: ${String(error)}`);
+        }
+        applied.push(migration.version);
+      }
+    } finally {
+      await client.query("SELECT pg_advisory_unlock($1, hashtext($2))", [MIGRATION_LOCK, schema]);
+    }
+  } finally {
+    client.release();
+  }
+  return applied;
+}
+
+export { withTransaction };

@@ -1,0 +1,102 @@
+import { createHash, randomBytes } from "node:crypto";
+import type { Queryable } from "./db.js";
+
+export interface Team {
+  readonly id: string;
+  readonly name: string;
+  readonly maxConcurrentSandboxes: number;
+  readonly maxLengthHours: number;
+  readonly maxCreatesPerMinute: number;
+}
+
+export interface TeamLimits {
+  readonly maxConcurrentSandboxes?: number;
+  readonly maxLengthHours?: number;
+  readonly maxCreatesPerMinute?: number;
+}
+
+export interface CreatedApiKey {
+  readonly id: string;
+  readonly teamId: string;
+  /** The key itself: returned once, never stored. */
+  readonly key: string;
+  readonly prefix: string;
+}
+
+interface TeamRow {
+  id: string;
+  name: string;
+  max_concurrent_sandboxes: number;
+  max_length_hours: number;
+  max_creates_per_minute: number;
+}
+
+function toTeam(row: TeamRow): Team {
+  return {
+    id: row.id,
+    name: row.name,
+    maxConcurrentSandboxes: row.max_concurrent_sandboxes,
+    maxLengthHours: row.max_length_hours,
+    maxCreatesPerMinute: row.max_creates_per_minute,
+  };
+}
+
+/** API keys are 160 random bits: SHA-256 is enough to store them (no dictionary to guard against). */
+export function hashApiKey(key: string): string {
+  return createHash("sha256").update(key).digest("hex");
+}
+
+export async function createTeam(db: Queryable, name: string, limits: TeamLimits = {}): Promise<Team> {
+  const id = `team_${randomBytes(8).toString("hex")}`;
+  const result = await db.query<TeamRow>(
+    `INSERT INTO teams (id, name, max_concurrent_sandboxes, max_length_hours, max_creates_per_minute)
+     VALUES ($1, $2, COALESCE($3, 100), COALESCE($4, 24), COALESCE($5, 600)) RETURNING *`,
+    [
+      id,
+      name,
+      limits.maxConcurrentSandboxes ?? null,
+      limits.maxLengthHours ?? null,
+      limits.maxCreatesPerMinute ?? null,
+    ],
+  );
+  return toTeam(result.rows[0] as TeamRow);
+}
+
+export async function getTeam(db: Queryable, teamId: string): Promise<Team | undefined> {
+  const result = await db.query<TeamRow>("SELECT * FROM teams WHERE id = $1", [teamId]);
+  return result.rows[0] ? toTeam(result.rows[0]) : undefined;
+}
+
+export async function listTeams(db: Queryable): Promise<Team[]> {
+  const result = await db.query<TeamRow>("SELECT * FROM teams ORDER BY created_at");
+  return result.rows.map(toTeam);
+}
+
+export async function createApiKey(db: Queryable, teamId: string, name = ""): Promise<CreatedApiKey> {
+  const key = `e2b_${randomBytes(20).toString("hex")}`;
+  const id = `key_${randomBytes(8).toString("hex")}`;
+  const prefix = key.slice(0, 10);
+  await db.query("INSERT INTO api_keys (id, team_id, key_hash, key_prefix, name) VALUES ($1, $2, $3, $4, $5)", [
+    id,
+    teamId,
+    hashApiKey(key),
+    prefix,
+    name,
+  ]);
+  return { id, teamId, key, prefix };
+}
+
+/** The team an API key belongs to, or undefined for an unknown or revoked key. */
+export async function teamForApiKey(db: Queryable, key: string): Promise<Team | undefined> {
+  const result = await db.query<TeamRow>(
+    `SELECT t.* FROM api_keys k JOIN teams t ON t.id = k.team_id
+     WHERE k.key_hash = $1 AND k.revoked_at IS NULL`,
+    [hashApiKey(key)],
+  );
+  return result.rows[0] ? toTeam(result.rows[0]) : undefined;
+}
+
+export async function revokeApiKey(db: Queryable, keyId: string): Promise<boolean> {
+  const result = await db.query("UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL", [keyId]);
+  return (result.rowCount ?? 0) > 0;
+}

@@ -1,0 +1,75 @@
+import type { SandboxResources } from "../runtime/driver.js";
+
+/**
+ * Templates this node can build, as recipes. A recipe's content (and its parent's hash) is its identity: change
+ * a package or a step and the template gets a new hash, so the cache never serves a stale build.
+ */
+export interface TemplateRecipe {
+  readonly id: string;
+  /** Built on top of this template's rootfs; absent for a debootstrap base. */
+  readonly parent?: string;
+  /** Debian minbase + these packages. */
+  readonly debootstrap?: { readonly suite: string; readonly include: readonly string[] };
+  /** Shell steps run as root in the rootfs (chroot, network allowed), in order. */
+  readonly steps: readonly { readonly name: string; readonly run: string }[];
+  readonly defaults: SandboxResources;
+  /** Needs setuid (sudo): no-new-privileges stays off for its sandboxes. */
+  readonly allowSetuid: boolean;
+}
+
+const BASE_PACKAGES = [
+  "bash",
+  "coreutils",
+  "python3",
+  "git",
+  "curl",
+  "ca-certificates",
+  "sudo",
+  "inotify-tools",
+  "util-linux",
+  "procps",
+  "tini",
+];
+
+/** Everything after debootstrap for the E2B-compatible base: `user` with passwordless sudo, mount points. */
+const BASE_SETUP = `set -e
+useradd --create-home --uid 1000 --shell /bin/bash user
+echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/user
+chmod 0440 /etc/sudoers.d/user
+echo sandbox > /etc/hostname
+printf '127.0.0.1\\tlocalhost sandbox\\n::1\\tlocalhost ip6-localhost ip6-loopback\\n' > /etc/hosts
+: > /etc/resolv.conf
+mkdir -p /opt/warren/envd /opt/warren/proto /opt/warren/node_modules /usr/local/bin
+: > /usr/local/bin/node
+chmod 0755 /usr/local/bin/node
+`;
+
+const CLEAN_APT = "apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb";
+
+export const TEMPLATE_RECIPES: Readonly<Record<string, TemplateRecipe>> = {
+  base: {
+    id: "base",
+    debootstrap: { suite: "bookworm", include: BASE_PACKAGES },
+    steps: [
+      { name: "user and sudo", run: BASE_SETUP },
+      { name: "clean apt cache", run: CLEAN_APT },
+    ],
+    defaults: { cpuCount: 1, memoryMiB: 512, diskMiB: 1024, pidsMax: 1024 },
+    allowSetuid: true,
+  },
+  "code-interpreter-v1": {
+    id: "code-interpreter-v1",
+    parent: "base",
+    steps: [
+      {
+        name: "jupyter stack",
+        run: `set -e
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-ipykernel python3-jupyter-client python3-matplotlib python3-matplotlib-inline python3-pandas python3-numpy python3-pexpect
+${CLEAN_APT}`,
+      },
+    ],
+    defaults: { cpuCount: 2, memoryMiB: 1024, diskMiB: 2048, pidsMax: 2048 },
+    allowSetuid: true,
+  },
+};

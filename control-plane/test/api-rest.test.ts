@@ -1,0 +1,328 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { hashApiKey } from "../src/store/teams.js";
+import { eventually, TestEnv } from "./api-harness.js";
+
+/** The REST surface over plain HTTP: validation, E2B error bodies, status codes, tenancy, quotas, admin. */
+describe("api REST surface", () => {
+  const env = new TestEnv();
+  let keyA: string;
+  let keyB: string;
+
+  beforeAll(async () => {
+    await env.start();
+    await env.addNode("node-a");
+    ({ apiKey: keyA } = await env.team("a"));
+    ({ apiKey: keyB } = await env.team("b"));
+  });
+  afterAll(() => env.stop());
+
+  const create = (apiKey: string, body: unknown = { templateID: "base" }, headers: Record<string, string> = {}) =>
+    env.request("POST", "/v2/sandboxes", { apiKey, body, headers });
+
+  it("answers a missing or unknown API key with 401 and E2B's error body", async () => {
+    const missing = await env.request("GET", "/v2/sandboxes");
+    expect(missing.status).toBe(401);
+    expect(missing.body).toMatchObject({ code: 401, message: expect.any(String) });
+    const wrong = await env.request("GET", "/v2/sandboxes", { apiKey: "e2b_nope" });
+    expect(wrong.status).toBe(401);
+    expect(wrong.body).toEqual({ code: 401, message: "Invalid API key" });
+  });
+
+  it.each([
+    [{ timeout: 10 }, "templateID is required"],
+    [{ templateID: "base", timeout: 0 }, "Timeout must be greater than 0"],
+    [{ templateID: "base", timeout: -5 }, "Timeout must be greater than 0"],
+    [{ templateID: "base", timeout: 1.5 }, "timeout must be a 32-bit integer"],
+    [{ templateID: "base", timeout: 25 * 3600 }, "Timeout cannot be greater than 24 hours"],
+    [{ templateID: "base", metadata: { a: 1 } }, "metadata.a must be a string"],
+    [{ templateID: "base", envVars: "x" }, "envVars must be an object of strings"],
+    [{ templateID: "base", autoPauseMemory: false }, "autoPauseMemory=false only applies when autoPause is true."],
+    [
+      { templateID: "base", autoPause: true, autoPauseMemory: false, autoResume: { enabled: true } },
+      "autoPauseMemory=false (filesystem-only auto-pause) cannot be combined with autoResume",
+    ],
+    [
+      { templateID: "base", network: { allowOut: ["example.com"] } },
+      "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' in deny out",
+    ],
+    [{ templateID: "base", network: { denyOut: ["not-an-ip"] } }, "network.denyOut entry 'not-an-ip'"],
+    [{ templateID: "bad template!" }, "is not a valid template reference"],
+  ])("refuses create body %j with 400: %s", async (body, message) => {
+    const res = await create(keyA, body);
+    expect(res.status).toBe(400);
+    expect(res.body).toMatchObject({ code: 400 });
+    expect((res.body as { message: string }).message).toContain(message);
+  });
+
+  it("refuses a body that is not JSON with a 400 error body", async () => {
+    const res = await env.request("POST", "/v2/sandboxes", { apiKey: keyA, body: "{nope" });
+    expect(res.status).toBe(400);
+    expect(res.body).toEqual({ code: 400, message: "request body is not valid JSON" });
+  });
+
+  it("answers an unknown template with 404", async () => {
+    const res = await create(keyA, { templateID: "no-such-template" });
+    expect(res.status).toBe(404);
+    expect(res.body).toMatchObject({ code: 404, message: "template 'no-such-template' not found" });
+  });
+
+  it("creates with v1 POST /sandboxes (default timeout 15 s) and connects with v1 connect (timeout required)", async () => {
+    const res = await env.request("POST", "/sandboxes", { apiKey: keyA, body: { templateID: "base", secure: true } });
+    expect(res.status).toBe(201);
+    const sandbox = res.body as Record<string, unknown>;
+    expect(sandbox).toMatchObject({ templateID: "base", clientID: "6532622b", envdVersion: "0.6.4", domain: null });
+    expect(typeof sandbox.envdAccessToken).toBe("string");
+    const info = await env.request("GET", `/sandboxes/${sandbox.sandboxID}`, { apiKey: keyA });
+    const { startedAt, endAt } = info.body as { startedAt: string; endAt: string };
+    expect(Date.parse(endAt) - Date.parse(startedAt)).toBeLessThan(20_000);
+    const noTimeout = await env.request("POST", `/sandboxes/${sandbox.sandboxID}/connect`, { apiKey: keyA, body: {} });
+    expect(noTimeout.status).toBe(400);
+    const connected = await env.request("POST", `/sandboxes/${sandbox.sandboxID}/connect`, {
+      apiKey: keyA,
+      body: { timeout: 60 },
+    });
+    expect(connected.status).toBe(200);
+    expect((connected.body as Record<string, unknown>).envdAccessToken).toBe(sandbox.envdAccessToken);
+    const v1list = await env.request("GET", "/sandboxes", { apiKey: keyA });
+    expect((v1list.body as { sandboxID: string }[]).map((s) => s.sandboxID)).toContain(sandbox.sandboxID);
+    await env.request("DELETE", `/sandboxes/${sandbox.sandboxID}`, { apiKey: keyA });
+  });
+
+  it("answers empty successes with 204 and no body (kill, timeout, refreshes, pause)", async () => {
+    const { sandboxID } = (await create(keyA)).body as { sandboxID: string };
+    const timeout = await env.request("POST", `/sandboxes/${sandboxID}/timeout`, {
+      apiKey: keyA,
+      body: { timeout: 30 },
+    });
+    expect([timeout.status, timeout.text]).toEqual([204, ""]);
+    const refresh = await env.request("POST", `/sandboxes/${sandboxID}/refreshes`, {
+      apiKey: keyA,
+      body: { duration: 10 },
+    });
+    expect([refresh.status, refresh.text]).toEqual([204, ""]);
+    const pause = await env.request("POST", `/sandboxes/${sandboxID}/pause`, { apiKey: keyA, body: {} });
+    expect([pause.status, pause.text]).toEqual([204, ""]);
+    const again = await env.request("POST", `/sandboxes/${sandboxID}/pause`, { apiKey: keyA, body: {} });
+    expect(again.status).toBe(409);
+    expect(again.body).toMatchObject({ code: 409 });
+    const resume = await env.request("POST", `/sandboxes/${sandboxID}/resume`, { apiKey: keyA, body: { timeout: 60 } });
+    expect(resume.status).toBe(201);
+    const resumeRunning = await env.request("POST", `/sandboxes/${sandboxID}/resume`, { apiKey: keyA, body: {} });
+    expect(resumeRunning.status).toBe(409);
+    const kill = await env.request("DELETE", `/sandboxes/${sandboxID}`, { apiKey: keyA });
+    expect([kill.status, kill.text]).toEqual([204, ""]);
+    const killAgain = await env.request("DELETE", `/sandboxes/${sandboxID}`, { apiKey: keyA });
+    expect(killAgain.status).toBe(404);
+    expect(killAgain.body).toEqual({
+      code: 404,
+      message: `Sandbox "${sandboxID}" doesn't exist or you don't have access to it`,
+    });
+  });
+
+  it("connect on a paused sandbox resumes it with 201 and the same envd access token", async () => {
+    const created = (await create(keyA)).body as { sandboxID: string; envdAccessToken: string };
+    await env.request("POST", `/sandboxes/${created.sandboxID}/pause`, { apiKey: keyA, body: { memory: true } });
+    const res = await env.request("POST", `/v2/sandboxes/${created.sandboxID}/connect`, { apiKey: keyA, body: {} });
+    expect(res.status).toBe(201);
+    expect((res.body as { envdAccessToken: string }).envdAccessToken).toBe(created.envdAccessToken);
+    await env.request("DELETE", `/sandboxes/${created.sandboxID}`, { apiKey: keyA });
+  });
+
+  it("never shows team A's sandbox to team B: every path answers 404, not 403", async () => {
+    const { sandboxID } = (await create(keyA, { templateID: "base", metadata: { owner: "a" } })).body as {
+      sandboxID: string;
+    };
+    const attempts = await Promise.all([
+      env.request("GET", `/sandboxes/${sandboxID}`, { apiKey: keyB }),
+      env.request("DELETE", `/sandboxes/${sandboxID}`, { apiKey: keyB }),
+      env.request("POST", `/v2/sandboxes/${sandboxID}/connect`, { apiKey: keyB, body: {} }),
+      env.request("POST", `/sandboxes/${sandboxID}/timeout`, { apiKey: keyB, body: { timeout: 5 } }),
+      env.request("POST", `/sandboxes/${sandboxID}/pause`, { apiKey: keyB, body: {} }),
+      env.request("GET", `/sandboxes/${sandboxID}/metrics`, { apiKey: keyB }),
+      env.request("GET", `/v2/sandboxes/${sandboxID}/logs`, { apiKey: keyB }),
+      env.request("GET", `/warren/v1/sandboxes/${sandboxID}/events`, { apiKey: keyB }),
+    ]);
+    for (const res of attempts) {
+      expect(res.status).toBe(404);
+      expect(res.body).toMatchObject({ code: 404 });
+    }
+    const listB = await env.request("GET", "/v2/sandboxes", { apiKey: keyB });
+    expect(listB.body).toEqual([]);
+    const infoA = await env.request("GET", `/sandboxes/${sandboxID}`, { apiKey: keyA });
+    expect(infoA.status).toBe(200);
+    await env.request("DELETE", `/sandboxes/${sandboxID}`, { apiKey: keyA });
+  });
+
+  it("validates list queries with 400s", async () => {
+    for (const query of [
+      "state=dead",
+      "limit=0",
+      "limit=101",
+      "order=sideways",
+      "nextToken=garbage",
+      "startedAfter=x",
+    ]) {
+      const res = await env.request("GET", `/v2/sandboxes?${query}`, { apiKey: keyA });
+      expect(res.status, query).toBe(400);
+      expect(res.body).toMatchObject({ code: 400 });
+    }
+  });
+
+  it("filters the list by template, startedAfter, and reports X-Total-Running", async () => {
+    const before = new Date(Date.now() - 1000).toISOString();
+    const { sandboxID } = (await create(keyA, { templateID: "base", metadata: { f: "t" } })).body as {
+      sandboxID: string;
+    };
+    const byTemplate = await env.request("GET", "/v2/sandboxes?template=base&metadata=f%253Dt", { apiKey: keyA });
+    expect((byTemplate.body as { sandboxID: string }[]).map((s) => s.sandboxID)).toEqual([sandboxID]);
+    expect(byTemplate.headers.get("x-total-running")).toBe("1");
+    expect(byTemplate.headers.get("x-next-token")).toBeNull();
+    const unknown = await env.request("GET", "/v2/sandboxes?template=nothing", { apiKey: keyA });
+    expect([unknown.status, unknown.body]).toEqual([200, []]);
+    const future = await env.request(
+      "GET",
+      `/v2/sandboxes?startedAfter=${new Date(Date.now() + 60_000).toISOString()}`,
+      {
+        apiKey: keyA,
+      },
+    );
+    expect(future.body).toEqual([]);
+    const since = await env.request("GET", `/v2/sandboxes?startedAfter=${encodeURIComponent(before)}`, {
+      apiKey: keyA,
+    });
+    expect((since.body as { sandboxID: string }[]).map((s) => s.sandboxID)).toContain(sandboxID);
+    await env.request("DELETE", `/sandboxes/${sandboxID}`, { apiKey: keyA });
+  });
+
+  it("serves lifecycle logs (v1 and v2) and metrics endpoints for a visible sandbox", async () => {
+    const { sandboxID } = (await create(keyA)).body as { sandboxID: string };
+    const v2 = await env.request("GET", `/v2/sandboxes/${sandboxID}/logs`, { apiKey: keyA });
+    expect(v2.status).toBe(200);
+    const logs = (v2.body as { logs: { message: string; level: string }[] }).logs;
+    expect(logs.map((l) => l.message)).toEqual([
+      "sandbox.created: - -> starting",
+      "sandbox.started: starting -> running",
+    ]);
+    const v1 = await env.request("GET", `/sandboxes/${sandboxID}/logs`, { apiKey: keyA });
+    expect((v1.body as { logs: unknown[]; logEntries: unknown[] }).logEntries).toHaveLength(2);
+    const metrics = await env.request("GET", `/sandboxes/${sandboxID}/metrics`, { apiKey: keyA });
+    expect([metrics.status, metrics.body]).toEqual([200, []]);
+    const many = await env.request("GET", `/sandboxes/metrics?sandbox_ids=${sandboxID}`, { apiKey: keyA });
+    expect([many.status, many.body]).toEqual([200, { sandboxes: {} }]);
+    await env.request("DELETE", `/sandboxes/${sandboxID}`, { apiKey: keyA });
+  });
+
+  it("answers E2B paths Warren does not serve yet with 501, not a 404 the SDK would read as 'not found'", async () => {
+    for (const [method, path] of [
+      ["PUT", "/sandboxes/abc/network"],
+      ["POST", "/sandboxes/abc/fork"],
+      ["POST", "/sandboxes/abc/snapshots"],
+      ["DELETE", "/templates/snap1"],
+      ["POST", "/v3/templates"],
+      ["GET", "/volumes"],
+      ["GET", "/secrets/s1"],
+    ] as const) {
+      const res = await env.request(method, path, { apiKey: keyA, ...(method === "GET" ? {} : { body: {} }) });
+      expect(res.status, `${method} ${path}`).toBe(501);
+      expect(res.body).toMatchObject({ code: 501 });
+    }
+  });
+
+  it("answers an unknown path with a 404 error body", async () => {
+    const res = await env.request("GET", "/v9/nothing", { apiKey: keyA });
+    expect(res.status).toBe(404);
+    expect(res.body).toMatchObject({ code: 404 });
+  });
+
+  it("Idempotency-Key: a retried create returns the same sandbox, another body with the key is refused", async () => {
+    const headers = { "Idempotency-Key": `idem-${Date.now()}` };
+    const body = { templateID: "base", metadata: { idem: "1" } };
+    const [first, second] = await Promise.all([create(keyA, body, headers), create(keyA, body, headers)]);
+    expect(first.status).toBe(201);
+    expect(second.status).toBe(201);
+    const a = first.body as { sandboxID: string; envdAccessToken: string };
+    const b = second.body as { sandboxID: string; envdAccessToken: string };
+    expect(b.sandboxID).toBe(a.sandboxID);
+    expect(b.envdAccessToken).toBe(a.envdAccessToken);
+    const third = await create(keyA, body, headers);
+    expect((third.body as { sandboxID: string }).sandboxID).toBe(a.sandboxID);
+    expect(third.headers.get("idempotent-replayed")).toBe("true");
+    const listed = await env.request("GET", "/v2/sandboxes?metadata=idem%253D1", { apiKey: keyA });
+    expect(listed.body).toHaveLength(1);
+    const other = await create(keyA, { templateID: "base" }, headers);
+    expect(other.status).toBe(400);
+    // The same key in another team is another sandbox.
+    const teamB = await create(keyB, body, headers);
+    expect((teamB.body as { sandboxID: string }).sandboxID).not.toBe(a.sandboxID);
+    await env.request("DELETE", `/sandboxes/${a.sandboxID}`, { apiKey: keyA });
+    await env.request("DELETE", `/sandboxes/${(teamB.body as { sandboxID: string }).sandboxID}`, { apiKey: keyB });
+  });
+
+  it("admin path creates teams and keys; keys are shown once and stored only as SHA-256", async () => {
+    const denied = await env.request("POST", "/warren/v1/admin/teams", { body: { name: "x" } });
+    expect(denied.status).toBe(401);
+    const res = await env.request("POST", "/warren/v1/admin/teams", {
+      body: { name: "admin-made", maxConcurrentSandboxes: 3 },
+      headers: { "X-Admin-Token": env.adminToken },
+    });
+    expect(res.status).toBe(201);
+    const { team, apiKey } = res.body as { team: { id: string }; apiKey: { id: string; key: string } };
+    expect(apiKey.key).toMatch(/^e2b_[0-9a-f]{40}$/);
+    const stored = await env.db.query("SELECT * FROM api_keys WHERE id = $1", [apiKey.id]);
+    expect(stored.rows[0].key_hash).toBe(hashApiKey(apiKey.key));
+    expect(JSON.stringify(stored.rows[0])).not.toContain(apiKey.key);
+    const teams = await env.request("GET", "/warren/v1/admin/teams", { headers: { "X-Admin-Token": env.adminToken } });
+    expect(teams.body).toEqual(expect.arrayContaining([expect.objectContaining({ id: team.id, name: "admin-made" })]));
+    expect(teams.text).not.toContain(apiKey.key);
+    const works = await env.request("GET", "/v2/sandboxes", { apiKey: apiKey.key });
+    expect(works.status).toBe(200);
+    const second = await env.request("POST", `/warren/v1/admin/teams/${team.id}/api-keys`, {
+      body: {},
+      headers: { "X-Admin-Token": env.adminToken },
+    });
+    expect(second.status).toBe(201);
+    const secondKey = second.body as { id: string; key: string };
+    const revoke = await env.request("DELETE", `/warren/v1/admin/api-keys/${secondKey.id}`, {
+      headers: { "X-Admin-Token": env.adminToken },
+    });
+    expect(revoke.status).toBe(204);
+    const revoked = await env.request("GET", "/v2/sandboxes", { apiKey: secondKey.key });
+    expect(revoked.status).toBe(401);
+    const nodes = await eventually(async () => {
+      const res = await env.request("GET", "/warren/v1/admin/nodes", { headers: { "X-Admin-Token": env.adminToken } });
+      return (res.body as unknown[]).length > 0 ? res.body : undefined;
+    }, "reconciled nodes");
+    expect(nodes).toEqual([expect.objectContaining({ id: "node-a", state: "up" })]);
+  });
+
+  it("serves its OpenAPI document covering E2B paths and Warren extras", async () => {
+    const res = await env.request("GET", "/openapi.json");
+    expect(res.status).toBe(200);
+    const doc = res.body as { openapi: string; paths: Record<string, unknown> };
+    expect(doc.openapi).toBe("3.1.0");
+    for (const path of [
+      "/v2/sandboxes",
+      "/sandboxes",
+      "/v2/sandboxes/{sandboxID}/connect",
+      "/sandboxes/{sandboxID}/connect",
+      "/sandboxes/{sandboxID}",
+      "/sandboxes/{sandboxID}/timeout",
+      "/sandboxes/{sandboxID}/refreshes",
+      "/sandboxes/{sandboxID}/pause",
+      "/sandboxes/{sandboxID}/metrics",
+      "/sandboxes/metrics",
+      "/v2/sandboxes/{sandboxID}/logs",
+      "/warren/v1/sandboxes/{sandboxID}/events/stream",
+      "/warren/v1/admin/teams",
+    ]) {
+      expect(doc.paths, path).toHaveProperty([path]);
+    }
+  });
+
+  it("exposes Prometheus metrics counting requests by route and status", async () => {
+    const res = await env.request("GET", "/metrics");
+    expect(res.status).toBe(200);
+    expect(res.text).toContain('warren_api_requests_total{method="POST",route="/v2/sandboxes",status="201"}');
+    expect(res.text).toContain("warren_api_sandbox_creates_total");
+  });
+});

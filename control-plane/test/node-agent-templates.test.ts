@@ -1,0 +1,79 @@
+import { execFileSync } from "node:child_process";
+import { statSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { RunningNodeAgent } from "../src/node-agent/node-agent.js";
+import { BUILD_TIMEOUT_MS, purgeAgent, sdkSandbox, startTestAgent, testConfig } from "./node-agent-harness.js";
+
+const SETUP = { instance: "td", cidr: "10.210.12.0/22" };
+const config = testConfig(SETUP);
+let running: RunningNodeAgent;
+
+beforeAll(async () => {
+  running = await startTestAgent(SETUP);
+}, BUILD_TIMEOUT_MS);
+
+afterAll(async () => {
+  await running?.stop({ killAll: true });
+  await purgeAgent(config);
+}, 120_000);
+
+describe("templates built on the node (no Docker)", () => {
+  it("base is cached by content hash: asking again reuses the build without a rebuild or a new ready check", async () => {
+    let checks = 0;
+    const again = await running.templates.ensure("base", async () => {
+      checks++;
+    });
+    expect(checks).toBe(0);
+    expect(again.hash).toBe(running.templates.hash("base"));
+    expect(again.rootfs).toContain(`base-${again.hash}`);
+    const manifest = await running.templates.manifest("base");
+    expect(manifest).toMatchObject({ id: "base", hash: again.hash });
+  });
+
+  it("template files belong to the sandbox uid range (root → 100000, user → 101000) and sudo stays setuid", () => {
+    const rootfs = running.templates.ready("base")!.rootfs;
+    const sudo = statSync(join(rootfs, "usr/bin/sudo"));
+    expect(sudo.uid).toBe(100000);
+    expect(sudo.mode & 0o4000).toBe(0o4000);
+    expect(statSync(join(rootfs, "home/user")).uid).toBe(101000);
+    const lowIds = execFileSync(
+      "find",
+      [rootfs, "-xdev", "(", "-uid", "-65536", "-o", "-gid", "-65536", ")", "-print", "-quit"],
+      {
+        encoding: "utf8",
+      },
+    );
+    expect(lowIds).toBe("");
+  });
+
+  it(
+    "code-interpreter-v1 builds on base and its sandboxes have python3 with the Jupyter stack, node and sudo",
+    async () => {
+      const template = await running.agent.ensureTemplate("code-interpreter-v1");
+      expect(running.templates.recipe("code-interpreter-v1").parent).toBe("base");
+      expect(template.hash).not.toBe(running.templates.hash("base"));
+      const placement = await running.agent.create({
+        sandboxId: "tplci",
+        teamId: "team-t",
+        templateId: "code-interpreter-v1",
+        envdAccessToken: "tok",
+      });
+      try {
+        const sandbox = sdkSandbox("tplci", placement.envdUrl, "tok");
+        const check = await sandbox.commands.run(
+          "/usr/bin/python3 -c 'import ipykernel, jupyter_client, numpy, pandas, matplotlib; print(\"ok\")' && node -e 'console.log(process.version)' && sudo -n true && git --version && curl --version | head -1",
+          { timeoutMs: 60_000 },
+        );
+        const lines = check.stdout.trim().split("\n");
+        expect(lines[0]).toBe("ok");
+        expect(lines[1]).toBe(process.version);
+        expect(lines[2]).toMatch(/^git version/);
+        expect(lines[3]).toMatch(/^curl /);
+      } finally {
+        await running.agent.kill("tplci");
+      }
+    },
+    BUILD_TIMEOUT_MS,
+  );
+});

@@ -1,0 +1,237 @@
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import {
+  freePort,
+  type ManagedChild,
+  startChild,
+  startPrivatePostgres,
+  startPrivateRedis,
+  waitFor,
+} from "./services.js";
+
+const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
+const dist = (...parts: string[]) => join(REPO_ROOT, ...parts);
+
+export interface ClusterOptions {
+  /** Where state, logs and the private databases live (default `<repo>/.warren`). */
+  readonly dataDir?: string;
+  /** Node agents to start on this host (each with its own instance tag, state dir and address range). */
+  readonly nodeAgents?: number;
+  /** Use this PostgreSQL (else a private one under dataDir). */
+  readonly databaseUrl?: string;
+  /** Use this Redis (else a private one). */
+  readonly redisUrl?: string;
+  /** Fixed ports (default: free ports). */
+  readonly apiPort?: number;
+  readonly proxyPort?: number;
+  /** Templates with a warm pool and pool size per node agent. */
+  readonly poolSize?: number;
+  /** Extra environment for every Warren process. */
+  readonly env?: Readonly<Record<string, string>>;
+  /** Prints progress lines. */
+  readonly onProgress?: (line: string) => void;
+}
+
+/** What a user (or a test) needs to talk to the cluster. */
+export interface ClusterEnv {
+  readonly E2B_API_URL: string;
+  readonly E2B_SANDBOX_URL: string;
+  readonly E2B_API_KEY: string;
+  readonly WARREN_API_URL: string;
+  readonly WARREN_PROXY_URL: string;
+  readonly WARREN_API_KEY: string;
+  readonly WARREN_ADMIN_TOKEN: string;
+}
+
+/**
+ * Warren on one machine: PostgreSQL and Redis (reused or private), the master, the api, node agents
+ * and the proxy, each a separate process, then a team and an API key. `stop()` ends everything in
+ * reverse order; node agents kill their sandboxes on SIGTERM, so nothing is left behind.
+ */
+export class LocalCluster {
+  readonly processes: ManagedChild[] = [];
+  env!: ClusterEnv;
+  readonly nodeAgentChildren: ManagedChild[] = [];
+  databaseUrl = "";
+  redisUrl = "";
+  dbSchema = "";
+  private readonly dataDir: string;
+  private readonly logDir: string;
+
+  constructor(private readonly options: ClusterOptions = {}) {
+    this.dataDir = resolve(options.dataDir ?? join(REPO_ROOT, ".warren"));
+    this.logDir = join(this.dataDir, "logs");
+  }
+
+  async start(): Promise<ClusterEnv> {
+    const progress = this.options.onProgress ?? (() => undefined);
+    mkdirSync(this.logDir, { recursive: true });
+    try {
+      if (this.options.databaseUrl) {
+        this.databaseUrl = this.options.databaseUrl;
+      } else {
+        progress("starting a private PostgreSQL");
+        const pg = await startPrivatePostgres(join(this.dataDir, "postgres"), this.logDir);
+        this.processes.push(pg.process);
+        this.databaseUrl = pg.url;
+      }
+      if (this.options.redisUrl) {
+        this.redisUrl = this.options.redisUrl;
+      } else {
+        progress("starting a private Redis");
+        const redis = await startPrivateRedis(this.logDir);
+        this.processes.push(redis.process);
+        this.redisUrl = redis.url;
+      }
+      this.dbSchema = this.options.databaseUrl ? `warren_${randomBytes(4).toString("hex")}` : "warren";
+      const secrets = this.secrets();
+      const masterPort = await freePort();
+      const apiPort = this.options.apiPort ?? (await freePort());
+      const proxyPort = this.options.proxyPort ?? (await freePort());
+      const common = {
+        ...process.env,
+        DATABASE_URL: this.databaseUrl,
+        WARREN_DB_SCHEMA: this.dbSchema,
+        REDIS_URL: this.redisUrl,
+        ...this.options.env,
+      };
+
+      progress("starting the master");
+      const master = this.spawn("master", dist("control-plane/dist/master/main.js"), {
+        ...common,
+        WARREN_TOKEN_SECRET: secrets.tokenSecret,
+        WARREN_MASTER_HOST: "127.0.0.1",
+        WARREN_MASTER_PORT: String(masterPort),
+      });
+      await this.waitHttp(master, `http://127.0.0.1:${masterPort}/`, 30_000);
+
+      progress("starting the api");
+      const api = this.spawn("api", dist("control-plane/dist/api/main.js"), {
+        ...common,
+        WARREN_API_HOST: "127.0.0.1",
+        WARREN_API_PORT: String(apiPort),
+        WARREN_MASTER_URL: `http://127.0.0.1:${masterPort}`,
+        WARREN_ADMIN_TOKEN: secrets.adminToken,
+      });
+      const apiUrl = `http://127.0.0.1:${apiPort}`;
+      await this.waitHttp(api, `${apiUrl}/health`, 30_000);
+
+      const agents = this.options.nodeAgents ?? 1;
+      for (let i = 0; i < agents; i++) {
+        const instance = String.fromCharCode(97 + i);
+        const agentPort = await freePort();
+        progress(`starting node agent ${instance} (the first start builds the base template: about a minute)`);
+        const agent = this.spawn(`node-agent-${instance}`, dist("control-plane/dist/node-agent/main.js"), {
+          ...common,
+          WARREN_NODE_ID: `node-${instance}`,
+          WARREN_INSTANCE: instance,
+          WARREN_AGENT_LISTEN: `127.0.0.1:${agentPort}`,
+          WARREN_REDIS_URL: this.redisUrl,
+          WARREN_STATE_DIR: join(this.dataDir, `agent-${instance}`),
+          WARREN_NET_CIDR: `10.${201 + i}.0.0/16`,
+          WARREN_POOL_SIZE: String(this.options.poolSize ?? 2),
+        });
+        this.nodeAgentChildren.push(agent);
+      }
+
+      progress("waiting for the node agents to report");
+      await waitFor(
+        `${agents} node agent(s) up`,
+        async () => {
+          for (const child of this.processes) this.assertRunning(child);
+          const res = await fetch(`${apiUrl}/warren/v1/admin/nodes`, {
+            headers: { "X-Admin-Token": secrets.adminToken },
+          });
+          const nodes = (await res.json()) as { status?: string; state?: string }[];
+          const up = nodes.filter((n) => (n.status ?? n.state) === "up").length;
+          return up >= agents ? true : undefined;
+        },
+        600_000,
+      );
+
+      progress("starting the proxy");
+      const proxy = this.spawn("proxy", dist("proxy/dist/main.js"), {
+        ...common,
+        PROXY_HOST: "127.0.0.1",
+        PROXY_PORT: String(proxyPort),
+        PROXY_REDIS_URL: this.redisUrl,
+        PROXY_METRICS_PORT: "off",
+      });
+      const proxyUrl = `http://127.0.0.1:${proxyPort}`;
+      await this.waitHttp(proxy, `${proxyUrl}/`, 30_000);
+
+      progress("creating a team and an API key");
+      const res = await fetch(`${apiUrl}/warren/v1/admin/teams`, {
+        method: "POST",
+        headers: { "X-Admin-Token": secrets.adminToken, "Content-Type": "application/json" },
+        body: JSON.stringify({ name: `local-${randomBytes(3).toString("hex")}` }),
+      });
+      if (res.status !== 201) throw new Error(`creating a team failed: ${res.status} ${await res.text()}`);
+      const created = (await res.json()) as { apiKey: { key: string } };
+      this.env = {
+        E2B_API_URL: apiUrl,
+        E2B_SANDBOX_URL: proxyUrl,
+        E2B_API_KEY: created.apiKey.key,
+        WARREN_API_URL: apiUrl,
+        WARREN_PROXY_URL: proxyUrl,
+        WARREN_API_KEY: created.apiKey.key,
+        WARREN_ADMIN_TOKEN: secrets.adminToken,
+      };
+      return this.env;
+    } catch (error) {
+      await this.stop();
+      throw new Error(`${(error as Error).message}\n(logs in ${this.logDir})`);
+    }
+  }
+
+  /** Stops every process, newest first: proxy, node agents (which remove their sandboxes), api, master, databases. */
+  async stop(): Promise<void> {
+    for (const child of [...this.processes].reverse()) await child.stop("SIGTERM", 30_000);
+  }
+
+  /** Writes the environment as KEY=value lines (the file `warren up` leaves for users and scripts). */
+  writeEnvFile(path = join(this.dataDir, "env")): string {
+    const lines = Object.entries(this.env).map(([key, value]) => `${key}=${value}`);
+    writeFileSync(path, `${lines.join("\n")}\n`, { mode: 0o600 });
+    return path;
+  }
+
+  private spawn(name: string, script: string, env: NodeJS.ProcessEnv): ManagedChild {
+    if (!existsSync(script)) throw new Error(`${script} is missing: run \`npm run build\` first`);
+    const child = startChild(name, process.execPath, [script], { env, logDir: this.logDir, cwd: REPO_ROOT });
+    this.processes.push(child);
+    return child;
+  }
+
+  private assertRunning(child: ManagedChild): void {
+    if (child.child.exitCode !== null || child.child.signalCode !== null) {
+      const tail = readFileSync(child.logFile, "utf8").split("\n").slice(-15).join("\n");
+      throw new Error(
+        `${child.name} exited (${child.child.exitCode ?? child.child.signalCode}); its log ends:\n${tail}`,
+      );
+    }
+  }
+
+  private async waitHttp(child: ManagedChild, url: string, timeoutMs: number): Promise<void> {
+    await waitFor(
+      `${child.name} at ${url}`,
+      async () => {
+        this.assertRunning(child);
+        await fetch(url);
+        return true;
+      },
+      timeoutMs,
+    );
+  }
+
+  /** Token secret and admin token, generated once per data dir and kept (mode 0600). */
+  private secrets(): { tokenSecret: string; adminToken: string } {
+    const file = join(this.dataDir, "secrets.json");
+    if (existsSync(file)) return JSON.parse(readFileSync(file, "utf8"));
+    const secrets = { tokenSecret: randomBytes(32).toString("hex"), adminToken: randomBytes(24).toString("hex") };
+    writeFileSync(file, JSON.stringify(secrets), { mode: 0o600 });
+    return secrets;
+  }
+}

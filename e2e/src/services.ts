@@ -1,0 +1,157 @@
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { chownSync, existsSync, mkdirSync, openSync, readdirSync } from "node:fs";
+import { createServer } from "node:net";
+import { join } from "node:path";
+
+/** A free TCP port on loopback (the kernel picks it; tiny race accepted for local clusters and tests). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      server.close(() => resolve(typeof address === "object" && address ? address.port : 0));
+    });
+  });
+}
+
+export async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs: number): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let lastError: unknown;
+  while (Date.now() < deadline) {
+    try {
+      const value = await probe();
+      if (value !== undefined) return value;
+    } catch (error) {
+      lastError = error;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError ? `: ${String(lastError)}` : ""}`);
+}
+
+/** A child process of the cluster, with its output in `<logDir>/<name>.log`. */
+export interface ManagedChild {
+  readonly name: string;
+  readonly child: ChildProcess;
+  readonly logFile: string;
+  stop(signal?: NodeJS.Signals, graceMs?: number): Promise<void>;
+}
+
+export function startChild(
+  name: string,
+  command: string,
+  args: readonly string[],
+  options: { env?: NodeJS.ProcessEnv; logDir: string; cwd?: string; uid?: number; gid?: number },
+): ManagedChild {
+  mkdirSync(options.logDir, { recursive: true });
+  const logFile = join(options.logDir, `${name}.log`);
+  const out = openSync(logFile, "a");
+  const child = spawn(command, args, {
+    env: options.env ?? process.env,
+    cwd: options.cwd,
+    stdio: ["ignore", out, out],
+    uid: options.uid,
+    gid: options.gid,
+  });
+  const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
+  return {
+    name,
+    child,
+    logFile,
+    async stop(signal = "SIGTERM", graceMs = 15_000) {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      child.kill(signal);
+      const timer = setTimeout(() => child.kill("SIGKILL"), graceMs);
+      await exited;
+      clearTimeout(timer);
+    },
+  };
+}
+
+/** A private redis-server (nothing persisted): clusters never share the machine's Redis. */
+export async function startPrivateRedis(logDir: string): Promise<{ url: string; process: ManagedChild }> {
+  const port = await freePort();
+  const redis = startChild(
+    "redis",
+    "redis-server",
+    ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "yes"],
+    { logDir },
+  );
+  const url = `redis://127.0.0.1:${port}`;
+  await waitFor(
+    "redis",
+    async () => {
+      const { Redis } = await import("ioredis");
+      const client = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
+      try {
+        await client.connect();
+        return (await client.ping()) === "PONG" ? true : undefined;
+      } finally {
+        client.disconnect();
+      }
+    },
+    10_000,
+  );
+  return { url, process: redis };
+}
+
+const PG_BIN = () => {
+  const versions = existsSync("/usr/lib/postgresql") ? readdirSync("/usr/lib/postgresql").sort() : [];
+  const latest = versions.at(-1);
+  if (!latest)
+    throw new Error("PostgreSQL server binaries not found under /usr/lib/postgresql (apt-get install postgresql)");
+  return `/usr/lib/postgresql/${latest}/bin`;
+};
+
+/**
+ * A private PostgreSQL under `dataDir` (Debian's server binaries; runs as the `postgres` user, which
+ * PostgreSQL requires). The cluster is created on first use and kept between runs.
+ */
+export async function startPrivatePostgres(
+  dataDir: string,
+  logDir: string,
+): Promise<{ url: string; process: ManagedChild }> {
+  const bin = PG_BIN();
+  const uid = Number(execFileSync("id", ["-u", "postgres"]).toString().trim());
+  const gid = Number(execFileSync("id", ["-g", "postgres"]).toString().trim());
+  const pgData = join(dataDir, "pgdata");
+  const socketDir = join(dataDir, "pgsocket");
+  for (const dir of [dataDir, socketDir]) {
+    mkdirSync(dir, { recursive: true });
+  }
+  chownSync(socketDir, uid, gid);
+  if (!existsSync(join(pgData, "PG_VERSION"))) {
+    mkdirSync(pgData, { recursive: true });
+    chownSync(pgData, uid, gid);
+    execFileSync(join(bin, "initdb"), ["-D", pgData, "-U", "postgres", "--auth=trust", "-E", "UTF8"], {
+      uid,
+      gid,
+      stdio: "ignore",
+    });
+  }
+  const port = await freePort();
+  const postgres = startChild(
+    "postgres",
+    join(bin, "postgres"),
+    ["-D", pgData, "-p", String(port), "-k", socketDir, "-c", "listen_addresses=127.0.0.1"],
+    { logDir, uid, gid },
+  );
+  const url = `postgres://postgres@127.0.0.1:${port}/postgres`;
+  await waitFor(
+    "postgres",
+    async () => {
+      const pg = await import("pg");
+      const client = new pg.default.Client({ connectionString: url });
+      try {
+        await client.connect();
+        await client.query("select 1");
+        return true;
+      } finally {
+        await client.end().catch(() => undefined);
+      }
+    },
+    20_000,
+  );
+  return { url, process: postgres };
+}
