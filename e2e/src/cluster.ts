@@ -132,6 +132,7 @@ export class LocalCluster {
           WARREN_STATE_DIR: join(this.dataDir, `agent-${instance}`),
           WARREN_NET_CIDR: `10.${201 + i}.0.0/16`,
           WARREN_POOL_SIZE: String(this.options.poolSize ?? 2),
+          WARREN_KILL_ON_STOP: "1",
         });
         this.nodeAgentChildren.push(agent);
       }

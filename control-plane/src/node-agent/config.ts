@@ -29,6 +29,7 @@ import type { LogLevel } from "./log.js";
  * | WARREN_HEARTBEAT_MS | 5000 | heartbeat period (the node key expires after NODE_TTL_SECONDS) |
  * | WARREN_READY_TIMEOUT_MS | 15000 | how long a start may take before it counts as failed |
  * | WARREN_LOG_LEVEL | info | debug, info, warn, error |
+ * | WARREN_KILL_ON_STOP | false | on SIGTERM, kill every sandbox too (a local cluster's `down`), instead of leaving them for re-adoption |
  */
 export interface NodeAgentConfig {
   readonly nodeId: string;
@@ -52,6 +53,7 @@ export interface NodeAgentConfig {
   readonly heartbeatMs: number;
   readonly readyTimeoutMs: number;
   readonly logLevel: LogLevel;
+  readonly killOnStop: boolean;
 }
 
 export class ConfigError extends Error {
@@ -122,5 +124,6 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     heartbeatMs: integer(env, "WARREN_HEARTBEAT_MS", 5000, 100, 60000),
     readyTimeoutMs: integer(env, "WARREN_READY_TIMEOUT_MS", 15000, 1000, 600000),
     logLevel,
+    killOnStop: ["1", "true", "yes"].includes((env.WARREN_KILL_ON_STOP ?? "").toLowerCase()),
   };
 }

@@ -12,9 +12,17 @@ async function main(): Promise<void> {
   const shutdown = (signal: string) => {
     if (stopping) return;
     stopping = true;
-    log.info("shutting down; sandboxes keep running and are re-adopted at the next start", { signal });
-    running.stop().then(
-      () => process.exit(0),
+    log.info(
+      config.killOnStop
+        ? "shutting down and killing every sandbox"
+        : "shutting down; sandboxes keep running and are re-adopted at the next start",
+      { signal },
+    );
+    running.stop({ killAll: config.killOnStop }).then(
+      () => {
+        log.info("node agent stopped");
+        process.exit(0);
+      },
       (error: unknown) => {
         log.error("shutdown failed", { error: String(error) });
         process.exit(1);

@@ -1,0 +1,69 @@
+export { ApiClient, newIdempotencyKey } from "./api.js";
+export {
+  type Context,
+  type CreateCodeContextOpts,
+  Execution,
+  ExecutionError,
+  type Logs,
+  type OutputMessage,
+  Result,
+  type RunCodeLanguage,
+  type RunCodeOpts,
+} from "./code.js";
+export {
+  type CommandConnectOpts,
+  CommandExitError,
+  CommandHandle,
+  type CommandRequestOpts,
+  type CommandResult,
+  type CommandStartOpts,
+  type Commands,
+  type ProcessInfo,
+} from "./commands.js";
+export { ConnectionConfig, type ConnectionOpts, type SandboxRouting } from "./config.js";
+export {
+  AuthenticationError,
+  FileNotFoundError,
+  InvalidArgumentError,
+  NotEnoughSpaceError,
+  NotFoundError,
+  OutputLostError,
+  RateLimitError,
+  SandboxError,
+  SandboxNotFoundError,
+  ServiceBusyError,
+  TemplateError,
+  TimeoutError,
+} from "./errors.js";
+export type { SandboxEvent, SandboxEventsOpts } from "./events.js";
+export {
+  type EntryInfo,
+  type Filesystem,
+  type FilesystemEvent,
+  FilesystemEventType,
+  type FilesystemReadOpts,
+  type FilesystemRequestOpts,
+  type FilesystemWriteOpts,
+  FileType,
+  type WatchOpts,
+  type WriteEntry,
+  type WriteInfo,
+} from "./files.js";
+export type { Ports } from "./ports.js";
+export { OUTPUT_OFFSET_HEADER, REPLAY_FROM_HEADER, type StreamResilience } from "./process-stream.js";
+export type { Pty, PtyConnectOpts, PtyCreateOpts } from "./pty.js";
+export { Sandbox, Sandbox as default, type SandboxOpts } from "./sandbox.js";
+export type {
+  SandboxApiOpts,
+  SandboxConnectOpts,
+  SandboxCreateOpts,
+  SandboxInfo,
+  SandboxLifecycle,
+  SandboxListOpts,
+  SandboxMetrics,
+  SandboxNetworkOpts,
+  SandboxPaginator,
+  SandboxState,
+} from "./sandbox-api.js";
+export { type FileUrlOpts, getSignature } from "./signature.js";
+export type { WatchHandle } from "./watch.js";
