@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Starts what Warren has today on this host (as root): envd on 127.0.0.1:49983, default user
-# `user`. Point the official SDK at it with E2B_DEBUG=true. Stop it with Ctrl-C.
+# Starts a working single-node Warren on this host (as root): private PostgreSQL and Redis under
+# .warren/ (or DATABASE_URL / REDIS_URL if set), the master, the api (127.0.0.1:3000), a node agent
+# (builds the `base` template on first start, about a minute) and the proxy (127.0.0.1:3002). Creates a
+# team and an API key and prints the environment for the e2b SDK (also written to .warren/env).
+# Ctrl-C stops everything and removes every sandbox.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-host.sh
 [ -d node_modules ] || npm ci --no-audit --no-fund
 npm run build
-exec node --max-semi-space-size=1 envd/dist/envd.mjs --port "${ENVD_PORT:-49983}" --default-user user
+exec node e2e/dist/up.js

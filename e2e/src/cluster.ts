@@ -13,6 +13,7 @@ import {
 
 const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const dist = (...parts: string[]) => join(REPO_ROOT, ...parts);
+const NODE_AGENT_MAIN = dist("control-plane/dist/node-agent/main.js");
 
 export interface ClusterOptions {
   /** Where state, logs and the private databases live (default `<repo>/.warren`). */
@@ -28,6 +29,10 @@ export interface ClusterOptions {
   readonly proxyPort?: number;
   /** Templates with a warm pool and pool size per node agent. */
   readonly poolSize?: number;
+  /** Prefix of node agents' instance tags (netns, veth, cgroup and firewall names): `<prefix>a`, `<prefix>b`, ... */
+  readonly instancePrefix?: string;
+  /** Sandbox address range of node agent i (default `10.<201+i>.0.0/16`). */
+  readonly nodeCidr?: (index: number) => string;
   /** Extra environment for every Warren process. */
   readonly env?: Readonly<Record<string, string>>;
   /** Prints progress lines. */
@@ -59,6 +64,9 @@ export class LocalCluster {
   dbSchema = "";
   private readonly dataDir: string;
   private readonly logDir: string;
+  private redisChild: ManagedChild | undefined;
+  private postgresChild: ManagedChild | undefined;
+  private readonly agentEnv: NodeJS.ProcessEnv[] = [];
 
   constructor(private readonly options: ClusterOptions = {}) {
     this.dataDir = resolve(options.dataDir ?? join(REPO_ROOT, ".warren"));
@@ -75,6 +83,7 @@ export class LocalCluster {
         progress("starting a private PostgreSQL");
         const pg = await startPrivatePostgres(join(this.dataDir, "postgres"), this.logDir);
         this.processes.push(pg.process);
+        this.postgresChild = pg.process;
         this.databaseUrl = pg.url;
       }
       if (this.options.redisUrl) {
@@ -83,6 +92,7 @@ export class LocalCluster {
         progress("starting a private Redis");
         const redis = await startPrivateRedis(this.logDir);
         this.processes.push(redis.process);
+        this.redisChild = redis.process;
         this.redisUrl = redis.url;
       }
       this.dbSchema = this.options.databaseUrl ? `warren_${randomBytes(4).toString("hex")}` : "warren";
@@ -120,21 +130,22 @@ export class LocalCluster {
 
       const agents = this.options.nodeAgents ?? 1;
       for (let i = 0; i < agents; i++) {
-        const instance = String.fromCharCode(97 + i);
+        const instance = `${this.options.instancePrefix ?? ""}${String.fromCharCode(97 + i)}`;
         const agentPort = await freePort();
         progress(`starting node agent ${instance} (the first start builds the base template: about a minute)`);
-        const agent = this.spawn(`node-agent-${instance}`, dist("control-plane/dist/node-agent/main.js"), {
+        const agentEnv = {
           ...common,
           WARREN_NODE_ID: `node-${instance}`,
           WARREN_INSTANCE: instance,
           WARREN_AGENT_LISTEN: `127.0.0.1:${agentPort}`,
           WARREN_REDIS_URL: this.redisUrl,
           WARREN_STATE_DIR: join(this.dataDir, `agent-${instance}`),
-          WARREN_NET_CIDR: `10.${201 + i}.0.0/16`,
+          WARREN_NET_CIDR: this.options.nodeCidr?.(i) ?? `10.${201 + i}.0.0/16`,
           WARREN_POOL_SIZE: String(this.options.poolSize ?? 2),
           WARREN_KILL_ON_STOP: "1",
-        });
-        this.nodeAgentChildren.push(agent);
+        };
+        this.agentEnv.push(agentEnv);
+        this.nodeAgentChildren.push(this.spawn(`node-agent-${instance}`, NODE_AGENT_MAIN, agentEnv));
       }
 
       progress("waiting for the node agents to report");
@@ -190,6 +201,47 @@ export class LocalCluster {
   /** Stops every process, newest first: proxy, node agents (which remove their sandboxes), api, master, databases. */
   async stop(): Promise<void> {
     for (const child of [...this.processes].reverse()) await child.stop("SIGTERM", 30_000);
+  }
+
+  /** Fault injection: SIGKILL node agent `index` (its sandboxes keep running, as after a crash). */
+  async killNodeAgent(index: number): Promise<void> {
+    const agent = this.nodeAgentChildren[index];
+    if (!agent) throw new Error(`no node agent ${index}`);
+    await agent.stop("SIGKILL");
+  }
+
+  /** Starts node agent `index` again with its original configuration (it re-adopts its sandboxes). */
+  startNodeAgent(index: number): ManagedChild {
+    const env = this.agentEnv[index];
+    if (!env) throw new Error(`no node agent ${index}`);
+    const agent = this.spawn(`node-agent-${String.fromCharCode(97 + index)}`, NODE_AGENT_MAIN, env);
+    this.nodeAgentChildren[index] = agent;
+    return agent;
+  }
+
+  /** Fault injection: restarts the private Redis on the same port (it keeps nothing, as configured). */
+  async restartRedis(): Promise<void> {
+    if (!this.redisChild) throw new Error("the cluster does not own its Redis");
+    await this.redisChild.stop();
+    const port = Number(new URL(this.redisUrl).port);
+    const redis = await startPrivateRedis(this.logDir, port);
+    this.replace(this.redisChild, redis.process);
+    this.redisChild = redis.process;
+  }
+
+  /** Fault injection: restarts the private PostgreSQL on the same port (data kept). */
+  async restartPostgres(): Promise<void> {
+    if (!this.postgresChild) throw new Error("the cluster does not own its PostgreSQL");
+    await this.postgresChild.stop();
+    const port = Number(new URL(this.databaseUrl).port);
+    const pg = await startPrivatePostgres(join(this.dataDir, "postgres"), this.logDir, port);
+    this.replace(this.postgresChild, pg.process);
+    this.postgresChild = pg.process;
+  }
+
+  private replace(old: ManagedChild, next: ManagedChild): void {
+    const at = this.processes.indexOf(old);
+    if (at >= 0) this.processes[at] = next;
   }
 
   /** Writes the environment as KEY=value lines (the file `warren up` leaves for users and scripts). */

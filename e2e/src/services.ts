@@ -1,7 +1,7 @@
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
-import { chownSync, existsSync, mkdirSync, openSync, readdirSync } from "node:fs";
+import { chmodSync, chownSync, existsSync, mkdirSync, openSync, readdirSync } from "node:fs";
 import { createServer } from "node:net";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 
 /** A free TCP port on loopback (the kernel picks it; tiny race accepted for local clusters and tests). */
 export function freePort(): Promise<number> {
@@ -70,8 +70,11 @@ export function startChild(
 }
 
 /** A private redis-server (nothing persisted): clusters never share the machine's Redis. */
-export async function startPrivateRedis(logDir: string): Promise<{ url: string; process: ManagedChild }> {
-  const port = await freePort();
+export async function startPrivateRedis(
+  logDir: string,
+  fixedPort?: number,
+): Promise<{ url: string; process: ManagedChild }> {
+  const port = fixedPort ?? (await freePort());
   const redis = startChild(
     "redis",
     "redis-server",
@@ -111,6 +114,7 @@ const PG_BIN = () => {
 export async function startPrivatePostgres(
   dataDir: string,
   logDir: string,
+  fixedPort?: number,
 ): Promise<{ url: string; process: ManagedChild }> {
   const bin = PG_BIN();
   const uid = Number(execFileSync("id", ["-u", "postgres"]).toString().trim());
@@ -120,6 +124,8 @@ export async function startPrivatePostgres(
   for (const dir of [dataDir, socketDir]) {
     mkdirSync(dir, { recursive: true });
   }
+  // The server runs as `postgres`, which must be able to reach its directories (mkdtemp makes 0700 ones).
+  for (const dir of [dirname(dataDir), dataDir]) chmodSync(dir, 0o755);
   chownSync(socketDir, uid, gid);
   if (!existsSync(join(pgData, "PG_VERSION"))) {
     mkdirSync(pgData, { recursive: true });
@@ -130,7 +136,7 @@ export async function startPrivatePostgres(
       stdio: "ignore",
     });
   }
-  const port = await freePort();
+  const port = fixedPort ?? (await freePort());
   const postgres = startChild(
     "postgres",
     join(bin, "postgres"),

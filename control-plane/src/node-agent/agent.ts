@@ -329,7 +329,10 @@ export class NodeAgent {
   private async heartbeat(): Promise<void> {
     try {
       const info = this.info();
-      await this.routes.heartbeat({ ...info, updatedAt: Date.now() });
+      const known = await this.routes.heartbeat({ ...info, updatedAt: Date.now() });
+      // Redis lost our key (restarted without persistence): it lost our routes too. Writes are
+      // compare-and-set by generation, so republishing can never clobber a newer incarnation.
+      if (!known) for (const summary of this.sandboxes.values()) await this.routes.write(this.routeOf(summary));
     } catch (error) {
       this.log.warn("heartbeat failed", { error });
     }

@@ -93,10 +93,13 @@ export class RouteStore {
     return routes;
   }
 
-  /** Refreshes the node's capacity hash; it expires NODE_TTL_SECONDS after the last heartbeat. */
-  async heartbeat(beat: NodeHeartbeat): Promise<void> {
+  /**
+   * Refreshes the node's capacity hash; it expires NODE_TTL_SECONDS after the last heartbeat. Returns
+   * false when the key was gone (first beat, or Redis lost its data), so the caller can republish routes.
+   */
+  async heartbeat(beat: NodeHeartbeat): Promise<boolean> {
     const key = nodeKey(beat.nodeId);
-    await this.redis
+    const results = await this.redis
       .multi()
       .del(key)
       .hset(key, {
@@ -114,6 +117,7 @@ export class RouteStore {
       .expire(key, NODE_TTL_SECONDS)
       .sadd(NODES_SET_KEY, beat.nodeId)
       .exec();
+    return results?.[0]?.[1] === 1;
   }
 
   /** Drops the node's heartbeat key (clean shutdown). */

@@ -1,0 +1,209 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { CommandExitError, Sandbox, SandboxNotFoundError, TimeoutError } from "e2b";
+import { Redis } from "ioredis";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { LocalCluster } from "../src/cluster.js";
+
+// The whole cluster as separate processes (private PostgreSQL and Redis, master, api, two node
+// agents, proxy), driven by the official e2b SDK with E2B_SANDBOX_URL header routing.
+const dataDir = mkdtempSync(join(tmpdir(), "warren-e2e-"));
+const cluster = new LocalCluster({
+  dataDir,
+  nodeAgents: 2,
+  poolSize: 1,
+  instancePrefix: "e",
+  nodeCidr: (i) => `10.211.${i * 4}.0/22`,
+  env: {
+    WARREN_EVICT_INTERVAL_MS: "200",
+    WARREN_RECONCILE_INTERVAL_MS: "500",
+    WARREN_NODE_DOWN_AFTER_MS: "2000",
+  },
+});
+
+let apiKeyB = "";
+const opts = () => ({ apiKey: process.env.E2B_API_KEY as string });
+
+beforeAll(async () => {
+  const env = await cluster.start();
+  Object.assign(process.env, {
+    E2B_API_URL: env.E2B_API_URL,
+    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+    E2B_API_KEY: env.E2B_API_KEY,
+  });
+  const res = await fetch(`${env.WARREN_API_URL}/warren/v1/admin/teams`, {
+    method: "POST",
+    headers: { "X-Admin-Token": env.WARREN_ADMIN_TOKEN, "Content-Type": "application/json" },
+    body: JSON.stringify({ name: "team-b" }),
+  });
+  apiKeyB = ((await res.json()) as { apiKey: { key: string } }).apiKey.key;
+}, 600_000);
+
+afterAll(async () => {
+  await cluster.stop();
+  rmSync(dataDir, { recursive: true, force: true });
+}, 120_000);
+
+async function nodeOf(sandboxId: string): Promise<string> {
+  const redis = new Redis(cluster.redisUrl, { maxRetriesPerRequest: 1 });
+  redis.on("error", () => undefined); // Redis is restarted on purpose in one test; the probe retries.
+  try {
+    return (await redis.hget(`warren:route:${sandboxId}`, "node")) ?? "";
+  } finally {
+    redis.disconnect();
+  }
+}
+
+async function eventually<T>(probe: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe().catch(() => undefined);
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error("condition not met in time");
+    await new Promise((r) => setTimeout(r, 250));
+  }
+}
+
+describe("the official e2b SDK against a whole Warren cluster", () => {
+  it("creates a sandbox, runs commands, reads and writes files, gets info and kills it", async () => {
+    const sandbox = await Sandbox.create({ metadata: { suite: "e2e" } });
+    try {
+      expect(await sandbox.isRunning()).toBe(true);
+      const who = await sandbox.commands.run("id -un && pwd && echo $E2B_SANDBOX");
+      expect(who.stdout).toBe("user\n/home/user\ntrue\n");
+      await expect(sandbox.commands.run("exit 3")).rejects.toBeInstanceOf(CommandExitError);
+
+      await sandbox.files.write("notes/hello.txt", "hello from the host");
+      expect(await sandbox.files.read("/home/user/notes/hello.txt")).toBe("hello from the host");
+      expect((await sandbox.files.list("notes")).map((e) => e.name)).toEqual(["hello.txt"]);
+      expect((await sandbox.commands.run("cat notes/hello.txt")).stdout).toBe("hello from the host");
+
+      const info = await Sandbox.getInfo(sandbox.sandboxId);
+      expect(info.sandboxId).toBe(sandbox.sandboxId);
+      expect(info.metadata).toEqual({ suite: "e2e" });
+      expect(info.state).toBe("running");
+    } finally {
+      expect(await sandbox.kill()).toBe(true);
+    }
+    expect(await sandbox.isRunning()).toBe(false);
+    expect(await Sandbox.kill(sandbox.sandboxId)).toBe(false);
+  });
+
+  it("lists sandboxes with metadata filters and pagination", async () => {
+    const tag = `list-${Date.now()}`;
+    const a = await Sandbox.create({ metadata: { tag, n: "1" } });
+    const b = await Sandbox.create({ metadata: { tag, n: "2" } });
+    try {
+      const all = await Sandbox.list({ query: { metadata: { tag } } }).nextItems();
+      expect(all.map((s) => s.sandboxId).sort()).toEqual([a.sandboxId, b.sandboxId].sort());
+      const one = await Sandbox.list({ query: { metadata: { tag, n: "2" } } }).nextItems();
+      expect(one.map((s) => s.sandboxId)).toEqual([b.sandboxId]);
+      const paginator = Sandbox.list({ query: { metadata: { tag } }, limit: 1 });
+      const first = await paginator.nextItems();
+      expect(first).toHaveLength(1);
+      expect(paginator.hasNext).toBe(true);
+      const second = await paginator.nextItems();
+      expect(second).toHaveLength(1);
+      expect(second[0]?.sandboxId).not.toBe(first[0]?.sandboxId);
+    } finally {
+      await Promise.all([a.kill(), b.kill()]);
+    }
+  });
+
+  it("connect returns the same sandbox and never shortens its timeout; setTimeout does, and expiry kills it", async () => {
+    const sandbox = await Sandbox.create({ timeoutMs: 120_000 });
+    const before = (await Sandbox.getInfo(sandbox.sandboxId)).endAt.getTime();
+    const again = await Sandbox.connect(sandbox.sandboxId, { timeoutMs: 10_000 });
+    expect(again.sandboxId).toBe(sandbox.sandboxId);
+    expect((await again.commands.run("echo same")).stdout).toBe("same\n");
+    expect((await Sandbox.getInfo(sandbox.sandboxId)).endAt.getTime()).toBeGreaterThanOrEqual(before);
+
+    await sandbox.setTimeout(2_000);
+    await eventually(async () => ((await sandbox.isRunning()) ? undefined : true), 30_000);
+    await expect(Sandbox.connect(sandbox.sandboxId)).rejects.toBeInstanceOf(SandboxNotFoundError);
+  });
+
+  it("killing a sandbox during a command ends the command with the SDK's 'sandbox was killed' TimeoutError", async () => {
+    const sandbox = await Sandbox.create();
+    const running = sandbox.commands.run("sleep 60", { background: true });
+    const handle = await running;
+    setTimeout(() => void Sandbox.kill(sandbox.sandboxId), 500);
+    const error = await handle.wait().catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(TimeoutError);
+    expect(String((error as Error).message)).toMatch(/killed or reached its end of life/);
+  });
+
+  it("keeps teams apart: team B cannot see, connect to, kill or reach team A's sandbox", async () => {
+    const sandbox = await Sandbox.create();
+    try {
+      const asB = { apiKey: apiKeyB };
+      expect((await Sandbox.list(asB).nextItems()).map((s) => s.sandboxId)).not.toContain(sandbox.sandboxId);
+      await expect(Sandbox.getInfo(sandbox.sandboxId, asB)).rejects.toBeInstanceOf(SandboxNotFoundError);
+      await expect(Sandbox.connect(sandbox.sandboxId, asB)).rejects.toBeInstanceOf(SandboxNotFoundError);
+      expect(await Sandbox.kill(sandbox.sandboxId, asB)).toBe(false);
+      // Through the proxy without A's envd token: envd refuses.
+      const res = await fetch(`${process.env.E2B_SANDBOX_URL}/envs`, {
+        headers: { "E2b-Sandbox-Id": sandbox.sandboxId, "E2b-Sandbox-Port": "49983" },
+      });
+      expect(res.status).toBe(401);
+      expect(await sandbox.isRunning()).toBe(true);
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it("a wrong API key is refused with 401", async () => {
+    await expect(Sandbox.create({ apiKey: "e2b_0000000000000000000000000000000000000000" })).rejects.toThrow(
+      /401|[Ii]nvalid API key|[Aa]uthentication/,
+    );
+    expect(opts().apiKey).toMatch(/^e2b_/);
+  });
+});
+
+describe("faults", () => {
+  it("after a node agent is killed with SIGKILL, its sandboxes are reported lost and the other node keeps serving", async () => {
+    const sandboxes = await Promise.all([Sandbox.create(), Sandbox.create(), Sandbox.create()]);
+    const nodes = await Promise.all(sandboxes.map((s) => nodeOf(s.sandboxId)));
+    const victimNode = nodes[0] as string;
+    const victimIndex = victimNode.endsWith("a") ? 0 : 1;
+    const victim = sandboxes[0] as Sandbox;
+    await cluster.killNodeAgent(victimIndex);
+
+    const lost = await eventually(async () => {
+      const res = await fetch(`${process.env.E2B_API_URL}/warren/v1/sandboxes/${victim.sandboxId}/events`, {
+        headers: { "X-API-KEY": opts().apiKey },
+      });
+      const body = (await res.json()) as { events: { type: string; data?: Record<string, unknown> }[] };
+      return body.events.find((e) => e.type === "sandbox.lost");
+    });
+    expect(lost.data).toMatchObject({ reason: "node_down" });
+
+    const survivor = await Sandbox.create();
+    expect(await nodeOf(survivor.sandboxId)).not.toBe(victimNode);
+    expect((await survivor.commands.run("echo still serving")).stdout).toBe("still serving\n");
+
+    // Restarted, the agent re-adopts its sandboxes; the master kills the ones it recorded as lost.
+    cluster.startNodeAgent(victimIndex);
+    await eventually(async () => ((await nodeOf(victim.sandboxId)) === "" ? true : undefined), 90_000);
+    await Promise.all([survivor, ...sandboxes].map((s) => s.kill().catch(() => false)));
+  });
+
+  it("after Redis restarts empty, node agents publish their routes again and sandboxes are reachable", async () => {
+    const sandbox = await Sandbox.create();
+    try {
+      await cluster.restartRedis();
+      await eventually(async () => ((await nodeOf(sandbox.sandboxId)) !== "" ? true : undefined), 30_000);
+      expect((await sandbox.commands.run("echo back")).stdout).toBe("back\n");
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it("after PostgreSQL restarts, the api recovers without a restart of its own", async () => {
+    await cluster.restartPostgres();
+    const sandbox = await eventually(() => Sandbox.create(), 30_000);
+    expect((await sandbox.commands.run("echo ok")).stdout).toBe("ok\n");
+    await sandbox.kill();
+  });
+});
