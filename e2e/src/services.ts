@@ -87,6 +87,7 @@ export async function startPrivateRedis(
     async () => {
       const { Redis } = await import("ioredis");
       const client = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
+      client.on("error", () => undefined); // refused until the server listens; connect() rejects and we retry
       try {
         await client.connect();
         return (await client.ping()) === "PONG" ? true : undefined;
