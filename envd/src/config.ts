@@ -20,10 +20,16 @@ export interface EnvdConfig {
   readonly processPath: string;
   /** Sandbox-wide environment variables every process starts with. */
   readonly envVars: Readonly<Record<string, string>>;
+  /**
+   * Run one login shell through the whole Start path right after listening, so the first client
+   * command does not pay for V8's lazy compilation and a cold page cache (a warm-pool sandbox is
+   * then really warm). ENVD_WARMUP=0 turns it off.
+   */
+  readonly warmup: boolean;
 }
 
 const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR]
-environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000)`;
+environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000), ENVD_WARMUP (1)`;
 
 export class ConfigError extends Error {
   constructor(message: string) {
@@ -55,6 +61,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
     ),
     processPath: env.PATH || "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     envVars: { E2B_SANDBOX: "true" },
+    warmup: env.ENVD_WARMUP !== "0",
   };
 }
 

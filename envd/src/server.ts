@@ -15,6 +15,7 @@ import { createLogger, type Logger } from "./log.js";
 import { createProcessService } from "./process/service.js";
 import { SandboxState } from "./state.js";
 import { UserDirectory } from "./users.js";
+import { warmUp } from "./warmup.js";
 
 export interface RunningEnvd {
   readonly url: string;
@@ -91,6 +92,7 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
   const { port } = server.address() as AddressInfo;
   const host = config.host.includes(":") ? `[${config.host}]` : config.host;
   log.info("envd listening", { host: config.host, port });
+  const warmed = config.warmup ? warmUp(port, context.state.accessToken, log) : Promise.resolve();
 
   let closing: Promise<void> | undefined;
   return {
@@ -99,6 +101,7 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
     context,
     close() {
       closing ??= (async () => {
+        await warmed;
         const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
         await Promise.all([processes.close(), filesystem.close()]);
         server.closeAllConnections();

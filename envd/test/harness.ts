@@ -22,6 +22,8 @@ export interface TestEnvdOptions {
   accessToken?: string;
   defaultUser?: string;
   env?: Record<string, string>;
+  /** Run envd's start-up warm-up (off by default so tests see only their own processes). */
+  warmup?: boolean;
 }
 
 /** Starts the built envd as its own process, as root, the way a sandbox runs it. */
@@ -34,7 +36,11 @@ export async function startTestEnvd(options: TestEnvdOptions = {}): Promise<Test
     "--default-user",
     options.defaultUser ?? "user",
   ];
-  const env: Record<string, string> = { ...(process.env as Record<string, string>), ...options.env };
+  const env: Record<string, string> = {
+    ...(process.env as Record<string, string>),
+    ENVD_WARMUP: options.warmup ? "1" : "0",
+    ...options.env,
+  };
   if (options.accessToken) env.ENVD_ACCESS_TOKEN = options.accessToken;
   const child = spawn(process.execPath, args, { env, stdio: ["ignore", "inherit", "pipe"] });
   let stderr = "";

@@ -132,3 +132,20 @@ describe("file URL signatures", () => {
     expect(expiring).toMatch(/^v1_[A-Za-z0-9+/]+$/);
   });
 });
+
+describe("start-up warm-up", () => {
+  it("runs one login shell through Start right after listening, then leaves no process behind", async () => {
+    const envd = await startTestEnvd({ warmup: true });
+    try {
+      const deadline = Date.now() + 10_000;
+      while (!envd.logs().includes("warm-up done") && Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      expect(envd.logs()).toMatch(/"msg":"warm-up done".*"status":200/);
+      const list = await connectUnary(envd, "process.Process/List", {});
+      expect(list.body).toEqual({});
+    } finally {
+      await envd.stop();
+    }
+  });
+});
