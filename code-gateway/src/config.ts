@@ -10,6 +10,11 @@ export interface GatewayConfig {
   readonly host: string;
   /** Token required in X-Access-Token on /execute (envd's token); unset means no check. */
   readonly accessToken: string | undefined;
+  /**
+   * CODE_GATEWAY_AUTH=envd: with no token configured, ask envd whether the caller's X-Access-Token is
+   * the sandbox's (a gateway in a warm-pool sandbox starts before /init gives envd its token).
+   */
+  readonly authFromEnvd: boolean;
   /** envd's base URL, for GET /envs (the sandbox-global environment variables). */
   readonly envdUrl: string;
   /** Working directory of contexts that name none. */
@@ -71,6 +76,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Gat
     port: integer("--port", values.port ?? env.CODE_GATEWAY_PORT ?? "49999", 0, 65535),
     host: values.host ?? env.CODE_GATEWAY_HOST ?? "127.0.0.1",
     accessToken: env.CODE_GATEWAY_ACCESS_TOKEN || env.ENVD_ACCESS_TOKEN || undefined,
+    authFromEnvd: env.CODE_GATEWAY_AUTH === "envd",
     envdUrl,
     defaultCwd: env.CODE_GATEWAY_DEFAULT_CWD ?? "/home/user",
     startLanguages,

@@ -1,11 +1,12 @@
-import { createHash, randomUUID, timingSafeEqual } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import { rm } from "node:fs/promises";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import { AccessCheck, headerToken } from "./access.js";
 import type { GatewayConfig } from "./config.js";
 import { ContextRegistry } from "./contexts.js";
 import { EnvdEnvironment } from "./envs.js";
-import { badRequest, GatewayError, toGatewayError, unauthorized } from "./errors.js";
+import { badRequest, GatewayError, toGatewayError } from "./errors.js";
 import { type ExecuteRequest, type ExecutionSink, runExecution } from "./execution.js";
 import { isValidEnvName, type Language, normalizeLanguage } from "./kernels/languages.js";
 import type { Logger } from "./log.js";
@@ -14,7 +15,6 @@ import { prepareRuntimeDir } from "./runtime-dir.js";
 
 const MAX_BODY_BYTES = 16 * 1024 * 1024;
 /** envd's 401 body, so the SDK maps it the same way. */
-const UNAUTHORIZED_MESSAGE = "unauthorized access, please provide a valid access token or method signing if supported";
 
 export interface Gateway {
   readonly url: string;
@@ -29,6 +29,12 @@ export async function startGateway(config: GatewayConfig, log: Logger): Promise<
   const contexts = new ContextRegistry(config, kernelEnvironment(process.env), log);
   const envd = new EnvdEnvironment(config.envdUrl, config.envdTimeoutMs, log);
   const deps = { config, envd, log };
+  const access = new AccessCheck({
+    fixedToken: config.accessToken,
+    envdUrl: config.authFromEnvd ? config.envdUrl : undefined,
+    envdTimeoutMs: config.envdTimeoutMs,
+    log,
+  });
 
   const handle = async (req: IncomingMessage, res: ServerResponse, requestId: string) => {
     const url = new URL(req.url ?? "/", "http://gateway");
@@ -36,7 +42,7 @@ export async function startGateway(config: GatewayConfig, log: Logger): Promise<
     const method = req.method ?? "GET";
     if (path === "/health" && method === "GET") return sendJson(res, 200, "OK");
     if (path === "/execute" && method === "POST") {
-      checkAccessToken(req, config.accessToken);
+      await access.check(req);
       const request = parseExecuteRequest(await readJson(req));
       const context = request.contextId
         ? contexts.get(request.contextId)
@@ -205,21 +211,6 @@ function optionalString(value: unknown, name: string): string | undefined {
 
 function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === "object" && value !== null && !Array.isArray(value);
-}
-
-function headerToken(req: IncomingMessage): string | undefined {
-  const value = req.headers["x-access-token"];
-  return Array.isArray(value) ? value[0] : value;
-}
-
-/** envd's rule: with a token configured, X-Access-Token must match it (constant time). */
-function checkAccessToken(req: IncomingMessage, expected: string | undefined): void {
-  if (!expected) return;
-  const given = headerToken(req);
-  if (!given) throw unauthorized(UNAUTHORIZED_MESSAGE);
-  const a = createHash("sha256").update(given).digest();
-  const b = createHash("sha256").update(expected).digest();
-  if (!timingSafeEqual(a, b)) throw unauthorized(UNAUTHORIZED_MESSAGE);
 }
 
 async function readJson(req: IncomingMessage): Promise<unknown> {

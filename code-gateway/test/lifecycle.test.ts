@@ -78,6 +78,24 @@ it("checks X-Access-Token on /execute as envd does, and never logs the token", a
   expect(gateway.logs()).not.toContain(token);
 });
 
+it("with CODE_GATEWAY_AUTH=envd, /execute accepts exactly envd's current token, even one /init set after start", async () => {
+  const envd = await startTestEnvd();
+  started.push(envd);
+  const gateway = await gatewayFor({ envdUrl: envd.url, env: { CODE_GATEWAY_AUTH: "envd" } });
+  // envd has no token yet (a warm-pool sandbox before /init): nothing to check.
+  expect((await sdkSandbox(gateway).runCode("'open'")).text).toBe("open");
+
+  const token = "token-set-by-init-after-gateway-start";
+  const init = await fetch(`${envd.url}/init`, { method: "POST", body: JSON.stringify({ accessToken: token }) });
+  expect(init.status).toBe(204);
+  await new Promise((resolve) => setTimeout(resolve, 2_100)); // past the cached "no token" verdict
+  const anonymous = await fetch(`${gateway.url}/execute`, { method: "POST", body: JSON.stringify({ code: "1" }) });
+  expect(anonymous.status).toBe(401);
+  await expect(sdkSandbox(gateway, { accessToken: "wrong" }).runCode("1")).rejects.toThrow(/401/);
+  expect((await sdkSandbox(gateway, { accessToken: token }).runCode("'secured'")).text).toBe("secured");
+  expect(gateway.logs()).not.toContain(token);
+});
+
 it("makes envd's sandbox-global env vars visible in every language; per-execution vars override, then restore", async () => {
   const token = "envd-token-9a8b7c";
   const envd = await startTestEnvd(token);

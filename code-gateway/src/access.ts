@@ -1,0 +1,77 @@
+import { createHash, timingSafeEqual } from "node:crypto";
+import type { IncomingMessage } from "node:http";
+import { GatewayError, unauthorized } from "./errors.js";
+import type { Logger } from "./log.js";
+
+export const UNAUTHORIZED_MESSAGE =
+  "unauthorized access, please provide a valid access token or method signing if supported";
+
+/** How long an envd verdict on a token is reused: one envd round trip per burst, not per execution. */
+const ENVD_VERDICT_TTL_MS = 2_000;
+
+export function headerToken(req: IncomingMessage): string | undefined {
+  const value = req.headers["x-access-token"];
+  return Array.isArray(value) ? value[0] : value;
+}
+
+const digest = (value: string) => createHash("sha256").update(value).digest();
+
+/**
+ * Decides whether a request may execute code, with envd's rule (X-Access-Token equals the sandbox's
+ * token, compared in constant time; no token configured means no check). The token is either fixed
+ * at start, or, in a sandbox whose gateway starts before /init, envd's current one: envd is asked
+ * (GET /envs with the caller's header answers 200 only for the right token) and the verdict is cached
+ * briefly by the token's hash.
+ */
+export class AccessCheck {
+  private verdict: { hash: Buffer; ok: boolean; at: number } | undefined;
+
+  constructor(
+    private readonly options: {
+      readonly fixedToken: string | undefined;
+      readonly envdUrl: string | undefined;
+      readonly envdTimeoutMs: number;
+      readonly log: Logger;
+    },
+  ) {}
+
+  async check(req: IncomingMessage): Promise<void> {
+    const given = headerToken(req);
+    if (this.options.fixedToken !== undefined) {
+      if (!given || !timingSafeEqual(digest(given), digest(this.options.fixedToken))) {
+        throw unauthorized(UNAUTHORIZED_MESSAGE);
+      }
+      return;
+    }
+    if (this.options.envdUrl === undefined) return;
+    const hash = digest(given ?? "");
+    const cached = this.verdict;
+    if (cached && Date.now() - cached.at < ENVD_VERDICT_TTL_MS && timingSafeEqual(cached.hash, hash)) {
+      if (!cached.ok) throw unauthorized(UNAUTHORIZED_MESSAGE);
+      return;
+    }
+    const ok = await this.askEnvd(given);
+    this.verdict = { hash, ok, at: Date.now() };
+    if (!ok) throw unauthorized(UNAUTHORIZED_MESSAGE);
+  }
+
+  private async askEnvd(token: string | undefined): Promise<boolean> {
+    let status: number;
+    try {
+      const res = await fetch(`${this.options.envdUrl}/envs`, {
+        headers: token ? { "X-Access-Token": token } : {},
+        signal: AbortSignal.timeout(this.options.envdTimeoutMs),
+      });
+      await res.body?.cancel();
+      status = res.status;
+    } catch (error) {
+      this.options.log.warn("envd is not reachable to check an access token", {
+        error: error instanceof Error ? error.message : String(error),
+      });
+      throw new GatewayError(503, "cannot verify the access token: envd is not reachable");
+    }
+    if (status === 200) return true;
+    if (status === 401) return false;
+    throw new GatewayError(503, `cannot verify the access token: envd answered ${status}`);
+  }
+}
