@@ -4,6 +4,7 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import {
   freePort,
+  GiveUp,
   type ManagedChild,
   startChild,
   startPrivatePostgres,
@@ -261,7 +262,7 @@ export class LocalCluster {
   private assertRunning(child: ManagedChild): void {
     if (child.child.exitCode !== null || child.child.signalCode !== null) {
       const tail = readFileSync(child.logFile, "utf8").split("\n").slice(-15).join("\n");
-      throw new Error(
+      throw new GiveUp(
         `${child.name} exited (${child.child.exitCode ?? child.child.signalCode}); its log ends:\n${tail}`,
       );
     }

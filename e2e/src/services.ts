@@ -15,6 +15,9 @@ export function freePort(): Promise<number> {
   });
 }
 
+/** Thrown by a probe to stop waiting at once (e.g. the process being waited for has exited). */
+export class GiveUp extends Error {}
+
 export async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs: number): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let lastError: unknown;
@@ -23,6 +26,7 @@ export async function waitFor<T>(what: string, probe: () => Promise<T | undefine
       const value = await probe();
       if (value !== undefined) return value;
     } catch (error) {
+      if (error instanceof GiveUp) throw error;
       lastError = error;
     }
     await new Promise((resolve) => setTimeout(resolve, 100));
