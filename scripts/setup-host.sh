@@ -40,3 +40,51 @@ chmod 0440 /etc/sudoers.d/warren-user
 
 # matplotlib builds its font cache on first import (seconds); do it once here, not in the first test's plot.
 /usr/bin/python3 -c 'import matplotlib.pyplot' >/dev/null 2>&1 || true
+
+# CRIU 4 for the node agent's checkpoint tier (paused sandboxes released from memory; RUNTIME-NOTES.md §2.8).
+# Bookworm's criu 3.17 fails on this kernel (vDSO layout), so Debian trixie's CRIU 4.1 goes into a side root
+# and runs with trixie's own loader and libraries (the host's libc is untouched). CRIU 4.1.1 also treats the
+# EOPNOTSUPP that Linux >= 6.16 answers for SO_PASSCRED/SO_PASSSEC on TCP sockets as a dump failure
+# (checkpoint-restore/criu#2705, fixed after 4.1.1): a tiny preloaded shim answers "off" instead.
+# The node agent uses /var/lib/warren/criu/criu when it exists (WARREN_CRIU overrides, "off" disables).
+CRIU_DIR=/var/lib/warren/criu
+if [ ! -x "$CRIU_DIR/root/usr/sbin/criu" ]; then
+  mkdir -p "$CRIU_DIR"
+  rm -rf "$CRIU_DIR/root.tmp"
+  debootstrap --variant=minbase --include=criu trixie "$CRIU_DIR/root.tmp" "${WARREN_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+  mv "$CRIU_DIR/root.tmp" "$CRIU_DIR/root"
+fi
+if [ ! -f "$CRIU_DIR/sockopt-compat.so" ]; then
+  command -v gcc >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev
+  cat > "$CRIU_DIR/sockopt-compat.c" <<'C'
+/* Linux >= 6.16 refuses SO_PASSCRED/SO_PASSSEC on sockets other than AF_UNIX/NETLINK (EOPNOTSUPP); CRIU 4.1.1
+ * fails the dump on it (checkpoint-restore/criu#2705). Report the option as off instead. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+
+int getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
+  static int (*real)(int, int, int, void *, socklen_t *);
+  if (!real) real = (int (*)(int, int, int, void *, socklen_t *))dlsym(RTLD_NEXT, "getsockopt");
+  int ret = real(fd, level, name, val, len);
+  if (ret < 0 && errno == EOPNOTSUPP && level == SOL_SOCKET && (name == SO_PASSCRED || name == SO_PASSSEC) &&
+      val && len && *len >= sizeof(int)) {
+    memset(val, 0, sizeof(int));
+    *len = sizeof(int);
+    return 0;
+  }
+  return ret;
+}
+C
+  gcc -O2 -shared -fPIC -o "$CRIU_DIR/sockopt-compat.so" "$CRIU_DIR/sockopt-compat.c" -ldl
+fi
+cat > "$CRIU_DIR/criu.tmp" <<EOF2
+#!/bin/sh
+T=$CRIU_DIR/root
+exec \$T/lib64/ld-linux-x86-64.so.2 --preload $CRIU_DIR/sockopt-compat.so --library-path \$T/lib/x86_64-linux-gnu:\$T/usr/lib/x86_64-linux-gnu \$T/usr/sbin/criu "\$@"
+EOF2
+chmod 0755 "$CRIU_DIR/criu.tmp"
+mv "$CRIU_DIR/criu.tmp" "$CRIU_DIR/criu"
+"$CRIU_DIR/criu" check >/dev/null 2>&1 || echo "warning: 'criu check' failed; paused sandboxes will stay frozen in memory" >&2

@@ -194,8 +194,8 @@ describe("node agent sandbox lifecycle (namespace driver)", () => {
     );
     await createSandbox("lifedup");
     expect(await connectCode(client.create({ sandboxId: "lifedup", templateId: "base" }))).toBe(Code.AlreadyExists);
-    expect(await connectCode(client.pause({ sandboxId: "lifedup" }))).toBe(Code.Unimplemented);
-    expect(await connectCode(client.resume({ sandboxId: "lifedup" }))).toBe(Code.Unimplemented);
+    expect(await connectCode(client.pause({ sandboxId: "lifenobody", memory: true }))).toBe(Code.NotFound);
+    expect(await connectCode(client.resume({ sandboxId: "lifenobody", memory: true }))).toBe(Code.NotFound);
     expect(await connectCode(client.stats({ sandboxId: "lifenobody" }))).toBe(Code.NotFound);
   });
 

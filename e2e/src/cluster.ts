@@ -125,6 +125,8 @@ export class LocalCluster {
         WARREN_API_PORT: String(apiPort),
         WARREN_MASTER_URL: `http://127.0.0.1:${masterPort}`,
         WARREN_ADMIN_TOKEN: secrets.adminToken,
+        WARREN_INTERNAL_TOKEN: secrets.internalToken,
+        ...this.options.env,
       });
       const apiUrl = `http://127.0.0.1:${apiPort}`;
       await this.waitHttp(api, `${apiUrl}/health`, 30_000);
@@ -171,6 +173,10 @@ export class LocalCluster {
         PROXY_PORT: String(proxyPort),
         PROXY_REDIS_URL: this.redisUrl,
         PROXY_METRICS_PORT: "off",
+        // Auto-resume: the proxy asks the api (internal endpoint) to resume a paused sandbox on traffic.
+        PROXY_RESUME_URL: apiUrl,
+        PROXY_RESUME_TOKEN: secrets.internalToken,
+        ...this.options.env,
       });
       const proxyUrl = `http://127.0.0.1:${proxyPort}`;
       await this.waitHttp(proxy, `${proxyUrl}/`, 30_000);
@@ -215,7 +221,7 @@ export class LocalCluster {
   startNodeAgent(index: number): ManagedChild {
     const env = this.agentEnv[index];
     if (!env) throw new Error(`no node agent ${index}`);
-    const agent = this.spawn(`node-agent-${String.fromCharCode(97 + index)}`, NODE_AGENT_MAIN, env);
+    const agent = this.spawn(`node-agent-${env.WARREN_INSTANCE}-restarted`, NODE_AGENT_MAIN, env);
     this.nodeAgentChildren[index] = agent;
     return agent;
   }
@@ -280,11 +286,18 @@ export class LocalCluster {
     );
   }
 
-  /** Token secret and admin token, generated once per data dir and kept (mode 0600). */
-  private secrets(): { tokenSecret: string; adminToken: string } {
+  /** Token secret, admin token and the proxy→api internal token, generated once per data dir and kept (mode 0600). */
+  private secrets(): { tokenSecret: string; adminToken: string; internalToken: string } {
     const file = join(this.dataDir, "secrets.json");
-    if (existsSync(file)) return JSON.parse(readFileSync(file, "utf8"));
-    const secrets = { tokenSecret: randomBytes(32).toString("hex"), adminToken: randomBytes(24).toString("hex") };
+    if (existsSync(file)) {
+      const kept = JSON.parse(readFileSync(file, "utf8"));
+      if (kept.internalToken) return kept;
+    }
+    const secrets = {
+      tokenSecret: randomBytes(32).toString("hex"),
+      adminToken: randomBytes(24).toString("hex"),
+      internalToken: randomBytes(24).toString("hex"),
+    };
     writeFileSync(file, JSON.stringify(secrets), { mode: 0o600 });
     return secrets;
   }

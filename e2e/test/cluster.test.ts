@@ -19,6 +19,8 @@ const cluster = new LocalCluster({
     WARREN_EVICT_INTERVAL_MS: "200",
     WARREN_RECONCILE_INTERVAL_MS: "500",
     WARREN_NODE_DOWN_AFTER_MS: "2000",
+    // Heartbeats well inside the down-after window, or a healthy node could be marked down.
+    WARREN_HEARTBEAT_MS: "500",
   },
 });
 
@@ -186,6 +188,13 @@ describe("faults", () => {
     // Restarted, the agent re-adopts its sandboxes; the master kills the ones it recorded as lost.
     cluster.startNodeAgent(victimIndex);
     await eventually(async () => ((await nodeOf(victim.sandboxId)) === "" ? true : undefined), 90_000);
+    await eventually(async () => {
+      const res = await fetch(`${cluster.env.WARREN_API_URL}/warren/v1/admin/nodes`, {
+        headers: { "X-Admin-Token": cluster.env.WARREN_ADMIN_TOKEN },
+      });
+      const nodes = (await res.json()) as { state: string }[];
+      return nodes.length === 2 && nodes.every((n) => n.state === "up") ? true : undefined;
+    }, 90_000);
     await Promise.all([survivor, ...sandboxes].map((s) => s.kill().catch(() => false)));
   });
 

@@ -5,6 +5,7 @@ import { availableParallelism } from "node:os";
 import { AggregatorRegistry } from "prom-client";
 import { type RunningProxy, startMetricsServer, startProxy } from "./app.js";
 import { ConfigError, loadConfig, type ProxyConfig } from "./config.js";
+import { type ControlPlaneResumer, resumerFromEnv } from "./control-plane-resumer.js";
 import { createLogger, type Logger } from "./log.js";
 import { ProxyMetrics } from "./metrics.js";
 
@@ -21,15 +22,21 @@ async function main(): Promise<void> {
 }
 
 async function runWorker(config: ProxyConfig, isClusterWorker: boolean): Promise<void> {
-  // No resumer is wired yet: the control plane's resume call arrives with the pause/resume issue,
-  // and until then a paused sandbox answers 502 "The sandbox was not found", as E2B's does without auto-resume.
+  // Auto-resume goes through the api (control-plane-resumer.ts) when PROXY_RESUME_URL/PROXY_RESUME_TOKEN are set;
+  // without them a paused sandbox answers 502 "The sandbox was not found", as E2B's does without auto-resume.
+  let resumer: ControlPlaneResumer | undefined;
+  try {
+    resumer = resumerFromEnv(process.env);
+  } catch (error) {
+    throw new ConfigError((error as Error).message);
+  }
   const metrics = new ProxyMetrics();
   if (isClusterWorker) {
     // Constructing one registers prom-client's listener that answers the primary's metric requests.
     new AggregatorRegistry();
     AggregatorRegistry.setRegistries([metrics.registry]);
   }
-  const running = await startProxy(config, { log, metrics });
+  const running = await startProxy(config, { log, metrics, ...(resumer ? { resumer } : {}) });
   const metricsServer =
     !isClusterWorker && config.metricsPort !== undefined
       ? await startMetricsServer(

@@ -8,6 +8,7 @@ import { teamForApiKey } from "../store/teams.js";
 import { adminRoutes } from "./admin.js";
 import { ApiError, sendError } from "./errors.js";
 import { eventRoutes } from "./events.js";
+import { internalRoutes } from "./internal.js";
 import type { ApiMetrics } from "./metrics.js";
 import { OPENAPI_DOCUMENT } from "./openapi.js";
 import { sandboxRoutes } from "./sandboxes.js";
@@ -18,6 +19,8 @@ export interface AppDeps {
   readonly metrics: ApiMetrics;
   readonly log: Logger;
   readonly adminToken: string;
+  /** WARREN_INTERNAL_TOKEN: enables the internal paths (the proxy's auto-resume); empty disables them. */
+  readonly internalToken?: string;
   readonly streams: Set<() => void>;
   readonly ssePollMs?: number;
 }
@@ -82,6 +85,7 @@ export function createApp(deps: AppDeps): express.Express {
 
   app.use(express.json({ limit: "1mb", type: () => true }));
   app.use(adminRoutes(deps.db, deps.adminToken));
+  app.use(internalRoutes(deps.master, deps.internalToken ?? ""));
 
   app.use(async (req: Request, res: Response, next: NextFunction) => {
     if (PUBLIC.has(req.path)) return next();

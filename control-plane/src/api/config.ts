@@ -12,6 +12,8 @@ export interface ApiConfig {
   readonly masterUrl: string;
   /** WARREN_ADMIN_TOKEN: enables /warren/v1/admin/* when set (≥ 16 characters). */
   readonly adminToken: string;
+  /** WARREN_INTERNAL_TOKEN: enables /warren/v1/internal/* (the proxy's auto-resume) when set (≥ 16 characters). */
+  readonly internalToken: string;
 }
 
 export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
@@ -21,6 +23,10 @@ export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
   }
   const adminToken = env.WARREN_ADMIN_TOKEN ?? "";
   if (adminToken !== "" && adminToken.length < 16) throw new Error("WARREN_ADMIN_TOKEN must be at least 16 characters");
+  const internalToken = env.WARREN_INTERNAL_TOKEN ?? "";
+  if (internalToken !== "" && internalToken.length < 16) {
+    throw new Error("WARREN_INTERNAL_TOKEN must be at least 16 characters");
+  }
   return {
     port,
     host: env.WARREN_API_HOST || "127.0.0.1",
@@ -28,5 +34,6 @@ export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
     schema: env.WARREN_DB_SCHEMA || "warren",
     masterUrl: env.WARREN_MASTER_URL || "http://127.0.0.1:3100",
     adminToken,
+    internalToken,
   };
 }

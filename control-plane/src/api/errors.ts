@@ -23,6 +23,7 @@ export function sandboxNotFound(sandboxId: string): ApiError {
 const STATUS: Partial<Record<Code, number>> = {
   [Code.InvalidArgument]: 400,
   [Code.NotFound]: 404,
+  [Code.PermissionDenied]: 403,
   [Code.FailedPrecondition]: 409,
   [Code.Aborted]: 409,
   [Code.AlreadyExists]: 409,

@@ -44,6 +44,7 @@ export class ApiServer {
       metrics: new ApiMetrics(),
       log,
       adminToken: config.adminToken,
+      internalToken: config.internalToken,
       streams,
       ...(options.ssePollMs ? { ssePollMs: options.ssePollMs } : {}),
     });

@@ -5,6 +5,7 @@ export type MasterErrorKind =
   | "not_found"
   | "conflict"
   | "busy"
+  | "forbidden"
   | "invalid"
   | "quota"
   | "unavailable"
@@ -27,6 +28,7 @@ const CODES: Record<MasterErrorKind, Code> = {
   not_found: Code.NotFound,
   conflict: Code.FailedPrecondition,
   busy: Code.Aborted,
+  forbidden: Code.PermissionDenied,
   invalid: Code.InvalidArgument,
   quota: Code.ResourceExhausted,
   unavailable: Code.Unavailable,

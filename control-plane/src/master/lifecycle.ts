@@ -1,3 +1,4 @@
+import { timingSafeEqual } from "node:crypto";
 import type { NodeHeartbeat } from "@warren/proto/redis";
 import type { Redis } from "ioredis";
 import { type Db, type DbClient, withTransaction } from "../store/db.js";
@@ -12,7 +13,7 @@ import { type NodeAgentConnector, NodeAgentError, type SandboxPlacement } from "
 import type { NodeRegistry } from "./node-registry.js";
 import { rankNodes } from "./placement.js";
 import { deleteRoute } from "./routes.js";
-import type { TokenIssuer } from "./tokens.js";
+import { sha256Hex, type TokenIssuer } from "./tokens.js";
 
 export interface LifecycleConfig {
   /** Base domain handed to clients; empty means "use your own". */
@@ -61,6 +62,14 @@ export interface SandboxView {
 }
 
 const DEFAULT_TIMEOUT_SECONDS = 300;
+/** envd's port: requests to it carry the envd access token (X-Access-Token). */
+const ENVD_PORT = 49983;
+
+function sameToken(given: string, expected: string): boolean {
+  const a = Buffer.from(given);
+  const b = Buffer.from(expected);
+  return a.length === b.length && timingSafeEqual(a, b);
+}
 
 /** A node call that failed, as the api should see it: "not supported yet" is not "try again". */
 function nodeFailure(what: string, error: unknown): MasterError {
@@ -432,6 +441,73 @@ export class SandboxLifecycle {
         [placement.exec, timeout],
       ),
     );
+  }
+
+  /**
+   * Auto-resume on traffic (the proxy, through the api): E2B's rules (`proxy_grpc.go`). Only a sandbox created
+   * with autoResume whose last pause kept memory; the request's tokens must match (envd port: the envd access
+   * token; other ports of a private sandbox: the traffic token); a transition in progress is waited for. Many
+   * concurrent callers share one resume (per master process; across replicas the row lock and the `paused`
+   * check make every other caller wait for, not repeat, the resume).
+   */
+  async resumeOnTraffic(request: {
+    sandboxId: string;
+    port: number;
+    trafficAccessToken: string;
+    envdAccessToken: string;
+  }): Promise<{ resumed: boolean }> {
+    const { db, tokens } = this.deps;
+    const { sandboxId } = request;
+    const row = await getSandbox(db, sandboxId);
+    if (!row || !row.autoResume || row.state === "killed" || row.state === "failed" || row.state === "starting") {
+      throw notFound(sandboxId);
+    }
+    if (request.port === ENVD_PORT) {
+      if (!sameToken(request.envdAccessToken, tokens.envdToken(row.id, row.tokenNonce))) {
+        throw new MasterError("forbidden", `invalid X-Access-Token for sandbox ${sandboxId}`);
+      }
+    } else if (row.trafficTokenHash !== null && sha256Hex(request.trafficAccessToken) !== row.trafficTokenHash) {
+      throw new MasterError("forbidden", `invalid traffic access token for sandbox ${sandboxId}`);
+    }
+    let shared = this.trafficResumes.get(sandboxId);
+    if (!shared) {
+      shared = this.resumeWhenSettled(row).finally(() => this.trafficResumes.delete(sandboxId));
+      this.trafficResumes.set(sandboxId, shared);
+    }
+    return shared;
+  }
+
+  private readonly trafficResumes = new Map<string, Promise<{ resumed: boolean }>>();
+
+  private async resumeWhenSettled(first: SandboxRow): Promise<{ resumed: boolean }> {
+    const deadline = Date.now() + this.deps.config.replayWaitMs;
+    let row: SandboxRow | undefined = first;
+    for (;;) {
+      if (!row || row.state === "killed" || row.state === "failed") throw notFound(first.id);
+      if (row.state === "running") return { resumed: false };
+      if (row.state === "paused") {
+        if (!(await this.pausedWithMemory(row.id))) throw notFound(row.id);
+        try {
+          await this.resume(row.id, row.teamId, DEFAULT_TIMEOUT_SECONDS, true);
+          return { resumed: true };
+        } catch (error) {
+          // Another resume (an explicit connect) took the row first: wait for it like for any transition.
+          if (!(error instanceof MasterError && error.kind === "busy")) throw error;
+        }
+      }
+      if (Date.now() > deadline) throw new MasterError("busy", `sandbox ${first.id} is still ${row.state}`);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      row = await getSandbox(this.deps.db, first.id);
+    }
+  }
+
+  /** Whether the sandbox's last pause kept memory (a filesystem-only pause is never auto-resumed, as in E2B). */
+  private async pausedWithMemory(sandboxId: string): Promise<boolean> {
+    const result = await this.deps.db.query<{ data: { memory?: boolean } }>(
+      "SELECT data FROM sandbox_events WHERE sandbox_id = $1 AND type = 'sandbox.paused' ORDER BY id DESC LIMIT 1",
+      [sandboxId],
+    );
+    return result.rows[0]?.data.memory !== false;
   }
 
   /** The reconciler's verdict: the sandbox is gone (node lost it or went down); its route is removed. */

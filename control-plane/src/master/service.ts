@@ -64,6 +64,15 @@ export function masterServiceImpl(lifecycle: SandboxLifecycle): ServiceImpl<type
         await lifecycle.pause(req.sandboxId, req.teamId, req.memory ?? true);
         return {};
       }),
+    resumeOnTraffic: (req) =>
+      guarded(async () =>
+        lifecycle.resumeOnTraffic({
+          sandboxId: req.sandboxId,
+          port: req.port,
+          trafficAccessToken: req.trafficAccessToken,
+          envdAccessToken: req.envdAccessToken,
+        }),
+      ),
   };
 }
 

@@ -28,6 +28,15 @@ export interface CreateSandboxInput {
   readonly command?: readonly string[];
 }
 
+export interface ResumeSandboxInput {
+  readonly sandboxId: string;
+  /** false: a cold start over the kept filesystem (new boot, processes lost), whatever the pause kept. */
+  readonly memory: boolean;
+  /** For envd's /init after a cold start (the same token as before: clients keep theirs). */
+  readonly envVars?: Readonly<Record<string, string>>;
+  readonly envdAccessToken?: string;
+}
+
 export interface SandboxPlacement {
   readonly sandboxId: string;
   readonly exec: string;
@@ -65,6 +74,13 @@ export interface NodeInfo {
   readonly templates: readonly string[];
 }
 
+/** A failed checkpoint is tried again this much later (at the earliest). */
+const CHECKPOINT_RETRY_MS = 5_000;
+
+function round(value: number): number {
+  return Math.round(value * 10) / 10;
+}
+
 /** Limits on what a create may ask for; beyond them a request is refused as absurd. */
 export const RESOURCE_LIMITS = {
   cpuCount: { min: 0.05, max: 64 },
@@ -80,11 +96,20 @@ export const RESOURCE_LIMITS = {
 export class NodeAgent {
   private readonly sandboxes = new Map<string, SandboxSummary>();
   private readonly creating = new Set<string>();
+  /** Per-sandbox queue of pause/resume/checkpoint/kill, so they never interleave. */
+  private readonly locks = new Map<string, Promise<void>>();
+  private readonly checkpointTimers = new Map<string, NodeJS.Timeout>();
   private readonly pools = new Map<string, WarmPool>();
   private readonly builds = new Map<string, Promise<BuiltTemplate>>();
   private heartbeatTimer: NodeJS.Timeout | undefined;
   private generationCounter = 0;
   private draining = false;
+  private started = false;
+
+  /** False until start() has re-adopted what a previous agent left: until then requests are refused. */
+  get ready(): boolean {
+    return this.started;
+  }
 
   constructor(
     private readonly config: NodeAgentConfig,
@@ -96,12 +121,29 @@ export class NodeAgent {
 
   /** Re-adopts or removes what a previous agent left, then starts heartbeats, template builds and pools. */
   async start(): Promise<void> {
-    await this.routes.connect();
-    await this.driver.start();
-    await this.reconcile();
+    // A Redis blip while connecting or re-adopting (a restart of Redis) must not kill the agent and strand its
+    // sandboxes: each step is idempotent, so they are simply run again.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await this.routes.connect();
+        await this.driver.start();
+        await this.reconcile();
+        break;
+      } catch (error) {
+        if (attempt >= 10) throw error;
+        this.log.warn("re-adopting sandboxes failed; retrying", { attempt, error: (error as Error).message });
+        await new Promise((resolve) => setTimeout(resolve, 500 * attempt));
+      }
+    }
+    this.started = true;
     await this.heartbeat();
     this.heartbeatTimer = setInterval(() => void this.heartbeat(), this.config.heartbeatMs);
     this.heartbeatTimer.unref();
+    // Back from a Redis outage (a restart loses every key): beat and republish at once, not a period later,
+    // so the master does not see the node as gone meanwhile.
+    this.routes.onReady(() => {
+      if (!this.draining) void this.heartbeat();
+    });
     for (const id of this.config.prebuildTemplates) {
       this.ensureTemplate(id).catch((error) => this.log.error("template build failed", { templateId: id, error }));
     }
@@ -197,7 +239,7 @@ export class NodeAgent {
         }
       }
       const exec = randomBytes(8).toString("hex");
-      const generation = Date.now() * 1000 + (this.generationCounter++ % 1000);
+      const generation = this.nextGeneration();
       let routeWritten = false;
       try {
         const envdVersion = await initEnvd(instance.envdUrl, {
@@ -266,6 +308,12 @@ export class NodeAgent {
 
   /** Deletes the route first (the proxy stops sending traffic), then removes the sandbox entirely. */
   async kill(sandboxId: string, exec?: string): Promise<void> {
+    clearTimeout(this.checkpointTimers.get(sandboxId));
+    this.checkpointTimers.delete(sandboxId);
+    return this.exclusive(sandboxId, () => this.killNow(sandboxId, exec));
+  }
+
+  private async killNow(sandboxId: string, exec?: string): Promise<void> {
     const sandbox = this.sandboxes.get(sandboxId);
     if (!sandbox || (exec && exec !== sandbox.exec)) {
       throw new AgentError(
@@ -277,6 +325,183 @@ export class NodeAgent {
     await this.routes.delete(sandboxId, sandbox.exec, sandbox.generation);
     await this.driver.kill(sandbox.instanceId);
     this.log.info("sandbox killed", { sandboxId, exec: sandbox.exec });
+  }
+
+  /**
+   * Pauses a sandbox in two tiers. First the cgroup freezer (instant; memory stays resident): the route turns
+   * `paused` before the freeze, same exec and generation, so proxies drop the sandbox's open streams and stop
+   * sending traffic; a failed freeze puts the route back. Then, when the driver can checkpoint (CRIU) and the
+   * sandbox is still paused `checkpointAfterMs` later, it is converted to a checkpoint on disk and its memory is
+   * released. `memory: false` (filesystem only) ends every process right after the freeze; resume reboots.
+   */
+  async pause(sandboxId: string, memory: boolean): Promise<void> {
+    await this.exclusive(sandboxId, async () => {
+      const sandbox = this.requireSandbox(sandboxId);
+      if (sandbox.paused) throw new AgentError("failed_precondition", `sandbox '${sandboxId}' is already paused`);
+      const startedAt = performance.now();
+      const paused: SandboxSummary = { ...sandbox, paused: true };
+      await this.routes.write(this.routeOf(paused));
+      try {
+        await this.driver.pause(sandbox.instanceId);
+      } catch (error) {
+        await this.routes.write(this.routeOf(sandbox)).catch(() => undefined);
+        throw new AgentError("internal", `pausing sandbox '${sandboxId}' failed: ${(error as Error).message}`);
+      }
+      await this.driver.label(sandbox.instanceId, { pausedMemory: memory ? "1" : "0" });
+      this.sandboxes.set(sandboxId, paused);
+      if (memory) this.scheduleCheckpoint(sandboxId);
+      else {
+        // Filesystem only: the processes end now (memory released); resume reboots over the kept disk.
+        await this.driver.stop(sandbox.instanceId).catch((error) =>
+          this.log.warn("stopping a filesystem-only paused sandbox failed; it stays frozen", {
+            sandboxId,
+            error: (error as Error).message,
+          }),
+        );
+      }
+      this.log.info("sandbox paused", {
+        sandboxId,
+        exec: sandbox.exec,
+        tier: memory ? "freezer" : "filesystem",
+        memory,
+        ms: round(performance.now() - startedAt),
+      });
+    });
+  }
+
+  /** After `checkpointAfterMs` paused, the sandbox goes from the freezer to a checkpoint on disk. */
+  private scheduleCheckpoint(sandboxId: string, delay = this.config.checkpointAfterMs): void {
+    if (!this.driver.canCheckpoint || this.config.checkpointAfterMs < 0 || this.draining) return;
+    clearTimeout(this.checkpointTimers.get(sandboxId));
+    const timer = setTimeout(() => {
+      this.checkpointTimers.delete(sandboxId);
+      void this.checkpoint(sandboxId);
+    }, delay);
+    timer.unref();
+    this.checkpointTimers.set(sandboxId, timer);
+  }
+
+  /** Converts a frozen sandbox to a checkpoint; a failure leaves it frozen (still resumable) and is logged. */
+  private async checkpoint(sandboxId: string): Promise<void> {
+    await this.exclusive(sandboxId, async () => {
+      const sandbox = this.sandboxes.get(sandboxId);
+      if (!sandbox?.paused || this.draining) return;
+      const instance = this.driver.list().find((i) => i.instanceId === sandbox.instanceId);
+      if (!instance || instance.checkpointed || instance.stopped) return;
+      const startedAt = performance.now();
+      try {
+        const result = await this.driver.checkpoint(sandbox.instanceId);
+        this.log.info("paused sandbox checkpointed to disk", {
+          sandboxId,
+          ms: round(performance.now() - startedAt),
+          imageMiB: round(result.imageBytes / 2 ** 20),
+          memoryBeforeMiB: round(result.memoryBeforeBytes / 2 ** 20),
+          memoryAfterMiB: round(result.memoryAfterBytes / 2 ** 20),
+        });
+      } catch (error) {
+        this.log.warn("checkpoint failed; the sandbox stays frozen in memory and is tried again later", {
+          sandboxId,
+          error: (error as Error).message,
+        });
+        this.scheduleCheckpoint(sandboxId, Math.max(this.config.checkpointAfterMs, CHECKPOINT_RETRY_MS));
+      }
+    }).catch((error) => this.log.warn("checkpoint skipped", { sandboxId, error: (error as Error).message }));
+  }
+
+  /**
+   * Resumes a paused sandbox as a new incarnation: thaws it (freezer tier) or restores its checkpoint, gives it
+   * a new exec id and a larger generation (recorded with the instance, so a restarted agent knows it), and writes
+   * the route `running`; the route event tells every proxy to drop what it cached for the old incarnation.
+   * Tokens are unchanged (envd keeps its /init). A failed resume leaves the sandbox paused, its checkpoint
+   * intact. A sandbox already running answers with its current placement (a retried resume).
+   */
+  async resume(input: ResumeSandboxInput): Promise<SandboxPlacement> {
+    return this.exclusive(input.sandboxId, async () => {
+      const sandbox = this.requireSandbox(input.sandboxId);
+      if (!sandbox.paused) return this.placementOf(sandbox);
+      clearTimeout(this.checkpointTimers.get(input.sandboxId));
+      this.checkpointTimers.delete(input.sandboxId);
+      const startedAt = performance.now();
+      const current = this.driver.list().find((i) => i.instanceId === sandbox.instanceId);
+      const reboot = !input.memory || current?.stopped === true;
+      let tier: string;
+      let envdVersion = "";
+      try {
+        if (reboot) {
+          // A cold start over the kept disk (filesystem-only pause, or `memory: false` asked at resume).
+          const instance = await this.driver.reboot(sandbox.instanceId);
+          envdVersion = await initEnvd(instance.envdUrl, {
+            envVars: input.envVars ?? {},
+            accessToken: input.envdAccessToken ?? "",
+            defaultUser: "user",
+            defaultWorkdir: "/home/user",
+          });
+          tier = "reboot";
+        } else {
+          tier = (await this.driver.resume(sandbox.instanceId)).tier;
+        }
+      } catch (error) {
+        throw new AgentError("internal", `resuming sandbox '${input.sandboxId}' failed: ${(error as Error).message}`);
+      }
+      const exec = randomBytes(8).toString("hex");
+      const generation = Math.max(this.nextGeneration(), sandbox.generation + 1);
+      const instance = await this.driver.label(sandbox.instanceId, {
+        exec,
+        generation: String(generation),
+        pausedMemory: "",
+      });
+      const summary = this.summaryOf(instance);
+      if (!summary) throw new AgentError("internal", "instance lost its labels");
+      this.sandboxes.set(input.sandboxId, summary);
+      if (!(await this.routes.write(this.routeOf(summary)))) {
+        this.log.warn("Redis holds a newer route than the resumed sandbox", { sandboxId: input.sandboxId, exec });
+      }
+      this.log.info("sandbox resumed", {
+        sandboxId: input.sandboxId,
+        exec,
+        previousExec: sandbox.exec,
+        tier,
+        ms: round(performance.now() - startedAt),
+      });
+      return { ...this.placementOf(summary), envdVersion };
+    });
+  }
+
+  /** Runs `fn` after every earlier pause/resume/checkpoint/kill of the same sandbox has finished. */
+  private async exclusive<T>(sandboxId: string, fn: () => Promise<T>): Promise<T> {
+    const previous = this.locks.get(sandboxId) ?? Promise.resolve();
+    const run = previous.then(fn, fn);
+    const tail = run.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.locks.set(sandboxId, tail);
+    void tail.then(() => {
+      if (this.locks.get(sandboxId) === tail) this.locks.delete(sandboxId);
+    });
+    return run;
+  }
+
+  private placementOf(summary: SandboxSummary): SandboxPlacement {
+    return {
+      sandboxId: summary.sandboxId,
+      exec: summary.exec,
+      generation: summary.generation,
+      sandboxAddr: summary.sandboxAddr,
+      envdUrl: summary.envdUrl,
+      envdVersion: "",
+      pooled: false,
+    };
+  }
+
+  private requireSandbox(sandboxId: string): SandboxSummary {
+    const sandbox = this.sandboxes.get(sandboxId);
+    if (!sandbox) throw new AgentError("not_found", `sandbox '${sandboxId}' is not on this node`);
+    return sandbox;
+  }
+
+  private nextGeneration(): number {
+    return Date.now() * 1000 + (this.generationCounter++ % 1000);
   }
 
   list(): SandboxSummary[] {
@@ -316,6 +541,8 @@ export class NodeAgent {
   async close(options: { killAll?: boolean } = {}): Promise<void> {
     this.draining = true;
     if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+    for (const timer of this.checkpointTimers.values()) clearTimeout(timer);
+    this.checkpointTimers.clear();
     for (const pool of this.pools.values()) await pool.close();
     if (options.killAll) {
       for (const id of [...this.sandboxes.keys()])
@@ -351,6 +578,7 @@ export class NodeAgent {
         continue;
       }
       this.sandboxes.set(summary.sandboxId, summary);
+      if (instance.paused && !instance.checkpointed && !instance.stopped) this.scheduleCheckpoint(summary.sandboxId);
       const route = await this.routes.read(summary.sandboxId);
       if (!route || route.exec === summary.exec) await this.routes.write(this.routeOf(summary));
     }
@@ -408,7 +636,7 @@ export class NodeAgent {
       nodeAddr: this.config.nodeAddr,
       sandboxAddr: summary.sandboxAddr,
       ports: {},
-      state: "running",
+      state: summary.paused ? "paused" : "running",
       team: summary.teamId,
       public: labels.publicTraffic === "1",
       trafficTokenHash: labels.trafficTokenHash ?? "",

@@ -1,3 +1,4 @@
+import { existsSync } from "node:fs";
 import { hostname } from "node:os";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -29,6 +30,8 @@ import type { LogLevel } from "./log.js";
  * | WARREN_HEARTBEAT_MS | 5000 | heartbeat period (the node key expires after NODE_TTL_SECONDS) |
  * | WARREN_READY_TIMEOUT_MS | 15000 | how long a start may take before it counts as failed |
  * | WARREN_LOG_LEVEL | info | debug, info, warn, error |
+ * | WARREN_CRIU | /var/lib/warren/criu/criu when present | CRIU 4 wrapper (scripts/setup-host.sh); "off" or absent: paused sandboxes stay frozen in memory |
+ * | WARREN_CHECKPOINT_AFTER_MS | 30000 | a sandbox paused this long is checkpointed to disk (memory released); -1 never |
  * | WARREN_KILL_ON_STOP | false | on SIGTERM, kill every sandbox too (a local cluster's `down`), instead of leaving them for re-adoption |
  */
 export interface NodeAgentConfig {
@@ -54,6 +57,8 @@ export interface NodeAgentConfig {
   readonly readyTimeoutMs: number;
   readonly logLevel: LogLevel;
   readonly killOnStop: boolean;
+  readonly criu: string | undefined;
+  readonly checkpointAfterMs: number;
 }
 
 export class ConfigError extends Error {
@@ -80,6 +85,17 @@ function list(env: NodeJS.ProcessEnv, name: string, fallback: string): string[] 
     .split(",")
     .map((s) => s.trim())
     .filter(Boolean);
+}
+
+const DEFAULT_CRIU = "/var/lib/warren/criu/criu";
+
+function criuPath(value: string | undefined): string | undefined {
+  if (value === "off") return undefined;
+  if (value) {
+    if (!existsSync(value)) throw new ConfigError(`WARREN_CRIU '${value}' does not exist`);
+    return value;
+  }
+  return existsSync(DEFAULT_CRIU) ? DEFAULT_CRIU : undefined;
 }
 
 export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeAgentConfig {
@@ -124,6 +140,8 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     heartbeatMs: integer(env, "WARREN_HEARTBEAT_MS", 5000, 100, 60000),
     readyTimeoutMs: integer(env, "WARREN_READY_TIMEOUT_MS", 15000, 1000, 600000),
     logLevel,
+    criu: criuPath(env.WARREN_CRIU),
+    checkpointAfterMs: integer(env, "WARREN_CHECKPOINT_AFTER_MS", 30_000, -1, 7 * 24 * 3600_000),
     killOnStop: ["1", "true", "yes"].includes((env.WARREN_KILL_ON_STOP ?? "").toLowerCase()),
   };
 }

@@ -31,6 +31,7 @@ export async function startNodeAgent(config: NodeAgentConfig, log: Logger): Prom
     envdRoot: config.envdRoot,
     readyTimeoutMs: config.readyTimeoutMs,
     log: log.child({ part: "driver" }),
+    ...(config.criu ? { criu: config.criu } : {}),
   });
   const templates = new TemplateStore({
     dir: config.templatesDir,

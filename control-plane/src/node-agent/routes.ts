@@ -34,13 +34,20 @@ export class RouteStore {
 
   constructor(url: string) {
     const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 3, enableOfflineQueue: true });
+    // Failures surface on the commands (heartbeats log them); the connection retries by itself.
+    redis.on("error", () => undefined);
     redis.defineCommand("warrenWriteRoute", { numberOfKeys: 1, lua: WRITE_ROUTE_SCRIPT });
     redis.defineCommand("warrenDeleteRoute", { numberOfKeys: 1, lua: DELETE_ROUTE_SCRIPT });
     this.redis = redis as Redis & RouteCommands;
   }
 
+  /** Calls `listener` whenever the connection to Redis is (re-)established. */
+  onReady(listener: () => void): void {
+    this.redis.on("ready", listener);
+  }
+
   async connect(): Promise<void> {
-    if (this.redis.status === "wait") await this.redis.connect();
+    if (this.redis.status === "wait" || this.redis.status === "end") await this.redis.connect();
   }
 
   /** Writes the route unless Redis holds a newer generation; true when written. */

@@ -18,6 +18,9 @@ import type { Logger } from "./log.js";
 export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typeof NodeAgentService> {
   const guard = async <T>(method: string, fields: Record<string, unknown>, run: () => Promise<T>): Promise<T> => {
     try {
+      // Before the agent has re-adopted its sandboxes (restart), "not here" would be a lie the master acts on.
+      if (!agent.ready && method !== "Info")
+        throw new AgentError("unavailable", "node agent is starting (re-adopting its sandboxes)");
       return await run();
     } catch (error) {
       const connectError = toConnectError(error);
@@ -101,11 +104,28 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
       }),
     pause: (req) =>
       guard("Pause", { sandboxId: req.sandboxId }, async () => {
-        throw new AgentError("unimplemented", "pause is not implemented yet (the pause/resume issue adds it)");
+        await agent.pause(req.sandboxId, req.memory);
+        return {};
       }),
     resume: (req) =>
       guard("Resume", { sandboxId: req.sandboxId }, async () => {
-        throw new AgentError("unimplemented", "resume is not implemented yet (the pause/resume issue adds it)");
+        const placement = await agent.resume({
+          sandboxId: req.sandboxId,
+          memory: req.memory,
+          envVars: req.envVars,
+          envdAccessToken: req.envdAccessToken,
+        });
+        return {
+          placement: create(CreateResponseSchema, {
+            sandboxId: placement.sandboxId,
+            exec: placement.exec,
+            sandboxAddr: placement.sandboxAddr,
+            envdUrl: placement.envdUrl,
+            envdVersion: placement.envdVersion,
+            pooled: placement.pooled,
+            generation: BigInt(placement.generation),
+          }),
+        };
       }),
     info: () =>
       guard("Info", {}, async () => {

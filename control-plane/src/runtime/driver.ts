@@ -48,6 +48,10 @@ export interface Instance {
   readonly createdAt: number;
   readonly labels: Readonly<Record<string, string>>;
   readonly paused: boolean;
+  /** Paused and checkpointed to disk (no process left, memory released); false for the freezer tier. */
+  readonly checkpointed: boolean;
+  /** Paused with every process ended (filesystem-only pause): the next start is a reboot. */
+  readonly stopped: boolean;
 }
 
 export interface InstanceStats {
@@ -58,6 +62,18 @@ export interface InstanceStats {
   readonly pidsLimit: number;
   readonly diskUsageBytes: number;
   readonly diskLimitBytes: number;
+}
+
+export interface CheckpointResult {
+  /** Size of the checkpoint images. */
+  readonly imageBytes: number;
+  /** Memory the sandbox's cgroup was charged before and after (the writable layer's tmpfs stays charged). */
+  readonly memoryBeforeBytes: number;
+  readonly memoryAfterBytes: number;
+}
+
+export interface ResumeResult {
+  readonly tier: "freezer" | "checkpoint";
 }
 
 export interface ReconcileResult {
@@ -79,7 +95,19 @@ export interface RuntimeDriver {
   kill(instanceId: string): Promise<void>;
   /** Freezes the instance's processes (instant tier; memory stays resident). */
   pause(instanceId: string): Promise<void>;
-  resume(instanceId: string): Promise<void>;
+  /** Whether `checkpoint` is available (the namespace driver needs CRIU 4). */
+  readonly canCheckpoint: boolean;
+  /**
+   * Converts a paused instance into a checkpoint on disk (the deep tier): its processes end and their memory is
+   * released; the writable layer, network and cgroups stay. On failure the instance stays frozen.
+   */
+  checkpoint(instanceId: string): Promise<CheckpointResult>;
+  /** Thaws a frozen instance, or restores a checkpointed one (same pids in the sandbox, same address). */
+  resume(instanceId: string): Promise<ResumeResult>;
+  /** Filesystem-only pause: ends every process of a paused instance, keeping its disk, network and cgroups. */
+  stop(instanceId: string): Promise<void>;
+  /** Starts a paused or stopped instance afresh over its kept disk (new boot id); resolves once envd answers. */
+  reboot(instanceId: string): Promise<Instance>;
   list(): Instance[];
   stats(instanceId: string): Promise<InstanceStats>;
   /** After an agent restart: re-adopt live instances from disk, remove dead ones and any orphan. */

@@ -16,6 +16,8 @@ export interface SandboxCgroup {
   pids(): Promise<number[]>;
   freeze(): Promise<void>;
   thaw(): Promise<void>;
+  /** The directory CRIU's `--freeze-cgroup` takes (v1: the freezer hierarchy's; v2: the sandbox's). */
+  readonly freezerDir: string;
   /** SIGKILLs every process (frozen first, so nothing forks meanwhile) and waits until none is left. */
   killAll(): Promise<void>;
   /** Removes the cgroup directories; processes must be gone. Missing directories are fine. */
@@ -120,13 +122,28 @@ class CgroupV1 implements CgroupManager {
     const dir = (c: string) => join(ROOT, c, this.parent, name);
     const dirs = CgroupV1.CONTROLLERS.map(dir);
     const freezerState = join(dir("freezer"), "freezer.state");
-    const setFreezer = async (state: "FROZEN" | "THAWED") => {
-      await writeFile(freezerState, state);
-      for (let i = 0; i < 5000; i++) {
-        if ((await readFile(freezerState, "utf8")).trim() === state) return;
+    const reached = async (state: string, polls: number) => {
+      for (let i = 0; i < polls; i++) {
+        if ((await readFile(freezerState, "utf8")).trim() === state) return true;
         await new Promise((resolve) => setTimeout(resolve, 1));
       }
-      throw new Error(`freezer did not reach ${state}`);
+      return false;
+    };
+    const setFreezer = async (state: "FROZEN" | "THAWED") => {
+      if (state === "THAWED") {
+        await writeFile(freezerState, state);
+        if (await reached(state, 5000)) return;
+        throw new Error("freezer did not reach THAWED");
+      }
+      // The v1 freezer can stay FREEZING when a task is being forked as the freeze begins (a sandbox that forks
+      // in a loop hits it): thaw and freeze again, as runc does, for up to about 15 s.
+      for (let attempt = 0; attempt < 150; attempt++) {
+        await writeFile(freezerState, "FROZEN");
+        if (await reached("FROZEN", Math.min(20 + 5 * attempt, 100))) return;
+        await writeFile(freezerState, "THAWED");
+        await new Promise((resolve) => setTimeout(resolve, 1));
+      }
+      throw new Error("freezer did not reach FROZEN");
     };
     const pids = () => readPids(join(dir("pids"), "cgroup.procs"));
     return {
@@ -140,6 +157,7 @@ class CgroupV1 implements CgroupManager {
         pids: await readNumber(join(dir("pids"), "pids.current")),
         pidsLimit: await readNumber(join(dir("pids"), "pids.max")),
       }),
+      freezerDir: dir("freezer"),
       freeze: () => setFreezer("FROZEN"),
       thaw: () => setFreezer("THAWED"),
       killAll: async () => {
@@ -232,6 +250,7 @@ class CgroupV2 implements CgroupManager {
           pidsLimit: await readNumber(join(dir, "pids.max")),
         };
       },
+      freezerDir: dir,
       freeze: () => setFrozen(true),
       thaw: () => setFrozen(false),
       killAll: async () => {

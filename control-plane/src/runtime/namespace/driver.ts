@@ -1,15 +1,17 @@
 import { spawn } from "node:child_process";
-import { randomBytes } from "node:crypto";
+import { randomBytes, randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, open, readdir, readFile, rename, rm, statfs, writeFile } from "node:fs/promises";
+import { mkdir, open, readdir, readFile, rename, rm, stat, statfs, writeFile } from "node:fs/promises";
 import { request } from "node:http";
 import { join } from "node:path";
 import type { Logger } from "../../node-agent/log.js";
 import type {
+  CheckpointResult,
   Instance,
   InstanceSpec,
   InstanceStats,
   ReconcileResult,
+  ResumeResult,
   RuntimeDriver,
   SandboxResources,
 } from "../driver.js";
@@ -63,9 +65,25 @@ export interface NamespaceDriverOptions {
   readonly envdRoot: string;
   readonly readyTimeoutMs: number;
   readonly log: Logger;
+  /**
+   * CRIU 4 (a wrapper that runs it from a side root, scripts/setup-host.sh); without it there is no checkpoint
+   * tier and paused sandboxes stay frozen in memory.
+   */
+  readonly criu?: string;
 }
 
 export const ENVD_PORT = 49983;
+
+/** CRIU options of both dump and restore (see checkpoint()). */
+const CRIU_COMMON = [
+  "--ext-mount-map",
+  "auto",
+  "--enable-external-sharing",
+  "--enable-external-masters",
+  "--tcp-close",
+  "--file-locks",
+  "--manage-cgroups=ignore",
+];
 const ID_COUNT = 65536;
 
 interface InstanceRecord {
@@ -82,6 +100,13 @@ interface InstanceRecord {
   pid?: number;
   pidStartTime?: string;
   paused: boolean;
+  /** Paused with its processes ended (filesystem-only pause): the next start is a reboot. */
+  stopped?: boolean;
+  /** Set while the instance is checkpointed to `<dir>/checkpoint` (no process runs). */
+  checkpoint?: {
+    /** CRIU's key of the host file the sandbox's stdout/stderr point to (envd.log), re-attached on restore. */
+    readonly logFileKey: string;
+  };
 }
 
 const LAUNCHER = `set -e
@@ -92,6 +117,13 @@ mkdir "$D/disk/upper" "$D/disk/work"
 chown "$UID_BASE:$UID_BASE" "$D/disk/upper"
 chmod 0755 "$D/disk/upper"
 mount -t overlay -o "lowerdir=$LOWER,upperdir=$D/disk/upper,workdir=$D/disk/work" warren-root "$D/rootfs"
+for f in $CGROUP_PROCS; do echo $$ > "$f"; done
+exec crun --root "$CRUN_ROOT" --cgroup-manager=disabled run --detach --bundle "$D/bundle" --pid-file "$D/pid" "$CID"
+`;
+
+/** A reboot: the disk and overlay are still mounted; only the container starts again. */
+const RELAUNCHER = `set -e
+D="$1"
 for f in $CGROUP_PROCS; do echo $$ > "$f"; done
 exec crun --root "$CRUN_ROOT" --cgroup-manager=disabled run --detach --bundle "$D/bundle" --pid-file "$D/pid" "$CID"
 `;
@@ -202,8 +234,11 @@ export class NamespaceDriver implements RuntimeDriver {
           { source: join(this.options.envdRoot, "envd"), destination: "/opt/warren/envd" },
           { source: join(this.options.envdRoot, "proto"), destination: "/opt/warren/proto" },
           { source: join(this.options.envdRoot, "node_modules"), destination: "/opt/warren/node_modules" },
+          // Per boot, as in a VM: a reboot (resume after a filesystem-only pause) writes a new one.
+          { source: join(dir, "boot_id"), destination: "/proc/sys/kernel/random/boot_id" },
         ],
       });
+      await writeFile(join(dir, "boot_id"), `${randomUUID()}\n`);
       await writeFile(join(dir, "bundle", "config.json"), JSON.stringify(config));
       const launchAt = performance.now();
       await this.launch(record, cgroup.procsFiles);
@@ -227,12 +262,12 @@ export class NamespaceDriver implements RuntimeDriver {
     }
   }
 
-  private async launch(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
+  private async launch(record: InstanceRecord, procsFiles: readonly string[], script = LAUNCHER): Promise<void> {
     const dir = this.instanceDir(record.instanceId);
     const logFile = await open(join(dir, "envd.log"), "a");
     try {
       const code = await new Promise<number>((resolve, reject) => {
-        const child = spawn("sh", ["-c", LAUNCHER, "launcher", dir], {
+        const child = spawn("sh", ["-c", script, "launcher", dir], {
           env: {
             PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             DISK_MIB: String(record.resources.diskMiB),
@@ -295,11 +330,187 @@ export class NamespaceDriver implements RuntimeDriver {
     await this.persist(record);
   }
 
-  async resume(instanceId: string): Promise<void> {
+  get canCheckpoint(): boolean {
+    return this.options.criu !== undefined;
+  }
+
+  /**
+   * CRIU dump of a frozen sandbox (RUNTIME-NOTES §2.8), with what this host needed beyond the notes:
+   * - criu runs inside the sandbox's network namespace (nsenter): that namespace is owned by the host's user
+   *   namespace (so sandbox root cannot reconfigure it), which CRIU refuses to dump from the sandbox's user
+   *   namespace; shared with criu it is neither checked nor dumped, and the restore joins it the same way.
+   * - `--tcp-close`: established connections come back closed (the proxy dropped them at pause anyway);
+   *   listening sockets are kept.
+   * - the sandbox's stdout/stderr (envd.log on the host) is an external file, re-attached at restore.
+   * - `--freeze-cgroup`: criu seizes the tree from the frozen state, nothing runs in between.
+   */
+  async checkpoint(instanceId: string): Promise<CheckpointResult> {
     const record = this.require(instanceId);
+    const criu = this.options.criu;
+    if (!criu) throw new Error("no CRIU configured on this node");
+    if (!record.paused || record.checkpoint || record.pid === undefined) {
+      throw new Error(`instance '${instanceId}' is not frozen`);
+    }
+    const dir = this.instanceDir(instanceId);
+    const images = join(dir, "checkpoint");
+    const cgroup = this.cgroups.open(instanceId);
+    const memoryBeforeBytes = (await cgroup.usage()).memoryBytes;
+    await rm(images, { recursive: true, force: true });
+    // The restore opens images with the sandbox's credentials (inside its user namespace): they must be readable
+    // by the sandbox's host uids, like the rest of the instance directory (no sandbox can see host paths).
+    await mkdir(images, { mode: 0o755 });
+    const logFileKey = await externalFileKey(record.pid, join(dir, "envd.log"));
+    const netns = this.network.slot(record.slot).netnsPath;
+    const result = await exec(
+      "nsenter",
+      [
+        `--net=${netns}`,
+        criu,
+        "dump",
+        "-t",
+        String(record.pid),
+        "-D",
+        images,
+        "-o",
+        "dump.log",
+        ...CRIU_COMMON,
+        "--freeze-cgroup",
+        cgroup.freezerDir,
+        "--external",
+        logFileKey,
+      ],
+      { allowFailure: true },
+    );
+    if (result.code !== 0) {
+      const log = await criuLog(join(images, "dump.log"));
+      await rm(images, { recursive: true, force: true });
+      // A failed dump leaves the tree running or frozen: make it frozen again, as the caller expects.
+      await cgroup.freeze().catch(() => undefined);
+      throw new Error(`criu dump failed (${result.code}): ${log}`);
+    }
+    record.checkpoint = { logFileKey };
+    await this.persist(record);
+    return {
+      imageBytes: await directorySize(images),
+      memoryBeforeBytes,
+      memoryAfterBytes: (await cgroup.usage()).memoryBytes,
+    };
+  }
+
+  /**
+   * Filesystem-only pause: ends every process (their memory is released at once) and drops a checkpoint if there
+   * is one; the writable layer, network and cgroups stay for `reboot`.
+   */
+  async stop(instanceId: string): Promise<void> {
+    const record = this.require(instanceId);
+    await this.cgroups.open(instanceId).killAll();
+    await exec("crun", ["--root", this.crunRoot, "delete", "-f", this.containerId(instanceId)], { allowFailure: true });
+    await rm(join(this.instanceDir(instanceId), "checkpoint"), { recursive: true, force: true });
+    record.checkpoint = undefined;
+    record.stopped = true;
+    record.paused = true;
+    await this.persist(record);
+  }
+
+  /** Starts a paused instance afresh over its kept filesystem: processes are lost, the boot id is new. */
+  async reboot(instanceId: string): Promise<Instance> {
+    const record = this.require(instanceId);
+    // Also after a failed reboot: whatever it left (processes, crun state) goes first.
+    await this.stop(instanceId);
+    const dir = this.instanceDir(instanceId);
+    await writeFile(join(dir, "boot_id"), `${randomUUID()}\n`);
+    await this.launch(record, this.cgroups.open(instanceId).procsFiles, RELAUNCHER);
+    await this.waitReady(record, this.options.log.child({ instanceId }));
+    record.stopped = false;
+    record.paused = false;
+    await this.persist(record);
+    return this.toInstance(record);
+  }
+
+  async resume(instanceId: string): Promise<ResumeResult> {
+    const record = this.require(instanceId);
+    if (record.stopped) throw new Error(`instance '${instanceId}' was stopped (filesystem-only pause): reboot it`);
+    if (record.checkpoint) {
+      await this.restore(record);
+      record.paused = false;
+      await this.persist(record);
+      return { tier: "checkpoint" };
+    }
     await this.cgroups.open(instanceId).thaw();
     record.paused = false;
     await this.persist(record);
+    return { tier: "freezer" };
+  }
+
+  /**
+   * CRIU restore into the instance's cgroups (the launcher shell joins them first; criu and the restored tree
+   * inherit them), its network namespace (nsenter) and its still-mounted overlay root. The restored PID 1 is
+   * detached (`-d`) like crun's. On failure the images stay: the sandbox is still paused and can be retried.
+   */
+  private async restore(record: InstanceRecord): Promise<void> {
+    const criu = this.options.criu;
+    if (!criu || !record.checkpoint) throw new Error("no checkpoint to restore");
+    const dir = this.instanceDir(record.instanceId);
+    const images = join(dir, "checkpoint");
+    const pidFile = join(images, "restored.pid");
+    await rm(pidFile, { force: true });
+    const logFile = await open(join(dir, "envd.log"), "a");
+    let code: number;
+    try {
+      code = await new Promise<number>((resolve, reject) => {
+        const child = spawn(
+          "sh",
+          [
+            "-c",
+            'for f in $CGROUP_PROCS; do echo $$ > "$f"; done; exec nsenter --net="$NETNS" "$@"',
+            "restore",
+            criu,
+            "restore",
+            "-d",
+            "-D",
+            images,
+            "-o",
+            "restore.log",
+            "--root",
+            join(dir, "rootfs"),
+            ...CRIU_COMMON,
+            "--inherit-fd",
+            `fd[3]:${record.checkpoint?.logFileKey}`,
+            "--pidfile",
+            pidFile,
+          ],
+          {
+            env: {
+              PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+              CGROUP_PROCS: this.cgroups.open(record.instanceId).procsFiles.join(" "),
+              NETNS: this.network.slot(record.slot).netnsPath,
+            },
+            stdio: ["ignore", "ignore", "ignore", logFile.fd],
+          },
+        );
+        child.once("error", reject);
+        child.once("exit", (exitCode) => resolve(exitCode ?? 1));
+      });
+    } finally {
+      await logFile.close();
+    }
+    if (code !== 0) {
+      throw new Error(`criu restore failed (${code}): ${await criuLog(join(images, "restore.log"))}`);
+    }
+    const pid = Number((await readFile(pidFile, "utf8")).trim());
+    record.pid = pid;
+    record.pidStartTime = await processStartTime(pid);
+    try {
+      await this.waitReady(record, this.options.log.child({ instanceId: record.instanceId }));
+    } catch (error) {
+      // Restored but not answering: end it and keep the checkpoint, so the sandbox is still paused, not lost.
+      await this.cgroups.open(record.instanceId).killAll();
+      await this.persist(record);
+      throw error;
+    }
+    record.checkpoint = undefined;
+    await this.persist(record);
+    await rm(images, { recursive: true, force: true });
   }
 
   list(): Instance[] {
@@ -339,7 +550,17 @@ export class NamespaceDriver implements RuntimeDriver {
         mounts.has(join(this.instanceDir(name), "rootfs")) &&
         existsSync(this.network.slot(record.slot).netnsPath) &&
         (record.paused || (await healthy(record.addr, 1000)));
-      if (alive) {
+      // A checkpointed instance has no process: it is alive when its images, root and network are there.
+      const stopped =
+        record.stopped === true &&
+        mounts.has(join(this.instanceDir(name), "rootfs")) &&
+        existsSync(this.network.slot(record.slot).netnsPath);
+      const checkpointed =
+        record.checkpoint !== undefined &&
+        existsSync(join(this.instanceDir(name), "checkpoint", "inventory.img")) &&
+        mounts.has(join(this.instanceDir(name), "rootfs")) &&
+        existsSync(this.network.slot(record.slot).netnsPath);
+      if (alive || checkpointed || stopped) {
         this.instances.set(name, record);
         adopted.push(this.toInstance(record));
       } else {
@@ -406,6 +627,8 @@ export class NamespaceDriver implements RuntimeDriver {
       createdAt: record.createdAt,
       labels: { ...record.labels },
       paused: record.paused,
+      checkpointed: record.checkpoint !== undefined,
+      stopped: record.stopped === true,
     };
   }
 
@@ -425,6 +648,34 @@ export class NamespaceDriver implements RuntimeDriver {
       return undefined;
     }
   }
+}
+
+/**
+ * CRIU's key for a host file a sandbox process holds open (`file[<mnt_id>:<inode>]`, hex), found on PID 1's
+ * stdout, which the launcher pointed at `path`.
+ */
+async function externalFileKey(pid: number, path: string): Promise<string> {
+  const fdinfo = await readFile(`/proc/${pid}/fdinfo/1`, "utf8");
+  const mntId = Number(/^mnt_id:\s*(\d+)/m.exec(fdinfo)?.[1]);
+  if (!Number.isInteger(mntId)) throw new Error(`no mnt_id for fd 1 of pid ${pid}`);
+  const inode = (await stat(path, { bigint: true })).ino;
+  return `file[${mntId.toString(16)}:${inode.toString(16)}]`;
+}
+
+/** The error lines of a CRIU log (without the harmless RLIMIT_NOFILE one), for error messages. */
+async function criuLog(path: string): Promise<string> {
+  const text = await readFile(path, "utf8").catch(() => "");
+  const errors = text
+    .split("\n")
+    .filter((line) => line.includes("Error") && !line.includes("RLIMIT_NOFILE"))
+    .slice(-5);
+  return errors.join("; ") || text.trim().split("\n").slice(-3).join("; ") || "(no log)";
+}
+
+async function directorySize(dir: string): Promise<number> {
+  let total = 0;
+  for (const name of await readdir(dir)) total += (await stat(join(dir, name))).size;
+  return total;
 }
 
 /** Field 22 of /proc/<pid>/stat: tells a live process from a recycled pid. */

@@ -1,0 +1,83 @@
+/**
+ * The process `warren up` leaves running: it starts Warren's single-node cluster with the e2e launcher
+ * (`e2e/dist/cluster.js` of this checkout), writes `<dataDir>/env`, and on SIGTERM/SIGINT stops every
+ * process it started (node agents remove their sandboxes) and removes its pid file. It reports progress
+ * to `warren up` over the IPC channel when there is one, and writes the same lines to its log.
+ */
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+import { WARREN_HOME } from "./config.js";
+import { type LaunchMessage, type LaunchSpec, pidFileOf } from "./launch-spec.js";
+
+/** The part of e2e's LocalCluster the launcher uses (imported at run time from the checkout). */
+interface Cluster {
+  start(): Promise<Record<string, string>>;
+  stop(): Promise<void>;
+  writeEnvFile(path?: string): string;
+}
+type ClusterClass = new (options: Record<string, unknown>) => Cluster;
+
+function send(message: LaunchMessage): void {
+  const line = message.type === "progress" ? message.line : message.type === "failed" ? message.error : "ready";
+  process.stdout.write(`${JSON.stringify({ time: new Date().toISOString(), ...message, env: undefined, line })}\n`);
+  if (process.send && process.connected) process.send(message);
+}
+
+async function main(): Promise<void> {
+  const spec = JSON.parse(process.env.WARREN_LAUNCH ?? "{}") as LaunchSpec;
+  if (!spec.dataDir) throw new Error("WARREN_LAUNCH must name a dataDir");
+  mkdirSync(join(spec.dataDir, "logs"), { recursive: true });
+  const pidFile = pidFileOf(spec.dataDir);
+  writeFileSync(pidFile, `${process.pid}\n`);
+  // `warren up` may go away once we are ready; its channel closing must not end us.
+  process.on("disconnect", () => undefined);
+
+  const clusterModule = join(WARREN_HOME, "e2e", "dist", "cluster.js");
+  if (!existsSync(clusterModule))
+    throw new Error(`${clusterModule} is missing: run \`npm run build\` in ${WARREN_HOME}`);
+  const { LocalCluster } = (await import(pathToFileURL(clusterModule).href)) as { LocalCluster: ClusterClass };
+  const cidrs = spec.nodeCidrs ?? [];
+  const cluster = new LocalCluster({
+    dataDir: spec.dataDir,
+    ...(spec.apiPort ? { apiPort: spec.apiPort } : {}),
+    ...(spec.proxyPort ? { proxyPort: spec.proxyPort } : {}),
+    ...(spec.nodeAgents ? { nodeAgents: spec.nodeAgents } : {}),
+    ...(spec.poolSize !== undefined ? { poolSize: spec.poolSize } : {}),
+    ...(spec.instancePrefix ? { instancePrefix: spec.instancePrefix } : {}),
+    ...(cidrs.length > 0 ? { nodeCidr: (i: number) => cidrs[Math.min(i, cidrs.length - 1)] } : {}),
+    ...(spec.databaseUrl ? { databaseUrl: spec.databaseUrl } : {}),
+    ...(spec.redisUrl ? { redisUrl: spec.redisUrl } : {}),
+    onProgress: (line: string) => send({ type: "progress", line }),
+  });
+
+  let stopping: Promise<void> | undefined;
+  const stop = (signal: string) => {
+    stopping ??= (async () => {
+      send({ type: "progress", line: `${signal}: stopping (sandboxes are removed)` });
+      await cluster.stop();
+      // Only our own pid file: a newer launcher may have replaced it.
+      if (existsSync(pidFile) && readFileSync(pidFile, "utf8").trim() === String(process.pid)) rmSync(pidFile);
+      process.exit(0);
+    })();
+  };
+  process.on("SIGTERM", () => stop("SIGTERM"));
+  process.on("SIGINT", () => stop("SIGINT"));
+  process.on("SIGHUP", () => stop("SIGHUP"));
+
+  try {
+    const env = await cluster.start();
+    const envFile = cluster.writeEnvFile(join(spec.dataDir, "env"));
+    if (!stopping) send({ type: "ready", env, envFile });
+  } catch (error) {
+    if (stopping) return;
+    send({ type: "failed", error: (error as Error).message });
+    rmSync(pidFile, { force: true });
+    process.exit(1);
+  }
+}
+
+main().catch((error: Error) => {
+  send({ type: "failed", error: error.message });
+  process.exit(1);
+});

@@ -1,0 +1,258 @@
+#!/usr/bin/env node
+/** `warren`: the command line of Warren (cluster, sandboxes, templates, teams and keys). */
+import { Command, CommanderError, InvalidArgumentError, Option } from "commander";
+import { SDK_VERSION } from "../config.js";
+import { buildTemplate, createKey, createTeam, listTemplates } from "./admin.js";
+import { down, status, up } from "./cluster.js";
+import { type CliConfig, connectionOpts, type GlobalFlags, resolveConfig } from "./config.js";
+import { ExitCode, toCliError } from "./errors.js";
+import { Output } from "./output.js";
+import {
+  createSandbox,
+  execInSandbox,
+  killSandboxes,
+  listSandboxes,
+  pauseSandbox,
+  resumeSandbox,
+  sandboxEvents,
+  sandboxInfo,
+  sandboxLogs,
+} from "./sandbox.js";
+import { shell } from "./shell.js";
+
+const integer =
+  (what: string, min = 0) =>
+  (value: string): number => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`${what} must be an integer ≥ ${min}`);
+    return n;
+  };
+const collect = (value: string, previous: string[] = []) => [...previous, value];
+
+/** The options every command that talks to Warren takes; the admin token only where it is used. */
+function connected(cmd: Command, opts: { admin?: boolean } = {}): Command {
+  cmd
+    .option("--json", "print the result as JSON (for scripts)")
+    .option("--api-url <url>", "the api (default: WARREN_API_URL, E2B_API_URL, .warren/env)")
+    .option("--api-key <key>", "API key (default: WARREN_API_KEY, E2B_API_KEY, .warren/env)")
+    .option("--sandbox-url <url>", "the proxy (default: WARREN_SANDBOX_URL, E2B_SANDBOX_URL, .warren/env)")
+    .option("--data-dir <dir>", "the state dir of `warren up` (default: WARREN_DATA_DIR, nearest .warren)");
+  if (opts.admin) cmd.option("--admin-token <token>", "admin token (default: WARREN_ADMIN_TOKEN, .warren/env)");
+  return cmd;
+}
+
+interface Run {
+  config: CliConfig;
+  out: Output;
+  args: string[];
+  // biome-ignore lint/suspicious/noExplicitAny: commander's parsed options, typed by each command's declarations
+  opts: Record<string, any>;
+}
+
+/** An action: resolves the config once, runs, and records the exit code. */
+function run(action: (run: Run) => Promise<number>) {
+  return async function (this: Command) {
+    const opts = this.opts();
+    const config = resolveConfig(opts as GlobalFlags);
+    process.exitCode = await action({ config, out: new Output(config.json), args: this.args, opts });
+  };
+}
+
+function clusterCommands(warren: Command): void {
+  connected(warren.command("up"))
+    .description("start Warren on this machine (PostgreSQL, Redis, master, api, node agents, proxy)")
+    .option("-d, --detach", "run in the background and return once it is ready (`warren down` stops it)")
+    .addOption(
+      new Option("--api-port <port>", "api port (0: any free one)")
+        .env("WARREN_API_PORT")
+        .argParser(integer("--api-port"))
+        .default(3000),
+    )
+    .addOption(
+      new Option("--proxy-port <port>", "proxy port (0: any free one)")
+        .env("WARREN_PROXY_PORT")
+        .argParser(integer("--proxy-port"))
+        .default(3002),
+    )
+    .option("--node-agents <n>", "node agents to run", integer("--node-agents", 1), 1)
+    .option("--pool-size <n>", "warm sandboxes per node agent", integer("--pool-size"))
+    .option("--instance-prefix <prefix>", "prefix of the node agents' instance names (netns, veth, cgroups)")
+    .option("--node-cidr <cidr>", "sandbox address range of a node agent (repeat for each)", collect, [])
+    .addOption(new Option("--database-url <url>", "use this PostgreSQL (default: a private one)").env("DATABASE_URL"))
+    .addOption(new Option("--redis-url <url>", "use this Redis (default: a private one)").env("REDIS_URL"))
+    .option("--timeout <seconds>", "give up if not ready by then", integer("--timeout", 1), 900)
+    .action(
+      run(({ config, out, opts }) =>
+        up(
+          config,
+          {
+            detach: opts.detach === true,
+            apiPort: opts.apiPort,
+            proxyPort: opts.proxyPort,
+            nodeAgents: opts.nodeAgents,
+            poolSize: opts.poolSize,
+            instancePrefix: opts.instancePrefix,
+            nodeCidr: opts.nodeCidr,
+            databaseUrl: opts.databaseUrl,
+            redisUrl: opts.redisUrl,
+            timeout: opts.timeout,
+          },
+          out,
+        ),
+      ),
+    );
+
+  connected(warren.command("down"))
+    .description("stop the Warren that `warren up` started; its sandboxes are removed")
+    .option("--timeout <seconds>", "kill what is left after this long", integer("--timeout", 1), 120)
+    .action(run(({ config, out, opts }) => down(config, out, opts.timeout)));
+
+  connected(warren.command("status"), { admin: true })
+    .description("is Warren running? (exit 0 yes, 3 no)")
+    .action(run(({ config, out }) => status(config, out)));
+}
+
+function sandboxCommands(warren: Command): void {
+  const sandbox = warren.command("sandbox").alias("sbx").description("create, inspect and use sandboxes");
+  const conn = (config: CliConfig) => connectionOpts(config);
+
+  connected(sandbox.command("create"))
+    .description("create a sandbox and print its id")
+    .argument("[template]", "template id or alias", "base")
+    .option("--timeout <seconds>", "lifetime (default: the server's)", integer("--timeout", 1))
+    .option("--metadata <KEY=value>", "metadata (repeatable)", collect)
+    .option("--env <KEY=value>", "environment variable (repeatable)", collect)
+    .action(run(({ config, out, args, opts }) => createSandbox(conn(config), args[0], opts, out)));
+
+  connected(sandbox.command("list").alias("ls"))
+    .description("list sandboxes")
+    .option("--state <states>", "running, paused or running,paused")
+    .option("--metadata <KEY=value>", "only sandboxes with this metadata (repeatable)", collect)
+    .action(run(({ config, out, opts }) => listSandboxes(conn(config), opts, out)));
+
+  connected(sandbox.command("info"))
+    .description("show a sandbox")
+    .argument("<id>", "sandbox id")
+    .action(run(({ config, out, args }) => sandboxInfo(conn(config), args[0] as string, out)));
+
+  connected(sandbox.command("kill"))
+    .description("kill sandboxes")
+    .argument("<id...>", "sandbox ids")
+    .action(run(({ config, out, args }) => killSandboxes(conn(config), args, out)));
+
+  connected(sandbox.command("pause"))
+    .description("pause a sandbox (`sandbox resume` brings it back)")
+    .argument("<id>", "sandbox id")
+    .action(run(({ config, out, args }) => pauseSandbox(conn(config), args[0] as string, out)));
+
+  connected(sandbox.command("resume"))
+    .description("resume a paused sandbox")
+    .argument("<id>", "sandbox id")
+    .option("--timeout <seconds>", "new lifetime", integer("--timeout", 1))
+    .action(run(({ config, out, args, opts }) => resumeSandbox(conn(config), args[0] as string, opts.timeout, out)));
+
+  connected(sandbox.command("exec"))
+    .description("run a command in a sandbox and exit with its exit code")
+    .argument("<id>", "sandbox id")
+    .argument("<command...>", "the command: one argument is a shell command line, several are quoted")
+    .option("--stdin", "send this process's stdin to the command")
+    .option("--cwd <dir>", "working directory")
+    .option("--user <user>", "run as this user")
+    .option("--env <KEY=value>", "environment variable (repeatable)", collect)
+    .option("--timeout <seconds>", "kill the command after this long (default: none)", integer("--timeout", 1))
+    .addHelpText(
+      "after",
+      "\nExamples:\n  warren sandbox exec ID -- ls -la /\n  warren sandbox exec ID 'make test && echo ok'\n  git diff | warren sandbox exec --stdin ID -- git apply",
+    )
+    .action(
+      run(({ config, out, args, opts }) => execInSandbox(conn(config), args[0] as string, args.slice(1), opts, out)),
+    );
+
+  connected(sandbox.command("shell"))
+    .description("an interactive terminal in a sandbox (Ctrl-] detaches; the shell keeps running)")
+    .argument("<id>", "sandbox id")
+    .option("--attach <pid>", "re-attach to this terminal, replaying its scrollback", integer("--attach", 1))
+    .option("--cwd <dir>", "working directory")
+    .option("--user <user>", "run as this user")
+    .action(run(({ config, args, opts }) => shell(conn(config), args[0] as string, opts)));
+
+  connected(sandbox.command("logs"))
+    .description("a sandbox's lifecycle log")
+    .argument("<id>", "sandbox id")
+    .action(run(({ config, out, args }) => sandboxLogs(conn(config), args[0] as string, out)));
+
+  connected(sandbox.command("events"))
+    .description("a sandbox's event ledger (--follow streams new events until Ctrl-C)")
+    .argument("<id>", "sandbox id")
+    .option("-f, --follow", "keep streaming new events")
+    .option("--cursor <id>", "start after this event id")
+    .option("--limit <n>", "page size", integer("--limit", 1))
+    .action(run(({ config, out, args, opts }) => sandboxEvents(conn(config), args[0] as string, opts, out)));
+}
+
+function adminCommands(warren: Command): void {
+  const template = warren.command("template").description("sandbox templates");
+  connected(template.command("list").alias("ls"))
+    .description("list templates")
+    .action(run(({ config, out }) => listTemplates(connectionOpts(config), out)));
+  connected(template.command("build"))
+    .description("build a template (not available yet: node agents build their catalog themselves)")
+    .argument("[name]", "template name")
+    .action(run(async () => buildTemplate()));
+
+  const team = warren.command("team").description("teams (admin)");
+  connected(team.command("create"), { admin: true })
+    .description("create a team and its first API key")
+    .argument("<name>", "team name")
+    .action(run(({ config, out, args }) => createTeam(config, args[0] as string, out)));
+
+  const key = warren.command("key").description("API keys (admin)");
+  connected(key.command("create"), { admin: true })
+    .description("create an API key for a team")
+    .requiredOption("--team <id>", "team id")
+    .option("--name <name>", "a name for the key")
+    .action(run(({ config, out, opts }) => createKey(config, opts.team, opts.name, out)));
+}
+
+export function warrenProgram(): Command {
+  const warren = new Command("warren")
+    .description("Warren: a self-hostable sandbox cloud for AI agents, wire-compatible with E2B")
+    .version(SDK_VERSION)
+    .showHelpAfterError("(add --help for usage)")
+    .addHelpText(
+      "after",
+      "\nExit codes: 0 ok, 1 failure, 2 usage, 3 not running (status), 4 unreachable, 5 auth, 6 not found;\n" +
+        "`sandbox exec` and `sandbox shell` exit with the command's own code.",
+    );
+  clusterCommands(warren);
+  sandboxCommands(warren);
+  adminCommands(warren);
+  warren.exitOverride();
+  for (const cmd of allCommands(warren)) cmd.exitOverride();
+  return warren;
+}
+
+function allCommands(cmd: Command): Command[] {
+  return cmd.commands.flatMap((c) => [c, ...allCommands(c)]);
+}
+
+async function main(): Promise<void> {
+  try {
+    await warrenProgram().parseAsync(process.argv);
+  } catch (error) {
+    if (error instanceof CommanderError) {
+      // commander has printed the message (or the help) already.
+      process.exitCode = error.exitCode === 0 ? ExitCode.ok : ExitCode.usage;
+      return;
+    }
+    const failure = toCliError(error);
+    process.stderr.write(`warren: ${failure.message}\n`);
+    if (failure.hint) process.stderr.write(`hint: ${failure.hint}\n`);
+    process.exitCode = failure.exitCode;
+  }
+}
+
+await main();
+// Idle keep-alive sockets of the SDK's envd transport would otherwise hold the process open after a
+// shell ends; every write is done (stdout/stderr are synchronous on Linux for files, pipes and TTYs).
+process.exit();
