@@ -2,6 +2,8 @@ import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
+import { Redis } from "ioredis";
 import {
   freePort,
   GiveUp,
@@ -166,6 +168,19 @@ export class LocalCluster {
         600_000,
       );
 
+      // A node agent heartbeats before its first template build ends (on a fresh machine, a minute of
+      // debootstrap): the cluster is ready only when every node lists the templates it prebuilds as ready.
+      progress("waiting for the node agents' templates");
+      await waitFor(
+        "node agents' templates",
+        async () => {
+          for (const child of this.processes) this.assertRunning(child);
+          const ready = await this.nodesWithTemplate("base");
+          return ready >= agents ? true : undefined;
+        },
+        900_000,
+      );
+
       progress("starting the proxy");
       const proxy = this.spawn("proxy", dist("proxy/dist/main.js"), {
         ...common,
@@ -208,6 +223,23 @@ export class LocalCluster {
   /** Stops every process, newest first: proxy, node agents (which remove their sandboxes), api, master, databases. */
   async stop(): Promise<void> {
     for (const child of [...this.processes].reverse()) await child.stop("SIGTERM", 30_000);
+  }
+
+  /** How many node agents' heartbeats list `templateId` among their ready templates. */
+  private async nodesWithTemplate(templateId: string): Promise<number> {
+    const redis = new Redis(this.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 1 });
+    redis.on("error", () => undefined);
+    try {
+      await redis.connect();
+      let count = 0;
+      for (const nodeId of await redis.smembers(NODES_SET_KEY)) {
+        const templates = await redis.hget(nodeKey(nodeId), "templates");
+        if (templates && (JSON.parse(templates) as string[]).includes(templateId)) count++;
+      }
+      return count;
+    } finally {
+      redis.disconnect();
+    }
   }
 
   /** Fault injection: SIGKILL node agent `index` (its sandboxes keep running, as after a crash). */
