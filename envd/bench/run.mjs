@@ -6,6 +6,7 @@
 // same command line as a baseline; 100 concurrent runs; 1 GiB upload and download throughput with
 // envd's peak RSS; idle RSS and PSS per process with ten envds running.
 import { spawn, spawnSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { createReadStream, readFileSync, rmSync, statSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { Readable } from "node:stream";
@@ -127,7 +128,9 @@ async function concurrent(sandbox, n) {
 
 async function makeSourceFile(path, bytes) {
   const handle = await open(path, "w");
-  const block = Buffer.alloc(8 << 20, 0x61);
+  // Random bytes: a compressible file would be gzipped on the way down (the SDK's fetch asks for gzip),
+  // which measures zlib, not envd.
+  const block = randomBytes(8 << 20);
   for (let written = 0; written < bytes; written += block.length) await handle.write(block);
   await handle.close();
 }
@@ -165,9 +168,32 @@ async function transfer(envd, sandbox, bytes) {
   for await (const chunk of stream) received += chunk.length;
   const download = performance.now() - t0;
   const downloadPeak = rss.stop();
+  // The same transfer with curl as the client: the SDK's fetch costs CPU on these same two cores.
+  const curl = (args) => spawnSync("curl", ["-s", "-o", "/dev/null", "-w", "%{time_total}", ...args]);
+  const curlUp = curl([
+    "-X",
+    "POST",
+    "-T",
+    source,
+    "-H",
+    "Content-Type: application/octet-stream",
+    `${envd.url}/files?path=${target}`,
+  ]);
+  const curlDown = curl([`${envd.url}/files?path=${target}`]);
   rmSync(source, { force: true });
   rmSync(target, { force: true });
-  return { size, received, upload, download, before, uploadPeak, downloadPeak };
+  const seconds = (r) => (r.status === 0 ? Number(r.stdout.toString()) * 1000 : Number.NaN);
+  return {
+    size,
+    received,
+    upload,
+    download,
+    before,
+    uploadPeak,
+    downloadPeak,
+    curlUpload: seconds(curlUp),
+    curlDownload: seconds(curlDown),
+  };
 }
 
 async function main() {
@@ -201,6 +227,7 @@ async function main() {
   console.log(`\n${(t.size / (1 << 20)).toFixed(0)} MiB transfer (streamed, octet-stream upload):`);
   console.log(`  upload   ${mbps(t.upload)} MiB/s  (${ms(t.upload)})  envd peak RSS ${mib(t.uploadPeak)}`);
   console.log(`  download ${mbps(t.download)} MiB/s  (${ms(t.download)})  envd peak RSS ${mib(t.downloadPeak)}`);
+  console.log(`  with curl as the client: upload ${mbps(t.curlUpload)} MiB/s, download ${mbps(t.curlDownload)} MiB/s`);
   console.log(
     `  envd RSS before transfer ${mib(t.before)}; received ${t.received} of ${t.size} bytes (target >= 300 MB/s, flat RSS)`,
   );
