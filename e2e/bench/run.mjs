@@ -6,15 +6,18 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
 import { Sandbox } from "e2b";
 import { LocalCluster } from "../dist/cluster.js";
 
 const quick = process.argv.includes("--quick");
+const poolArg = process.argv.indexOf("--pool");
+const poolSize = poolArg > 0 ? Number(process.argv[poolArg + 1]) : 4;
 const dataDir = mkdtempSync(join(tmpdir(), "warren-bench-"));
 const cluster = new LocalCluster({
   dataDir,
   nodeAgents: 2,
-  poolSize: 4,
+  poolSize,
   instancePrefix: "z",
   nodeCidr: (i) => `10.214.${i * 16}.0/20`,
   onProgress: (line) => process.stderr.write(`  ${line}\n`),
@@ -35,7 +38,7 @@ async function main() {
     E2B_API_KEY: env.E2B_API_KEY,
   });
   console.log(`Warren whole-cluster benchmarks (${quick ? "quick" : "full"}), ${new Date().toISOString()}`);
-  console.log("two node agents (warm pool 4 each), official e2b SDK through the proxy\n");
+  console.log(`two node agents (warm pool ${poolSize} each), official e2b SDK through the proxy\n`);
 
   const creates = quick ? 15 : 50;
   const toFirstRun = [];
@@ -67,6 +70,8 @@ async function main() {
   );
   await sandbox.kill();
 
+  // The burst starts with full warm pools, as after a quiet period.
+  await waitForPools(poolSize);
   const concurrent = quick ? 20 : 100;
   const started = performance.now();
   const results = await Promise.allSettled(
@@ -84,6 +89,23 @@ async function main() {
   );
   if (failures[0]) console.log(`  first failure: ${failures[0].reason}`);
   await Promise.all(ok.map((r) => r.sandbox.kill().catch(() => false)));
+}
+
+/** Waits until every node agent's heartbeat reports a full `base` pool. */
+async function waitForPools(size) {
+  const { Redis } = await import("ioredis");
+  const redis = new Redis(cluster.redisUrl);
+  try {
+    const deadline = Date.now() + 300_000;
+    while (Date.now() < deadline) {
+      const nodes = await redis.smembers(NODES_SET_KEY);
+      const pools = await Promise.all(nodes.map((n) => redis.hget(nodeKey(n), "pools")));
+      if (nodes.length === 2 && pools.every((p) => p && (JSON.parse(p).base ?? 0) >= size)) return;
+      await new Promise((r) => setTimeout(r, 500));
+    }
+  } finally {
+    redis.disconnect();
+  }
 }
 
 main()
