@@ -48,11 +48,13 @@ describe("templates built on the node (no Docker)", () => {
   });
 
   it(
-    "code-interpreter-v1 builds on base and its sandboxes have python3 with the Jupyter stack, node and sudo",
+    "code-interpreter-v1 builds on base and its sandboxes have python3 with the Jupyter stack, node, sudo and the code gateway on 49999",
     async () => {
       const template = await running.agent.ensureTemplate("code-interpreter-v1");
       expect(running.templates.recipe("code-interpreter-v1").parent).toBe("base");
       expect(template.hash).not.toBe(running.templates.hash("base"));
+      expect(template.codeGateway).toBe(true);
+      expect(running.templates.ready("base")?.codeGateway).toBe(false);
       const placement = await running.agent.create({
         sandboxId: "tplci",
         teamId: "team-t",
@@ -70,6 +72,18 @@ describe("templates built on the node (no Docker)", () => {
         expect(lines[1]).toBe(process.version);
         expect(lines[2]).toMatch(/^git version/);
         expect(lines[3]).toMatch(/^curl /);
+        // The code gateway is up (the sandbox counted as ready only once it answered) and reached envd.
+        const gateway = new URL(placement.envdUrl);
+        gateway.port = "49999";
+        const health = await fetch(new URL("/health", gateway));
+        expect(health.status).toBe(200);
+        const run = await fetch(new URL("/execute", gateway), {
+          method: "POST",
+          headers: { "Content-Type": "application/json", "X-Access-Token": "tok" },
+          body: JSON.stringify({ code: "import os; os.getuid(), os.getcwd()" }),
+        });
+        expect(run.status).toBe(200);
+        expect(await run.text()).toContain("(0, '/home/user')");
       } finally {
         await running.agent.kill("tplci");
       }

@@ -38,6 +38,8 @@ export interface ClusterOptions {
   readonly nodeCidr?: (index: number) => string;
   /** Extra environment for every Warren process. */
   readonly env?: Readonly<Record<string, string>>;
+  /** Templates every node agent must list as ready before the cluster is (default `base`; set to what it prebuilds). */
+  readonly readyTemplates?: readonly string[];
   /** Prints progress lines. */
   readonly onProgress?: (line: string) => void;
 }
@@ -175,8 +177,10 @@ export class LocalCluster {
         "node agents' templates",
         async () => {
           for (const child of this.processes) this.assertRunning(child);
-          const ready = await this.nodesWithTemplate("base");
-          return ready >= agents ? true : undefined;
+          for (const templateId of this.options.readyTemplates ?? ["base"]) {
+            if ((await this.nodesWithTemplate(templateId)) < agents) return undefined;
+          }
+          return true;
         },
         900_000,
       );

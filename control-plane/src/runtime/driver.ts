@@ -27,6 +27,8 @@ export interface TemplateImage {
   readonly rootfs: string;
   /** Keep no-new-privileges off so `sudo` works (the E2B templates' `user` has passwordless sudo). */
   readonly allowSetuid: boolean;
+  /** Also start the code gateway (port 49999) next to envd; the instance is ready only when both answer. */
+  readonly codeGateway?: boolean;
 }
 
 export interface InstanceSpec {

@@ -15,6 +15,8 @@ export interface TemplateRecipe {
   readonly defaults: SandboxResources;
   /** Needs setuid (sudo): no-new-privileges stays off for its sandboxes. */
   readonly allowSetuid: boolean;
+  /** Its sandboxes run the code gateway (`runCode`, port 49999) next to envd. */
+  readonly codeGateway?: boolean;
 }
 
 const BASE_PACKAGES = [
@@ -68,8 +70,14 @@ apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-ipykernel python3-jupyter-client python3-matplotlib python3-matplotlib-inline python3-pandas python3-numpy python3-pexpect
 ${CLEAN_APT}`,
       },
+      {
+        // Mount points of the host's code gateway (bound read-only by the driver, like envd).
+        name: "code gateway mount points",
+        run: "set -e\nmkdir -p /opt/warren/code-gateway/dist /opt/warren/code-gateway/python\n: > /opt/warren/code-gateway/package.json\n",
+      },
     ],
     defaults: { cpuCount: 2, memoryMiB: 1024, diskMiB: 2048, pidsMax: 2048 },
     allowSetuid: true,
+    codeGateway: true,
   },
 };

@@ -94,6 +94,7 @@ export class TemplateStore {
       hash: this.hash(id),
       rootfs: join(dir, "rootfs"),
       allowSetuid: recipe.allowSetuid,
+      codeGateway: recipe.codeGateway === true,
       recipe,
       dir,
     };

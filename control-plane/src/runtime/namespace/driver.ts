@@ -47,7 +47,9 @@ import { sandboxSpec } from "./oci-spec.js";
  * the overlay and execs `crun run --detach`; crun exits once the sandbox runs, so the sandbox's PID 1 (tini,
  * reaping orphans) is re-parented away from the agent: no PDEATHSIG, no --die-with-parent, and sandboxes
  * survive an agent crash (reconcile() re-adopts them). envd runs under tini; envd starts every process as a
- * session leader.
+ * session leader. Code templates (`codeGateway`) put a shell between tini and envd that first starts the code
+ * gateway in a session of its own (SANDBOX_INIT); CRIU checkpoints and restores that tree too, kernels and
+ * their ZeroMQ IPC sockets included (e2e/test/code-interpreter.test.ts).
  *
  * Disk quota: the writable layer is a size-limited tmpfs (upper + work dirs of the overlay). Its pages are
  * charged to the sandbox's memory cgroup, so disk use also counts against the memory limit.
@@ -73,6 +75,22 @@ export interface NamespaceDriverOptions {
 }
 
 export const ENVD_PORT = 49983;
+export const CODE_GATEWAY_PORT = 49999;
+
+/**
+ * PID 1's child in code templates (`tini -g -- sh -c SANDBOX_INIT sandbox-init <envd command>`): starts the code
+ * gateway in its own session (`setsid -f`: re-parented to tini, which reaps it; tini's signals to envd's process
+ * group do not reach it; no parent-death signal), restarted if it exits, then becomes envd. The gateway's settings
+ * go to its environment only, so envd and the processes it starts never see them. Kernels get their own sessions
+ * from the gateway (setpriv --pdeathsig KILL: they never outlive it). The runtime directory is the gateway's
+ * default, /tmp/warren-cg-<pid> (a restarted gateway removes the dead one's).
+ */
+const SANDBOX_INIT = `env CODE_GATEWAY_HOST=0.0.0.0 CODE_GATEWAY_PORT=${CODE_GATEWAY_PORT} \
+  CODE_GATEWAY_ENVD_URL=http://127.0.0.1:${ENVD_PORT} CODE_GATEWAY_AUTH=envd \
+  CODE_GATEWAY_NODE=/usr/local/bin/node CODE_GATEWAY_PYTHON=/usr/bin/python3 \
+  setsid -f /bin/sh -c 'while :; do /usr/local/bin/node --max-semi-space-size=1 /opt/warren/code-gateway/dist/main.js; sleep 1; done' </dev/null
+exec "$@"
+`;
 
 /** CRIU options of both dump and restore (see checkpoint()). */
 const CRIU_COMMON = [
@@ -92,6 +110,8 @@ interface InstanceRecord {
   templateHash: string;
   lowerDir: string;
   allowSetuid: boolean;
+  /** Runs the code gateway next to envd (ready only when both answer). */
+  codeGateway?: boolean;
   slot: number;
   addr: string;
   resources: SandboxResources;
@@ -193,6 +213,7 @@ export class NamespaceDriver implements RuntimeDriver {
         templateHash: spec.template.hash,
         lowerDir: spec.template.rootfs,
         allowSetuid: spec.template.allowSetuid,
+        codeGateway: spec.template.codeGateway === true,
         slot: slot.index,
         addr: slot.sandboxAddr,
         resources: spec.resources,
@@ -205,10 +226,7 @@ export class NamespaceDriver implements RuntimeDriver {
       this.instances.set(instanceId, record);
       const cgroup = await this.cgroups.create(instanceId, spec.resources);
       const maxOldSpace = Math.max(32, Math.floor(spec.resources.memoryMiB / 2));
-      const args = spec.command ?? [
-        "/usr/bin/tini",
-        "-g",
-        "--",
+      const envd = [
         "/usr/local/bin/node",
         `--max-old-space-size=${maxOldSpace}`,
         // envd's own measurement: a 1 MiB semi-space cuts idle PSS by about a third.
@@ -221,6 +239,8 @@ export class NamespaceDriver implements RuntimeDriver {
         "--default-user",
         "user",
       ];
+      const init = record.codeGateway ? ["/bin/sh", "-c", SANDBOX_INIT, "sandbox-init"] : [];
+      const args = spec.command ?? ["/usr/bin/tini", "-g", "--", ...init, ...envd];
       const config = sandboxSpec({
         rootfs: join(dir, "rootfs"),
         netnsPath: slot.netnsPath,
@@ -234,6 +254,13 @@ export class NamespaceDriver implements RuntimeDriver {
           { source: join(this.options.envdRoot, "envd"), destination: "/opt/warren/envd" },
           { source: join(this.options.envdRoot, "proto"), destination: "/opt/warren/proto" },
           { source: join(this.options.envdRoot, "node_modules"), destination: "/opt/warren/node_modules" },
+          // The gateway's imports (zeromq, sucrase, acorn) resolve from /opt/warren/node_modules above.
+          ...(record.codeGateway
+            ? ["dist", "python", "package.json"].map((name) => ({
+                source: join(this.options.envdRoot, "code-gateway", name),
+                destination: `/opt/warren/code-gateway/${name}`,
+              }))
+            : []),
           // Per boot, as in a VM: a reboot (resume after a filesystem-only pause) writes a new one.
           { source: join(dir, "boot_id"), destination: "/proc/sys/kernel/random/boot_id" },
         ],
@@ -297,15 +324,21 @@ export class NamespaceDriver implements RuntimeDriver {
 
   private async waitReady(record: InstanceRecord, log: Logger): Promise<void> {
     const deadline = Date.now() + this.options.readyTimeoutMs;
+    let envdUp = false;
     for (let attempt = 0; ; attempt++) {
-      if (await healthy(record.addr, 250)) return;
+      envdUp ||= await healthy(record.addr, 250);
+      if (envdUp && (!record.codeGateway || (await healthy(record.addr, 250, CODE_GATEWAY_PORT)))) return;
       if (!record.pid || (await processStartTime(record.pid)) !== record.pidStartTime) {
         const tail = (await readFile(join(this.instanceDir(record.instanceId), "envd.log"), "utf8").catch(() => ""))
           .slice(-500)
           .trim();
-        throw new Error(`sandbox exited before envd answered: ${tail}`);
+        throw new Error(`sandbox exited before ${envdUp ? "the code gateway" : "envd"} answered: ${tail}`);
       }
-      if (Date.now() > deadline) throw new Error(`envd did not answer within ${this.options.readyTimeoutMs} ms`);
+      if (Date.now() > deadline) {
+        throw new Error(
+          `${envdUp ? "the code gateway" : "envd"} did not answer within ${this.options.readyTimeoutMs} ms`,
+        );
+      }
       if (attempt % 500 === 499) log.debug("still waiting for envd", { attempt });
       await new Promise((resolve) => setTimeout(resolve, attempt < 100 ? 2 : 10));
     }
@@ -688,11 +721,11 @@ async function processStartTime(pid: number): Promise<string | undefined> {
   }
 }
 
-/** GET /health on envd; true on any 2xx. */
-export function healthy(addr: string, timeoutMs: number): Promise<boolean> {
+/** GET /health on envd (or another port, e.g. the code gateway's); true on any 2xx. */
+export function healthy(addr: string, timeoutMs: number, port = ENVD_PORT): Promise<boolean> {
   return new Promise((resolve) => {
     const req = request(
-      { host: addr, port: ENVD_PORT, path: "/health", method: "GET", agent: false, timeout: timeoutMs },
+      { host: addr, port, path: "/health", method: "GET", agent: false, timeout: timeoutMs },
       (res) => {
         res.resume();
         resolve((res.statusCode ?? 500) < 300);

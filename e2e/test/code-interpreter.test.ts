@@ -1,0 +1,217 @@
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Sandbox, TimeoutError } from "@e2b/code-interpreter";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { LocalCluster } from "../src/cluster.js";
+
+// `runCode` through the whole cluster: the official @e2b/code-interpreter SDK → proxy (E2B_SANDBOX_URL header
+// routing) → the code gateway that code-interpreter-v1 sandboxes start next to envd (port 49999).
+const TEMPLATES = "base,code-interpreter-v1";
+const dataDir = mkdtempSync(join(tmpdir(), "warren-code-"));
+const cluster = new LocalCluster({
+  dataDir,
+  nodeAgents: 1,
+  poolSize: 1,
+  instancePrefix: "g",
+  nodeCidr: () => "10.215.0.0/22",
+  readyTemplates: TEMPLATES.split(","),
+  env: {
+    WARREN_PREBUILD_TEMPLATES: TEMPLATES,
+    WARREN_POOL_TEMPLATES: TEMPLATES,
+    // Paused longer than this, a sandbox that can be checkpointed goes from the freezer to CRIU.
+    WARREN_CHECKPOINT_AFTER_MS: "500",
+  },
+});
+
+let proxyUrl = "";
+
+beforeAll(async () => {
+  const env = await cluster.start();
+  proxyUrl = env.E2B_SANDBOX_URL;
+  Object.assign(process.env, {
+    E2B_API_URL: env.E2B_API_URL,
+    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+    E2B_API_KEY: env.E2B_API_KEY,
+  });
+}, 900_000);
+
+/** The node agent's on-disk record of the sandbox's instance (the driver's state). */
+function instanceOf(sandboxId: string): { labels: Record<string, string>; checkpoint?: unknown } {
+  const dir = join(dataDir, "agent-ga", "instances");
+  for (const name of readdirSync(dir)) {
+    const file = join(dir, name, "instance.json");
+    if (!existsSync(file)) continue;
+    const record = JSON.parse(readFileSync(file, "utf8")) as { labels: Record<string, string>; checkpoint?: unknown };
+    if (record.labels.sandboxId === sandboxId) return record;
+  }
+  throw new Error(`no instance for ${sandboxId}`);
+}
+
+async function eventually<T>(probe: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe().catch(() => undefined);
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error("condition not met in time");
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+afterAll(async () => {
+  await cluster.stop();
+  rmSync(dataDir, { recursive: true, force: true });
+}, 120_000);
+
+describe("the official @e2b/code-interpreter SDK against a whole Warren cluster", () => {
+  it("Sandbox.create() uses code-interpreter-v1, whose sandboxes answer runCode('x=1; x') with 1", async () => {
+    expect((Sandbox as unknown as { defaultTemplate: string }).defaultTemplate).toBe("code-interpreter-v1");
+    const sandbox = await Sandbox.create();
+    try {
+      const execution = await sandbox.runCode("x=1; x");
+      expect(execution.error).toBeUndefined();
+      expect(execution.text).toBe("1");
+    } finally {
+      await sandbox.kill();
+    }
+  }, 120_000);
+
+  it("kernel state persists across calls and after Sandbox.connect; cwd is /home/user; create's envs are visible", async () => {
+    const sandbox = await Sandbox.create("code-interpreter-v1", { envs: { WARREN_CODE_E2E: "from-create" } });
+    try {
+      expect((await sandbox.runCode("counter = 41")).error).toBeUndefined();
+      expect((await sandbox.runCode("counter += 1; counter")).text).toBe("42");
+      const again = await Sandbox.connect(sandbox.sandboxId);
+      expect((await again.runCode("counter")).text).toBe("42");
+      expect((await again.runCode("import os; os.getcwd()")).text).toBe("/home/user");
+      expect((await again.runCode("os.environ['WARREN_CODE_E2E']")).text).toBe("from-create");
+    } finally {
+      await sandbox.kill();
+    }
+  }, 120_000);
+
+  it("the gateway runs in its own session under tini (no parent but PID 1's), apart from envd's session", async () => {
+    const sandbox = await Sandbox.create("code-interpreter-v1");
+    try {
+      // Both default kernels have run a cell, so they exist.
+      expect((await sandbox.runCode("1")).text).toBe("1");
+      expect((await sandbox.runCode("1", { language: "js" })).text).toBe("1");
+      const ps = await sandbox.commands.run("ps -eo pid=,ppid=,sid=,args=");
+      const rows = ps.stdout
+        .trim()
+        .split("\n")
+        .map((line) => {
+          const [pid, ppid, sid, ...args] = line.trim().split(/\s+/);
+          return { pid: Number(pid), ppid: Number(ppid), sid: Number(sid), args: args.join(" ") };
+        });
+      const gateway = rows.find(
+        (r) => r.args.includes("/opt/warren/code-gateway/dist/main.js") && r.args.startsWith("/usr/local/bin/node"),
+      );
+      const envd = rows.find((r) => r.args.startsWith("/usr/local/bin/node") && r.args.includes("/opt/warren/envd/"));
+      expect(gateway).toBeDefined();
+      expect(envd).toBeDefined();
+      expect(gateway?.sid).not.toBe(envd?.sid);
+      const leader = rows.find((r) => r.pid === gateway?.sid);
+      expect(leader?.ppid).toBe(1);
+      expect(rows.find((r) => r.pid === 1)?.args).toMatch(/tini/);
+      expect(envd?.ppid).toBe(1);
+      // Kernels are the gateway's children, each in a session of its own.
+      const kernels = rows.filter((r) => r.ppid === gateway?.pid);
+      expect(kernels.length).toBeGreaterThanOrEqual(2);
+      for (const kernel of kernels) expect(kernel.sid).toBe(kernel.pid);
+    } finally {
+      await sandbox.kill();
+    }
+  }, 120_000);
+
+  it("a JavaScript context keeps its own state, separate from Python's", async () => {
+    const sandbox = await Sandbox.create("code-interpreter-v1");
+    try {
+      const context = await sandbox.createCodeContext({ language: "js" });
+      expect(context.language).toBe("javascript");
+      expect((await sandbox.runCode("const base = 40", { context })).error).toBeUndefined();
+      expect((await sandbox.runCode("base + 2", { context })).text).toBe("42");
+      const python = await sandbox.runCode("base");
+      expect(python.error?.name).toBe("NameError");
+    } finally {
+      await sandbox.kill();
+    }
+  }, 120_000);
+
+  it("a matplotlib figure arrives as a PNG result", async () => {
+    const sandbox = await Sandbox.create("code-interpreter-v1");
+    try {
+      const execution = await sandbox.runCode(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()",
+      );
+      expect(execution.error).toBeUndefined();
+      const png = execution.results.find((r) => r.png)?.png;
+      expect(png).toBeTruthy();
+      expect(Buffer.from(png ?? "", "base64").subarray(0, 8)).toEqual(
+        Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
+      );
+    } finally {
+      await sandbox.kill();
+    }
+  }, 120_000);
+
+  it("port 49999 through the proxy enforces the sandbox's access token: none or a wrong one is 401", async () => {
+    const sandbox = await Sandbox.create("code-interpreter-v1");
+    try {
+      const execute = (token?: string) =>
+        fetch(`${proxyUrl}/execute`, {
+          method: "POST",
+          headers: {
+            "Content-Type": "application/json",
+            "E2b-Sandbox-Id": sandbox.sandboxId,
+            "E2b-Sandbox-Port": "49999",
+            ...(token === undefined ? {} : { "X-Access-Token": token }),
+          },
+          body: JSON.stringify({ code: "1" }),
+        });
+      const token = (sandbox as unknown as { envdAccessToken?: string }).envdAccessToken;
+      expect(token).toBeTruthy();
+      expect((await execute()).status).toBe(401);
+      expect((await execute(`${token}x`)).status).toBe(401);
+      const allowed = await execute(token);
+      expect(allowed.status).toBe(200);
+      expect(await allowed.text()).toContain('"end_of_execution"');
+    } finally {
+      await sandbox.kill();
+    }
+  }, 120_000);
+
+  it("a kill during an execution ends runCode with the SDK's 'sandbox was killed' TimeoutError", async () => {
+    const sandbox = await Sandbox.create("code-interpreter-v1");
+    let killed: Promise<unknown> | undefined;
+    const running = sandbox.runCode("import time\nprint('started', flush=True)\ntime.sleep(300)", {
+      onStdout: () => {
+        killed ??= Sandbox.kill(sandbox.sandboxId);
+      },
+    });
+    const error = await running.then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    await killed;
+    expect(error).toBeInstanceOf(TimeoutError);
+    expect((error as Error).message).toMatch(/sandbox was killed/);
+  }, 120_000);
+
+  it("a paused code sandbox is checkpointed with CRIU (gateway, kernels and their ZeroMQ sockets) and resumes with its kernels' state", async () => {
+    const sandbox = await Sandbox.create("code-interpreter-v1");
+    try {
+      const js = await sandbox.createCodeContext({ language: "js" });
+      expect((await sandbox.runCode("kept = 'before pause'")).error).toBeUndefined();
+      expect((await sandbox.runCode("globalThis.keptJs = 7", { context: js })).error).toBeUndefined();
+      expect(await sandbox.pause()).toBe(true);
+      await eventually(async () => (instanceOf(sandbox.sandboxId).checkpoint ? true : undefined));
+      await sandbox.connect();
+      expect(instanceOf(sandbox.sandboxId).checkpoint).toBeUndefined();
+      expect((await sandbox.runCode("kept")).text).toBe("before pause");
+      expect((await sandbox.runCode("keptJs * 6", { context: js })).text).toBe("42");
+    } finally {
+      await sandbox.kill();
+    }
+  }, 120_000);
+});
