@@ -4,13 +4,17 @@ import type { Logger } from "./log.js";
 /**
  * Ready-to-claim sandboxes of one template: started, envd answering, not yet initialised (no token, no env, no
  * route). A claim takes one in O(1); the pool refills in the background, one start at a time so a refill
- * never competes with creates for more than one core.
+ * never competes with creates for more than one core, and only once claims have paused for REFILL_QUIET_MS:
+ * during a burst of creates the CPU goes to the creates (measured: with refills running, 100 concurrent
+ * pooled creates on 2 cores had a p99 of 8.7 s).
  */
+const REFILL_QUIET_MS = 200;
 export class WarmPool {
   private readonly ready: Instance[] = [];
   private refilling: Promise<void> | undefined;
   private closed = false;
   private failures = 0;
+  private lastTakeAt = 0;
 
   constructor(
     readonly templateId: string,
@@ -25,6 +29,7 @@ export class WarmPool {
   }
 
   take(): Instance | undefined {
+    this.lastTakeAt = Date.now();
     const instance = this.ready.shift();
     this.refill();
     return instance;
@@ -34,6 +39,11 @@ export class WarmPool {
     if (this.refilling || this.closed) return;
     this.refilling = (async () => {
       while (!this.closed && this.ready.length < this.size) {
+        const sinceTake = Date.now() - this.lastTakeAt;
+        if (sinceTake < REFILL_QUIET_MS) {
+          await new Promise((resolve) => setTimeout(resolve, REFILL_QUIET_MS - sinceTake));
+          continue;
+        }
         try {
           const instance = await this.start();
           if (this.closed) {
