@@ -1,6 +1,6 @@
 import type { NodeHeartbeat } from "@warren/proto/redis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { rankNodes } from "../src/master/placement.js";
+import { RecentPlacements, rankNodes } from "../src/master/placement.js";
 import { TestEnv } from "./api-harness.js";
 
 const GiB = 1024 ** 3;
@@ -23,6 +23,27 @@ function node(nodeId: string, fields: Partial<NodeHeartbeat> = {}): NodeHeartbea
 describe("placement ranking", () => {
   const opts = { memoryOvercommit: 1 };
   const req = { templateId: "base", memoryMB: 512 };
+
+  it("spreads a burst over warm pools: placements since a node's heartbeat count against its pool", () => {
+    const beat = Date.now() - 1_000;
+    const nodes = [
+      node("a", { templates: ["base"], pools: { base: 2 }, updatedAt: beat }),
+      node("b", { templates: ["base"], pools: { base: 2 }, updatedAt: beat }),
+    ];
+    const recent = new RecentPlacements();
+    const chosen: string[] = [];
+    for (let i = 0; i < 4; i++) {
+      const first = rankNodes(nodes, new Map(), req, opts, recent)[0] as NodeHeartbeat;
+      recent.record(first.nodeId, "base");
+      chosen.push(first.nodeId);
+    }
+    expect(chosen.sort()).toEqual(["a", "a", "b", "b"]);
+    // A placement from before a node's heartbeat is already in that heartbeat's pool count.
+    const old = new RecentPlacements();
+    old.record("a", "base", beat - 10);
+    old.record("b", "base", beat + 10);
+    expect(rankNodes(nodes, new Map(), req, opts, old)[0]?.nodeId).toBe("a");
+  });
 
   it("prefers a warm pool over a cached template over neither", () => {
     const ranked = rankNodes(

@@ -11,7 +11,7 @@ import { MasterError, notFound } from "./errors.js";
 import type { Logger } from "./log.js";
 import { type NodeAgentConnector, NodeAgentError, type SandboxPlacement } from "./node-agent-client.js";
 import type { NodeRegistry } from "./node-registry.js";
-import { rankNodes } from "./placement.js";
+import { RecentPlacements, rankNodes } from "./placement.js";
 import { deleteRoute } from "./routes.js";
 import { sha256Hex, type TokenIssuer } from "./tokens.js";
 
@@ -86,6 +86,8 @@ function nodeFailure(what: string, error: unknown): MasterError {
  * intermediate state (starting, pausing, resuming) so a second transition sees the first and is refused.
  */
 export class SandboxLifecycle {
+  private readonly recentPlacements = new RecentPlacements();
+
   constructor(private readonly deps: LifecycleDeps) {}
 
   view(row: SandboxRow): SandboxView {
@@ -121,7 +123,9 @@ export class SandboxLifecycle {
       reserved,
       { templateId: template.id, memoryMB: template.memoryMB },
       this.placementOptions(),
+      this.recentPlacements,
     )[0];
+    if (firstChoice) this.recentPlacements.record(firstChoice.nodeId, template.id);
     const admitted = await withTransaction(db, (tx) =>
       admitSandbox(tx, this.deps.tokens, team, input, {
         templateId: template.id,
@@ -160,6 +164,7 @@ export class SandboxLifecycle {
       reserved,
       { templateId: row.templateId, memoryMB: row.memoryMB },
       this.placementOptions(),
+      this.recentPlacements,
     );
   }
 
@@ -177,6 +182,7 @@ export class SandboxLifecycle {
       // The admitted row already names the first choice; a retry moves the reservation to the next node.
       const node = attempt === 0 && firstChoice ? firstChoice : (await this.rank(row, tried))[0];
       if (!node) break;
+      if (node !== firstChoice) this.recentPlacements.record(node.nodeId, row.templateId);
       tried.add(node.nodeId);
       if (node.nodeId !== row.nodeId || attempt > 0) {
         await db.query("UPDATE sandboxes SET node_id = $2 WHERE id = $1 AND state = 'starting'", [row.id, node.nodeId]);
