@@ -16,6 +16,7 @@ import {
   type ResumeOnNodeRequest,
   type SandboxOnNode,
   type SandboxPlacement,
+  type SandboxStats,
 } from "../src/master/node-agent-client.js";
 import { Master } from "../src/master/server.js";
 import { createDb, type Db } from "../src/store/db.js";
@@ -50,6 +51,18 @@ export class FakeNodeAgent implements NodeAgentClient {
 
   async list(): Promise<SandboxOnNode[]> {
     return [...this.sandboxes].map(([sandboxId, s]) => ({ sandboxId, exec: s.exec, state: s.state }));
+  }
+
+  /** Fixed figures, so tests can check how the api maps them. */
+  async stats(sandboxId: string): Promise<SandboxStats> {
+    if (!this.sandboxes.has(sandboxId)) throw new NodeAgentError("not_found", `no sandbox ${sandboxId}`);
+    return {
+      memoryUsageBytes: 10 * 2 ** 20,
+      memoryLimitBytes: 512 * 2 ** 20,
+      cpuUsageUsec: 0,
+      diskUsageBytes: 2 ** 20,
+      diskLimitBytes: 2 ** 30,
+    };
   }
 
   async pause(sandboxId: string): Promise<void> {

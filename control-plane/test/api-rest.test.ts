@@ -206,9 +206,30 @@ describe("api REST surface", () => {
     const v1 = await env.request("GET", `/sandboxes/${sandboxID}/logs`, { apiKey: keyA });
     expect((v1.body as { logs: unknown[]; logEntries: unknown[] }).logEntries).toHaveLength(2);
     const metrics = await env.request("GET", `/sandboxes/${sandboxID}/metrics`, { apiKey: keyA });
-    expect([metrics.status, metrics.body]).toEqual([200, []]);
-    const many = await env.request("GET", `/sandboxes/metrics?sandbox_ids=${sandboxID}`, { apiKey: keyA });
-    expect([many.status, many.body]).toEqual([200, { sandboxes: {} }]);
+    expect(metrics.status).toBe(200);
+    const sample = {
+      cpuCount: 1,
+      cpuUsedPct: 0,
+      memUsed: 10 * 2 ** 20,
+      memTotal: 512 * 2 ** 20,
+      memCache: 0,
+      diskUsed: 2 ** 20,
+      diskTotal: 2 ** 30,
+    };
+    expect(metrics.body).toEqual([expect.objectContaining(sample)]);
+    const [first] = metrics.body as { timestamp: string; timestampUnix: number }[];
+    expect(Math.abs((first?.timestampUnix ?? 0) * 1000 - Date.now())).toBeLessThan(60_000);
+    expect(new Date(first?.timestamp ?? "").getTime()).toBeGreaterThan(0);
+    // A range that ends before the sandbox existed holds no sample.
+    const before = await env.request("GET", `/sandboxes/${sandboxID}/metrics?start=1&end=2`, { apiKey: keyA });
+    expect([before.status, before.body]).toEqual([200, []]);
+    const bad = await env.request("GET", `/sandboxes/${sandboxID}/metrics?start=soon`, { apiKey: keyA });
+    expect(bad.status).toBe(400);
+    const many = await env.request("GET", `/sandboxes/metrics?sandbox_ids=${sandboxID},nosuchsandbox`, {
+      apiKey: keyA,
+    });
+    expect(many.status).toBe(200);
+    expect(many.body).toEqual({ sandboxes: { [sandboxID]: expect.objectContaining(sample) } });
     await env.request("DELETE", `/sandboxes/${sandboxID}`, { apiKey: keyA });
   });
 

@@ -92,6 +92,25 @@ describe("the official e2b SDK against a whole Warren cluster", () => {
     expect(await Sandbox.kill(sandbox.sandboxId)).toBe(false);
   });
 
+  it("getMetrics reports the sandbox's CPU, memory and disk from its node; a range before it existed is empty", async () => {
+    const sandbox = await Sandbox.create();
+    try {
+      await sandbox.commands.run("head -c 20000000 /dev/zero > /home/user/fill.bin && sha256sum /home/user/fill.bin");
+      const [metric] = await sandbox.getMetrics();
+      expect(metric).toBeDefined();
+      expect(metric?.cpuCount).toBeGreaterThan(0);
+      expect(metric?.memUsed).toBeGreaterThan(0);
+      expect(metric?.memTotal).toBeGreaterThanOrEqual(metric?.memUsed ?? 0);
+      expect(metric?.diskUsed).toBeGreaterThanOrEqual(20_000_000);
+      expect(metric?.diskTotal).toBeGreaterThan(metric?.diskUsed ?? 0);
+      expect(metric?.timestamp).toBeInstanceOf(Date);
+      const old = await sandbox.getMetrics({ start: new Date(2020, 0, 1), end: new Date(2020, 0, 2) });
+      expect(old).toEqual([]);
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
   it("lists sandboxes with metadata filters and pagination", async () => {
     const tag = `list-${Date.now()}`;
     const a = await Sandbox.create({ metadata: { tag, n: "1" } });

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import type { Client } from "@connectrpc/connect";
-import type { MasterService } from "@warren/proto/master/v1/master_pb";
+import type { MasterService, SandboxMetric } from "@warren/proto/master/v1/master_pb";
 import { type Request, type Response, Router } from "express";
 import type { Db } from "../store/db.js";
 import { readEvents } from "../store/events.js";
@@ -111,12 +111,23 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
   router.get("/v2/sandboxes", list(2));
   router.get("/sandboxes", list(1));
 
+  /** One sample per running sandbox, read from its node now (see master/metrics-sampler.ts). */
+  const metricsOf = async (teamId: string, id: string) => {
+    const response = await master(() => deps.master.getSandboxMetrics({ teamId, sandboxId: id }));
+    return response.metrics.map(metricView);
+  };
+
   router.get("/sandboxes/metrics", async (req, res) => {
     const raw = typeof req.query.sandbox_ids === "string" ? req.query.sandbox_ids : "";
     const ids = raw.split(",").filter(Boolean);
     if (ids.length > 100) throw badRequest("at most 100 sandbox_ids");
-    // No per-sandbox metrics source yet: known sandboxes are answered with no entry.
-    res.status(200).json({ sandboxes: {} });
+    const sandboxes: Record<string, ReturnType<typeof metricView>> = {};
+    for (const id of ids) {
+      if (!(await getVisibleSandbox(deps.db, team(res).id, id))) continue;
+      const latest = (await metricsOf(team(res).id, id)).at(-1);
+      if (latest) sandboxes[id] = latest;
+    }
+    res.status(200).json({ sandboxes });
   });
 
   router.get("/sandboxes/:sandboxID", async (req, res) => {
@@ -209,7 +220,16 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
     const id = sandboxId(req);
     const row = await getVisibleSandbox(deps.db, team(res).id, id);
     if (!row) throw sandboxNotFound(id);
-    res.status(200).json([]);
+    const start = unixSeconds(req.query.start, "start");
+    const end = unixSeconds(req.query.end, "end");
+    const samples = await metricsOf(team(res).id, id);
+    res
+      .status(200)
+      .json(
+        samples.filter(
+          (m) => (start === undefined || m.timestampUnix >= start) && (end === undefined || m.timestampUnix <= end),
+        ),
+      );
   });
 
   const lifecycleLogs = async (req: Request, res: Response) => {
@@ -237,4 +257,29 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
   });
 
   return router;
+}
+
+/** E2B's SandboxMetric JSON. */
+function metricView(m: SandboxMetric) {
+  const ms = Number(m.timestampMs);
+  return {
+    timestamp: new Date(ms).toISOString(),
+    timestampUnix: Math.floor(ms / 1000),
+    cpuCount: m.cpuCount,
+    cpuUsedPct: m.cpuUsedPct,
+    memUsed: Number(m.memUsed),
+    memTotal: Number(m.memTotal),
+    memCache: 0,
+    diskUsed: Number(m.diskUsed),
+    diskTotal: Number(m.diskTotal),
+  };
+}
+
+function unixSeconds(value: unknown, name: string): number | undefined {
+  if (value === undefined || value === "") return undefined;
+  const n = Number(value);
+  if (typeof value !== "string" || !Number.isInteger(n) || n < 0) {
+    throw badRequest(`${name} must be a unix timestamp in seconds, got '${String(value)}'`);
+  }
+  return n;
 }

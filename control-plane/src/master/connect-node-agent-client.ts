@@ -105,6 +105,18 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
       }));
     });
 
+  stats: NodeAgentClient["stats"] = (sandboxId) =>
+    call(async () => {
+      const response = await this.client.stats({ sandboxId }, { timeoutMs: TIMEOUT_MS.list });
+      return {
+        memoryUsageBytes: Number(response.memoryUsageBytes),
+        memoryLimitBytes: Number(response.memoryLimitBytes),
+        cpuUsageUsec: Number(response.cpuUsageUsec),
+        diskUsageBytes: Number(response.diskUsageBytes),
+        diskLimitBytes: Number(response.diskLimitBytes),
+      };
+    });
+
   pause: NodeAgentClient["pause"] = (sandboxId, memory) =>
     call(async () => {
       await this.client.pause({ sandboxId, memory }, { timeoutMs: TIMEOUT_MS.pause });

@@ -44,6 +44,16 @@ export interface SandboxOnNode {
   readonly state: "running" | "paused";
 }
 
+/** A sandbox's resource use on its node, now. */
+export interface SandboxStats {
+  readonly memoryUsageBytes: number;
+  readonly memoryLimitBytes: number;
+  /** CPU time used since the sandbox started, microseconds. */
+  readonly cpuUsageUsec: number;
+  readonly diskUsageBytes: number;
+  readonly diskLimitBytes: number;
+}
+
 export interface ResumeOnNodeRequest {
   readonly sandboxId: string;
   readonly teamId: string;
@@ -76,6 +86,7 @@ export interface NodeAgentClient {
   /** Kills the sandbox and deletes its route; not_found when the node does not have it. */
   kill(sandboxId: string): Promise<void>;
   list(): Promise<SandboxOnNode[]>;
+  stats(sandboxId: string): Promise<SandboxStats>;
   pause(sandboxId: string, memory: boolean): Promise<void>;
   resume(request: ResumeOnNodeRequest): Promise<SandboxPlacement>;
 }

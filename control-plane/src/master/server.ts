@@ -10,6 +10,7 @@ import { LeaderElection } from "./leader.js";
 import { SandboxLifecycle } from "./lifecycle.js";
 import { createLogger, type Logger } from "./log.js";
 import { MasterMetrics } from "./metrics.js";
+import { SandboxMetricsSampler } from "./metrics-sampler.js";
 import type { NodeAgentConnector } from "./node-agent-client.js";
 import { NodeRegistry } from "./node-registry.js";
 import { reconcile } from "./reconciler.js";
@@ -26,6 +27,7 @@ export interface MasterOptions {
 export class Master {
   readonly lifecycle: SandboxLifecycle;
   readonly registry: NodeRegistry;
+  readonly metrics: SandboxMetricsSampler;
   private readonly loops: NodeJS.Timeout[] = [];
   private readonly leader: LeaderElection;
   private server: http.Server | undefined;
@@ -41,6 +43,7 @@ export class Master {
     private readonly log: Logger,
   ) {
     this.registry = new NodeRegistry(redis);
+    this.metrics = new SandboxMetricsSampler({ db, registry: this.registry, nodeAgent });
     this.lifecycle = new SandboxLifecycle({
       db,
       redis,
@@ -81,7 +84,7 @@ export class Master {
     const master = new Master(config, db, redis, options.nodeAgent, log);
     const metrics = new MasterMetrics(db, () => master.isLeader);
     const handler = connectNodeAdapter({
-      routes: masterRoutes(master.lifecycle),
+      routes: masterRoutes(master.lifecycle, master.metrics),
       interceptors: [metrics.interceptor(log)],
     });
     const server = http.createServer((req, res) => {

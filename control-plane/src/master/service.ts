@@ -2,6 +2,7 @@ import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
 import { MasterService } from "@warren/proto/master/v1/master_pb";
 import { MasterError, toConnectError } from "./errors.js";
 import type { SandboxLifecycle } from "./lifecycle.js";
+import type { SandboxMetricsSampler } from "./metrics-sampler.js";
 
 function parseJsonObject(value: string, field: string): Record<string, unknown> | null {
   if (!value) return null;
@@ -23,7 +24,10 @@ async function guarded<T>(fn: () => Promise<T>): Promise<T> {
 }
 
 /** `warren.master.v1.MasterService`: a thin shell; the state machine is SandboxLifecycle. */
-export function masterServiceImpl(lifecycle: SandboxLifecycle): ServiceImpl<typeof MasterService> {
+export function masterServiceImpl(
+  lifecycle: SandboxLifecycle,
+  metrics: SandboxMetricsSampler,
+): ServiceImpl<typeof MasterService> {
   return {
     createSandbox: (req) =>
       guarded(async () => {
@@ -59,6 +63,18 @@ export function masterServiceImpl(lifecycle: SandboxLifecycle): ServiceImpl<type
         const { endAt } = await lifecycle.setTimeout(req.sandboxId, req.teamId, req.timeoutSeconds, req.extendOnly);
         return { endAt: endAt.toISOString() };
       }),
+    getSandboxMetrics: (req) =>
+      guarded(async () => ({
+        metrics: (await metrics.sample(req.sandboxId, req.teamId)).map((m) => ({
+          timestampMs: BigInt(m.timestampMs),
+          cpuCount: m.cpuCount,
+          cpuUsedPct: m.cpuUsedPct,
+          memUsed: BigInt(m.memUsed),
+          memTotal: BigInt(m.memTotal),
+          diskUsed: BigInt(m.diskUsed),
+          diskTotal: BigInt(m.diskTotal),
+        })),
+      })),
     pauseSandbox: (req) =>
       guarded(async () => {
         await lifecycle.pause(req.sandboxId, req.teamId, req.memory ?? true);
@@ -76,8 +92,11 @@ export function masterServiceImpl(lifecycle: SandboxLifecycle): ServiceImpl<type
   };
 }
 
-export function masterRoutes(lifecycle: SandboxLifecycle): (router: ConnectRouter) => void {
+export function masterRoutes(
+  lifecycle: SandboxLifecycle,
+  metrics: SandboxMetricsSampler,
+): (router: ConnectRouter) => void {
   return (router) => {
-    router.service(MasterService, masterServiceImpl(lifecycle));
+    router.service(MasterService, masterServiceImpl(lifecycle, metrics));
   };
 }
