@@ -8,5 +8,7 @@ export default defineConfig({
     hookTimeout: 30_000,
     // Each test file starts its own envd; two at a time keep this 2-core machine responsive.
     maxWorkers: 2,
+    // Node agents started by tests (and the clusters they launch) leave the host's uplink forwarding alone.
+    env: { WARREN_UPLINK_FORWARDING: "0" },
   },
 });

@@ -22,7 +22,13 @@ packages=(sudo inotify-tools attr util-linux procps
   # The node agent's namespace driver: crun starts sandboxes (user namespace with a uid range, seccomp, no forced
   # no-new-privileges), tini is their PID 1, debootstrap builds templates, iproute2/iptables make the per-sandbox
   # network namespaces and firewall rules.
-  crun tini debootstrap iproute2 iptables)
+  crun tini debootstrap iproute2 iptables
+  # openssl: test certificates (the proxy's TLS tests, the E2B_DOMAIN e2e test's CA, the egress tests' HTTPS server).
+  openssl
+  # The node agent's microvm driver (control-plane/src/runtime/microvm): QEMU's microvm machine and qemu-img for
+  # per-sandbox copy-on-write disks, a static busybox and cpio for the guest initramfs, lz4 to unpack the Debian
+  # kernel into the ELF vmlinux that PVH boots, e2fsprogs (mkfs.ext4 -d) for guest root images.
+  qemu-system-x86 qemu-utils busybox-static cpio lz4 e2fsprogs)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -88,3 +94,16 @@ EOF2
 chmod 0755 "$CRIU_DIR/criu.tmp"
 mv "$CRIU_DIR/criu.tmp" "$CRIU_DIR/criu"
 "$CRIU_DIR/criu" check >/dev/null 2>&1 || echo "warning: 'criu check' failed; paused sandboxes will stay frozen in memory" >&2
+
+# Guest kernel for the microvm driver: Debian's cloud kernel package, unpacked (not installed) under
+# /var/lib/warren/microvm/linux; the driver turns vmlinuz into the ELF vmlinux for PVH and takes the virtio modules
+# for its initramfs from here (RUNTIME-NOTES.md §3.1). WARREN_MICROVM_KERNEL overrides the path.
+MICROVM_LINUX=/var/lib/warren/microvm/linux
+if ! ls "$MICROVM_LINUX"/boot/vmlinuz-* >/dev/null 2>&1; then
+  kernel_pkg=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download "$kernel_pkg" >/dev/null 2>&1)
+  rm -rf "$MICROVM_LINUX.tmp" && mkdir -p "$MICROVM_LINUX.tmp"
+  dpkg -x "$tmp"/linux-image-*.deb "$MICROVM_LINUX.tmp"
+  rm -rf "$tmp" "$MICROVM_LINUX" && mv "$MICROVM_LINUX.tmp" "$MICROVM_LINUX"
+fi

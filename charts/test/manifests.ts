@@ -104,9 +104,16 @@ const STAND_IN: SecretValues = (_name, key) => {
   return "stand-in-secret-value-0123456789";
 };
 
+/** What the downward API would give for a field ref (addresses: a sample node IP). */
+const FIELD_SAMPLES: Record<string, string> = {
+  "metadata.namespace": NAMESPACE,
+  "metadata.name": `${RELEASE}-warren-master-7d9f8c6b5-x2x7q`,
+  "spec.nodeName": "sandbox-node-1",
+};
+
 /**
  * The environment a container starts with: envFrom ConfigMaps, then env (secret refs replaced by stand-ins,
- * field refs by a sample node IP, `$(VAR)` expanded as the kubelet does).
+ * field refs by sample values, `$(VAR)` expanded as the kubelet does).
  */
 export function containerEnv(
   manifests: readonly Manifest[],
@@ -126,7 +133,7 @@ export function containerEnv(
     } else if (entry.valueFrom?.secretKeyRef) {
       env[entry.name] = secret(entry.valueFrom.secretKeyRef.name, entry.valueFrom.secretKeyRef.key);
     } else if (entry.valueFrom?.fieldRef) {
-      env[entry.name] = "192.0.2.10";
+      env[entry.name] = FIELD_SAMPLES[entry.valueFrom.fieldRef.fieldPath as string] ?? "192.0.2.10";
     } else {
       throw new Error(`env ${entry.name} has no value the test understands`);
     }

@@ -38,6 +38,13 @@ const BAD_VALUES: readonly [string, readonly string[], string][] = [
   ["a heartbeat faster than the agent allows", ["nodeAgent.heartbeatMs=50"], "heartbeatMs"],
   ["a pool size above the agent's limit", ["nodeAgent.poolSize=101"], "poolSize"],
   ["an unknown log level", ["nodeAgent.logLevel=verbose"], "logLevel"],
+  ["a leader Lease of zero seconds", ["master.kubernetesApi.leaseSeconds=0"], "leaseSeconds"],
+  [
+    "a leader Lease shorter than 3 leader intervals (the master refuses it)",
+    ["master.kubernetesApi.leaseSeconds=5", "master.leaderIntervalMs=2000"],
+    "leaseSeconds",
+  ],
+  ["a drain taint key with a space", ["master.kubernetesApi.drainTaints={bad key}"], "drainTaints"],
   ["a relative state directory", ["nodeAgent.stateDir=var/lib/warren"], "stateDir"],
   ["a boolean given as a string", ["nodeAgent.killOnStop=yes"], "killOnStop"],
   ["an unknown image pull policy", ["image.pullPolicy=Sometimes"], "pullPolicy"],

@@ -14,11 +14,13 @@ import {
   type NodeAgentClient,
   NodeAgentError,
   type ResumeOnNodeRequest,
+  type SandboxLogLine,
   type SandboxOnNode,
   type SandboxPlacement,
   type SandboxStats,
 } from "../src/master/node-agent-client.js";
 import { Master } from "../src/master/server.js";
+import type { EgressPolicy } from "../src/runtime/egress/policy.js";
 import { createDb, type Db } from "../src/store/db.js";
 import { migrate } from "../src/store/migrations.js";
 import { createApiKey, createTeam, type TeamLimits } from "../src/store/teams.js";
@@ -77,6 +79,24 @@ export class FakeNodeAgent implements NodeAgentClient {
     sandbox.state = "running";
     sandbox.exec = `${this.nodeId}-exec-${++this.execCounter}`;
     return { exec: sandbox.exec, sandboxAddr: "10.0.0.2", envdUrl: "http://10.0.0.2:49983" };
+  }
+
+  /** Log lines the node reports per sandbox (tests set them). */
+  readonly logLines = new Map<string, SandboxLogLine[]>();
+
+  async logs(sandboxId: string, limit: number): Promise<SandboxLogLine[]> {
+    if (!this.sandboxes.has(sandboxId)) throw new NodeAgentError("not_found", `no sandbox ${sandboxId}`);
+    return (this.logLines.get(sandboxId) ?? []).slice(-limit);
+  }
+
+  /** Egress policies the node was told to apply, by sandbox (create's, then each update's). */
+  readonly egress = new Map<string, EgressPolicy[]>();
+  failEgressUpdates = false;
+
+  async updateEgress(sandboxId: string, egress: EgressPolicy): Promise<void> {
+    if (!this.sandboxes.has(sandboxId)) throw new NodeAgentError("not_found", `no sandbox ${sandboxId}`);
+    if (this.failEgressUpdates) throw new NodeAgentError("failed", "firewall update failed");
+    this.egress.set(sandboxId, [...(this.egress.get(sandboxId) ?? []), egress]);
   }
 }
 

@@ -205,6 +205,38 @@ describe("api REST surface", () => {
     ]);
     const v1 = await env.request("GET", `/sandboxes/${sandboxID}/logs`, { apiKey: keyA });
     expect((v1.body as { logs: unknown[]; logEntries: unknown[] }).logEntries).toHaveLength(2);
+    // The node's lines (envd) join the lifecycle events, in time order, and the query filters both.
+    const startedAt = Date.parse((logs as unknown as { timestamp: string }[])[1]?.timestamp ?? "");
+    env.nodes.get("node-a")?.logLines.set(sandboxID, [
+      { timestampMs: startedAt + 5, level: "info", message: "process started", fields: { pid: "7" } },
+      { timestampMs: startedAt + 10, level: "error", message: "process failed", fields: {} },
+    ]);
+    const merged = (await env.request("GET", `/v2/sandboxes/${sandboxID}/logs`, { apiKey: keyA })).body as {
+      logs: { message: string; level: string; fields: Record<string, string> }[];
+    };
+    expect(merged.logs.map((l) => [l.fields.source, l.message])).toEqual([
+      ["lifecycle", "sandbox.created: - -> starting"],
+      ["lifecycle", "sandbox.started: starting -> running"],
+      ["envd", "process started"],
+      ["envd", "process failed"],
+    ]);
+    const query = async (q: string) =>
+      (
+        (await env.request("GET", `/v2/sandboxes/${sandboxID}/logs${q}`, { apiKey: keyA })).body as {
+          logs: { message: string }[];
+        }
+      ).logs.map((l) => l.message);
+    expect(await query("?level=error")).toEqual(["process failed"]);
+    expect(await query("?search=STARTED")).toEqual(["sandbox.started: starting -> running", "process started"]);
+    expect(await query("?direction=backward&limit=2")).toEqual(["process failed", "process started"]);
+    expect(await query(`?cursor=${startedAt + 6}`)).toEqual(["process failed"]);
+    expect(await query(`?cursor=${startedAt + 6}&direction=backward&limit=1`)).toEqual(["process started"]);
+    for (const q of ["?limit=0", "?cursor=soon", "?direction=up", "?level=loud"]) {
+      expect((await env.request("GET", `/v2/sandboxes/${sandboxID}/logs${q}`, { apiKey: keyA })).status, q).toBe(400);
+    }
+    const v1start = (await env.request("GET", `/sandboxes/${sandboxID}/logs?start=${startedAt + 6}`, { apiKey: keyA }))
+      .body as { logs: { line: string }[] };
+    expect(v1start.logs.map((l) => l.line)).toEqual(["process failed"]);
     const metrics = await env.request("GET", `/sandboxes/${sandboxID}/metrics`, { apiKey: keyA });
     expect(metrics.status).toBe(200);
     const sample = {
@@ -235,7 +267,6 @@ describe("api REST surface", () => {
 
   it("answers E2B paths Warren does not serve yet with 501, not a 404 the SDK would read as 'not found'", async () => {
     for (const [method, path] of [
-      ["PUT", "/sandboxes/abc/network"],
       ["POST", "/sandboxes/abc/fork"],
       ["POST", "/sandboxes/abc/snapshots"],
       ["DELETE", "/templates/snap1"],
@@ -246,6 +277,81 @@ describe("api REST surface", () => {
       const res = await env.request(method, path, { apiKey: keyA, ...(method === "GET" ? {} : { body: {} }) });
       expect(res.status, `${method} ${path}`).toBe(501);
       expect(res.body).toMatchObject({ code: 501 });
+    }
+  });
+
+  it("PUT /sandboxes/{id}/network replaces the egress policy on the node, then in the store", async () => {
+    const created = await create(keyA, { templateID: "base", allow_internet_access: false });
+    const { sandboxID } = created.body as { sandboxID: string };
+    const node = env.nodes.get("node-a");
+    const onCreate = node?.created.find((r) => r.sandboxId === sandboxID);
+    expect(onCreate?.egress).toEqual({ allowOut: [], denyOut: ["0.0.0.0/0"] });
+    const path = `/sandboxes/${sandboxID}/network`;
+    const update = { allowOut: ["1.1.1.1", "*.example.com"], denyOut: ["0.0.0.0/0"] };
+    const put = await env.request("PUT", path, { apiKey: keyA, body: update });
+    expect(put.status).toBe(204);
+    expect(node?.egress.get(sandboxID)?.at(-1)).toEqual(update);
+    const detail = await env.request("GET", `/sandboxes/${sandboxID}`, { apiKey: keyA });
+    expect(detail.body).toMatchObject({ network: update, egress: update });
+    // Bad input: 400 naming the problem, nothing changed on the node.
+    for (const [body, message] of [
+      [{ allowOut: ["example.com"] }, "you must include 'ALL_TRAFFIC' in deny out"],
+      [{ denyOut: ["example.com"] }, "network.denyOut entry 'example.com' is not an IP address or CIDR"],
+      [{ allowOut: "1.1.1.1" }, "allowOut must be an array of strings"],
+      [{ rules: { "example.com": [{}] } }, "network.rules (HTTP header transforms on egress) is not supported"],
+      [{ egressProxy: { address: "p:1080" } }, "egressProxy (SOCKS5 egress) is not supported"],
+      [{ allow_internet_access: "yes" }, "allow_internet_access must be a boolean"],
+    ] as const) {
+      const res = await env.request("PUT", path, { apiKey: keyA, body });
+      expect(res.status, JSON.stringify(body)).toBe(400);
+      expect((res.body as { message: string }).message).toContain(message);
+    }
+    expect(node?.egress.get(sandboxID)).toHaveLength(1);
+    // Another team's sandbox is not found, as is an unknown one.
+    expect((await env.request("PUT", path, { apiKey: keyB, body: {} })).status).toBe(404);
+    expect((await env.request("PUT", "/sandboxes/nosuchsandbox/network", { apiKey: keyA, body: {} })).status).toBe(404);
+    // The node fails to apply it: an error, and the stored policy stays what the node enforces.
+    if (node) node.failEgressUpdates = true;
+    const failed = await env.request("PUT", path, { apiKey: keyA, body: {} });
+    if (node) node.failEgressUpdates = false;
+    expect(failed.status).toBeGreaterThanOrEqual(500);
+    expect((await env.request("GET", `/sandboxes/${sandboxID}`, { apiKey: keyA })).body).toMatchObject({
+      egress: update,
+    });
+    // allow_internet_access alone: false closes everything, true (with nothing else) opens it.
+    expect((await env.request("PUT", path, { apiKey: keyA, body: { allow_internet_access: true } })).status).toBe(204);
+    expect(node?.egress.get(sandboxID)?.at(-1)).toEqual({ allowOut: [], denyOut: [] });
+    await env.request("DELETE", `/sandboxes/${sandboxID}`, { apiKey: keyA });
+    expect((await env.request("PUT", path, { apiKey: keyA, body: {} })).status).toBe(404);
+  });
+
+  it("a team's egress mode: closed by default, or forbidden (403 when a request asks for egress)", async () => {
+    const { apiKey: closedKey } = await env.team("closed", { egressMode: "closed" });
+    const closed = await create(closedKey, { templateID: "base" });
+    const closedId = (closed.body as { sandboxID: string }).sandboxID;
+    const node = env.nodes.get("node-a");
+    expect(node?.created.find((r) => r.sandboxId === closedId)?.egress).toEqual({
+      allowOut: [],
+      denyOut: ["0.0.0.0/0"],
+    });
+    const opened = await create(closedKey, { templateID: "base", allow_internet_access: true });
+    const openedId = (opened.body as { sandboxID: string }).sandboxID;
+    expect(node?.created.find((r) => r.sandboxId === openedId)?.egress).toEqual({ allowOut: [], denyOut: [] });
+    const { apiKey: forbiddenKey } = await env.team("forbidden", { egressMode: "forbidden" });
+    for (const body of [
+      { templateID: "base", allow_internet_access: true },
+      { templateID: "base", network: { allowOut: ["1.1.1.1"], denyOut: ["0.0.0.0/0"] } },
+    ]) {
+      const res = await create(forbiddenKey, body);
+      expect(res.status).toBe(403);
+      expect(res.body).toMatchObject({ code: 403, message: expect.stringContaining("forbids network egress") });
+    }
+    const ok = await create(forbiddenKey, { templateID: "base", network: { denyOut: ["8.8.8.8"] } });
+    expect(ok.status).toBe(201);
+    const okId = (ok.body as { sandboxID: string }).sandboxID;
+    expect(node?.created.find((r) => r.sandboxId === okId)?.egress).toEqual({ allowOut: [], denyOut: ["0.0.0.0/0"] });
+    for (const id of [closedId, openedId, okId]) {
+      await env.request("DELETE", `/sandboxes/${id}`, { apiKey: id === okId ? forbiddenKey : closedKey });
     }
   });
 

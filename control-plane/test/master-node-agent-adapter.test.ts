@@ -12,6 +12,7 @@ describe("Connect node agent adapter", () => {
   let server: http.Server;
   let client: ConnectNodeAgentClient;
   const seen: Record<string, unknown>[] = [];
+  const egressUpdates: { sandboxId: string; allowOut: string[]; denyOut: string[] }[] = [];
 
   beforeAll(async () => {
     const routes = (router: ConnectRouter) =>
@@ -43,6 +44,15 @@ describe("Connect node agent adapter", () => {
         pause() {
           throw new ConnectError("pause comes later", Code.Unimplemented);
         },
+        updateEgress(req) {
+          if (req.sandboxId === "gone") throw new ConnectError("no such sandbox", Code.NotFound);
+          egressUpdates.push({
+            sandboxId: req.sandboxId,
+            allowOut: [...(req.egress?.allowOut ?? [])],
+            denyOut: [...(req.egress?.denyOut ?? [])],
+          });
+          return {};
+        },
         resume(req) {
           return { placement: { sandboxId: req.sandboxId, exec: "exec-2", sandboxAddr: "10.1.0.2", envdUrl: "u" } };
         },
@@ -66,6 +76,7 @@ describe("Connect node agent adapter", () => {
     metadata: { m: "v" },
     network: null,
     allowInternetAccess: null,
+    egress: { allowOut: ["1.1.1.1", "*.example.com"], denyOut: ["0.0.0.0/0"] },
   });
 
   it("create sends the sandbox's fields and returns the placement", async () => {
@@ -85,6 +96,18 @@ describe("Connect node agent adapter", () => {
       metadata: { m: "v" },
     });
     expect(seen.at(-1)?.resources).toMatchObject({ cpuCount: 2, memoryMb: 512, diskSizeMb: 2048 });
+    expect((seen.at(-1) as { egress?: unknown } | undefined)?.egress).toMatchObject({
+      allowOut: ["1.1.1.1", "*.example.com"],
+      denyOut: ["0.0.0.0/0"],
+    });
+  });
+
+  it("updateEgress sends the policy; an unknown sandbox is not_found", async () => {
+    await client.updateEgress("sbx1", { allowOut: ["10.0.0.0/8"], denyOut: [] });
+    expect(egressUpdates.at(-1)).toEqual({ sandboxId: "sbx1", allowOut: ["10.0.0.0/8"], denyOut: [] });
+    await expect(client.updateEgress("gone", { allowOut: [], denyOut: [] })).rejects.toMatchObject({
+      kind: "not_found",
+    });
   });
 
   it("a full node or a node without the template is a refusal (try another node)", async () => {

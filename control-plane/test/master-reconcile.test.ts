@@ -1,4 +1,4 @@
-import { NODES_SET_KEY, nodeKey, ROUTE_EVENTS_CHANNEL, routeKey, routeToHash } from "@warren/proto/redis";
+import { NODES_SET_KEY, nodeKey, routeEventsChannel, routeKey, routeToHash } from "@warren/proto/redis";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { eventually, REDIS_URL, TestEnv } from "./api-harness.js";
@@ -55,7 +55,7 @@ describe("reconciliation", () => {
     await writeRoute(id, exec, "node-r1");
     const subscriber = new Redis(REDIS_URL);
     const messages: string[] = [];
-    await subscriber.subscribe(ROUTE_EVENTS_CHANNEL);
+    await subscriber.subscribe(routeEventsChannel(env.redisPrefix));
     subscriber.on("message", (_channel, message: string) => messages.push(message));
     node.sandboxes.delete(id);
     await eventually(async () => ((await row(id))?.state === "failed" ? true : undefined), "lost sandbox");

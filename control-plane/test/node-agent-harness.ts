@@ -36,6 +36,8 @@ export function testConfig(setup: TestAgentSetup): NodeAgentConfig {
     WARREN_NET_POOL_SIZE: String(setup.netPoolSize ?? 0),
     WARREN_PREBUILD_TEMPLATES: "",
     WARREN_HEARTBEAT_MS: "500",
+    // Tests never change the host's uplink; their "internet" is a namespace of their own (e2e/src/outside-world.ts).
+    WARREN_UPLINK_FORWARDING: "0",
     WARREN_LOG_LEVEL: process.env.WARREN_TEST_LOG ? "debug" : "warn",
     ...setup.extraEnv,
   });

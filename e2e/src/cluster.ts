@@ -1,8 +1,9 @@
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { request as httpsRequest } from "node:https";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
+import { NODES_SET_KEY, nodeKey, parseRedisPrefix } from "@warren/proto/redis";
 import { Redis } from "ioredis";
 import {
   freePort,
@@ -30,6 +31,10 @@ export interface ClusterOptions {
   /** Fixed ports (default: free ports). */
   readonly apiPort?: number;
   readonly proxyPort?: number;
+  /** The proxy's listen address (default 127.0.0.1; any 127.x.y.z works on Linux without configuration). */
+  readonly proxyHost?: string;
+  /** E2B_DOMAIN routing over TLS instead of plain HTTP (below). */
+  readonly tls?: ClusterTls;
   /** Templates with a warm pool and pool size per node agent. */
   readonly poolSize?: number;
   /** Prefix of node agents' instance tags (netns, veth, cgroup and firewall names): `<prefix>a`, `<prefix>b`, ... */
@@ -44,6 +49,19 @@ export interface ClusterOptions {
   readonly onProgress?: (line: string) => void;
 }
 
+/**
+ * E2B's own layout: the proxy serves `<port>-<id>.<domain>` and `api.<domain>` (forwarded to the api, PROXY_API_URL)
+ * over HTTPS with a certificate for `*.<domain>`, and the master hands the domain (with `:<port>` unless the proxy
+ * listens on 443) to clients, so the e2b SDK needs only E2B_DOMAIN and E2B_API_KEY.
+ */
+export interface ClusterTls {
+  readonly domain: string;
+  readonly certFile: string;
+  readonly keyFile: string;
+  /** PEM of the CA that signed certFile, when the machine does not trust it (a test CA); used by the readiness check. */
+  readonly caFile?: string;
+}
+
 /** What a user (or a test) needs to talk to the cluster. */
 export interface ClusterEnv {
   readonly E2B_API_URL: string;
@@ -53,6 +71,8 @@ export interface ClusterEnv {
   readonly WARREN_PROXY_URL: string;
   readonly WARREN_API_KEY: string;
   readonly WARREN_ADMIN_TOKEN: string;
+  /** With `tls`: the domain clients use (E2B_API_URL and E2B_SANDBOX_URL stay the direct endpoints). */
+  readonly E2B_DOMAIN?: string;
 }
 
 /**
@@ -105,6 +125,9 @@ export class LocalCluster {
       const masterPort = await freePort();
       const apiPort = this.options.apiPort ?? (await freePort());
       const proxyPort = this.options.proxyPort ?? (await freePort());
+      const proxyHost = this.options.proxyHost ?? "127.0.0.1";
+      const tls = this.options.tls;
+      const clientDomain = tls && (proxyPort === 443 ? tls.domain : `${tls.domain}:${proxyPort}`);
       const common = {
         ...process.env,
         DATABASE_URL: this.databaseUrl,
@@ -119,6 +142,7 @@ export class LocalCluster {
         WARREN_TOKEN_SECRET: secrets.tokenSecret,
         WARREN_MASTER_HOST: "127.0.0.1",
         WARREN_MASTER_PORT: String(masterPort),
+        ...(clientDomain ? { E2B_DOMAIN: clientDomain } : {}),
       });
       await this.waitHttp(master, `http://127.0.0.1:${masterPort}/`, 30_000);
 
@@ -188,8 +212,16 @@ export class LocalCluster {
       progress("starting the proxy");
       const proxy = this.spawn("proxy", dist("proxy/dist/main.js"), {
         ...common,
-        PROXY_HOST: "127.0.0.1",
+        PROXY_HOST: proxyHost,
         PROXY_PORT: String(proxyPort),
+        ...(tls
+          ? {
+              PROXY_TLS_CERT_FILE: tls.certFile,
+              PROXY_TLS_KEY_FILE: tls.keyFile,
+              PROXY_DOMAINS: tls.domain,
+              PROXY_API_URL: apiUrl,
+            }
+          : {}),
         PROXY_REDIS_URL: this.redisUrl,
         PROXY_METRICS_PORT: "off",
         // Auto-resume: the proxy asks the api (internal endpoint) to resume a paused sandbox on traffic.
@@ -197,8 +229,9 @@ export class LocalCluster {
         PROXY_RESUME_TOKEN: secrets.internalToken,
         ...this.options.env,
       });
-      const proxyUrl = `http://127.0.0.1:${proxyPort}`;
-      await this.waitHttp(proxy, `${proxyUrl}/`, 30_000);
+      const proxyUrl = `${tls ? "https" : "http"}://${proxyHost}:${proxyPort}`;
+      if (tls) await this.waitTls(proxy, proxyHost, proxyPort, tls);
+      else await this.waitHttp(proxy, `${proxyUrl}/`, 30_000);
 
       progress("creating a team and an API key");
       const res = await fetch(`${apiUrl}/warren/v1/admin/teams`, {
@@ -216,6 +249,7 @@ export class LocalCluster {
         WARREN_PROXY_URL: proxyUrl,
         WARREN_API_KEY: created.apiKey.key,
         WARREN_ADMIN_TOKEN: secrets.adminToken,
+        ...(clientDomain ? { E2B_DOMAIN: clientDomain } : {}),
       };
       return this.env;
     } catch (error) {
@@ -231,7 +265,11 @@ export class LocalCluster {
 
   /** How many node agents' heartbeats list `templateId` among their ready templates. */
   private async nodesWithTemplate(templateId: string): Promise<number> {
-    const redis = new Redis(this.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 1 });
+    const redis = new Redis(this.redisUrl, {
+      lazyConnect: true,
+      maxRetriesPerRequest: 1,
+      keyPrefix: parseRedisPrefix(this.options.env?.WARREN_REDIS_PREFIX),
+    });
     redis.on("error", () => undefined);
     try {
       await redis.connect();
@@ -319,6 +357,37 @@ export class LocalCluster {
         return true;
       },
       timeoutMs,
+    );
+  }
+
+  /** The proxy answers `api.<domain>/health` through TLS with the configured certificate (verified). */
+  private async waitTls(child: ManagedChild, host: string, port: number, tls: ClusterTls): Promise<void> {
+    const ca = tls.caFile ? readFileSync(tls.caFile) : undefined;
+    await waitFor(
+      `${child.name} at https://api.${tls.domain} (${host}:${port})`,
+      async () => {
+        this.assertRunning(child);
+        const status = await new Promise<number>((resolve, reject) => {
+          const req = httpsRequest(
+            {
+              host,
+              port,
+              path: "/health",
+              servername: `api.${tls.domain}`,
+              headers: { Host: `api.${tls.domain}` },
+              ca,
+            },
+            (res) => {
+              res.resume();
+              resolve(res.statusCode ?? 0);
+            },
+          );
+          req.on("error", reject);
+          req.end();
+        });
+        return status === 200 ? true : undefined;
+      },
+      30_000,
     );
   }
 

@@ -3,13 +3,17 @@ import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   DELETE_ROUTE_SCRIPT,
+  parseRedisPrefix,
   parseRouteEvent,
   ROUTE_EVENTS_CHANNEL,
   type RouteEvent,
+  routeEventsChannel,
   routeFromHash,
   routeKey,
+  routeKeyPattern,
   routeToHash,
   type SandboxRoute,
+  sandboxIdOfRouteKey,
   WRITE_ROUTE_SCRIPT,
 } from "./redis.js";
 
@@ -121,5 +125,23 @@ describe("Redis route contract against a real Redis", () => {
     expect(routeFromHash({ exec: "x" })).toBeUndefined();
     expect(routeFromHash({ ...routeToHash(route("a", 1)), state: "weird" })).toBeUndefined();
     expect(parseRouteEvent("not json")).toBeUndefined();
+  });
+});
+
+describe("WARREN_REDIS_PREFIX", () => {
+  it("prefixes the channel and the route-key pattern, and reads ids back from full keys", () => {
+    expect(routeEventsChannel("")).toBe(ROUTE_EVENTS_CHANNEL);
+    expect(routeEventsChannel("dev:")).toBe("dev:warren:route-events");
+    expect(routeKeyPattern("dev:")).toBe("dev:warren:route:*");
+    expect(sandboxIdOfRouteKey("dev:warren:route:iabc", "dev:")).toBe("iabc");
+    expect(sandboxIdOfRouteKey("warren:route:iabc", "dev:")).toBeUndefined();
+    expect(sandboxIdOfRouteKey("dev:warren:route:not-an-id", "dev:")).toBeUndefined();
+  });
+
+  it("accepts empty or a short name of letters, digits and _ . : -, nothing else", () => {
+    expect(parseRedisPrefix(undefined)).toBe("");
+    expect(parseRedisPrefix("team_1.dev:")).toBe("team_1.dev:");
+    for (const bad of ["a b", "x*", "{tag}", "x".repeat(65)])
+      expect(() => parseRedisPrefix(bad)).toThrow(/WARREN_REDIS_PREFIX/);
   });
 });

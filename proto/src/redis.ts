@@ -8,6 +8,7 @@
  *   warren:nodes               set   ids of every node that has sent a heartbeat
  * Channel
  *   warren:route-events        JSON RouteEvent on every route change; proxies drop cached routes on it
+ * All of them under WARREN_REDIS_PREFIX when it is set (below).
  *
  * Incarnations: every start or resume of a sandbox gets a new `exec` id and a larger `generation`.
  * A write carrying an older generation, or a delete naming another exec, never clobbers the current
@@ -17,6 +18,43 @@
 export const ROUTE_EVENTS_CHANNEL = "warren:route-events";
 export const NODES_SET_KEY = "warren:nodes";
 export const NODE_TTL_SECONDS = 15;
+
+/**
+ * WARREN_REDIS_PREFIX (default empty) puts every key and channel above under a prefix, so several Warren
+ * deployments (or test runs) can share one Redis; every process of one deployment (master, node agents,
+ * proxies) must use the same prefix. Keys get it from the client (ioredis `keyPrefix`, which also prefixes
+ * the scripts' KEYS); ioredis never prefixes channel names or SCAN patterns, so those are built here.
+ */
+export const REDIS_PREFIX_ENV = "WARREN_REDIS_PREFIX";
+const REDIS_PREFIX = /^[A-Za-z0-9_.:-]{0,64}$/;
+const ROUTE_KEY_STEM = "warren:route:";
+
+/** The prefix from WARREN_REDIS_PREFIX's value; throws on anything but 0–64 of `A-Z a-z 0-9 _ . : -`. */
+export function parseRedisPrefix(text: string | undefined): string {
+  const prefix = text ?? "";
+  if (!REDIS_PREFIX.test(prefix)) {
+    throw new Error(`${REDIS_PREFIX_ENV} must be 0-64 of A-Z a-z 0-9 _ . : -, got '${prefix}'`);
+  }
+  return prefix;
+}
+
+/** The route-events channel of a deployment with this key prefix. */
+export function routeEventsChannel(prefix: string): string {
+  return `${prefix}${ROUTE_EVENTS_CHANNEL}`;
+}
+
+/** SCAN/KEYS pattern of every route key under this prefix (patterns are never prefixed by the client). */
+export function routeKeyPattern(prefix: string): string {
+  return `${prefix}${ROUTE_KEY_STEM}*`;
+}
+
+/** The sandbox id of a full key SCAN returned (prefix included); undefined when it is no route key. */
+export function sandboxIdOfRouteKey(key: string, prefix: string): string | undefined {
+  const stem = `${prefix}${ROUTE_KEY_STEM}`;
+  if (!key.startsWith(stem)) return undefined;
+  const id = key.slice(stem.length);
+  return isSandboxId(id) ? id : undefined;
+}
 
 // No dashes: a sandbox id must survive the `<port>-<sandboxId>.<domain>` host form.
 const SANDBOX_ID = /^[a-z0-9]{1,63}$/;
@@ -32,7 +70,7 @@ export function isNodeId(id: string): boolean {
 
 export function routeKey(sandboxId: string): string {
   if (!isSandboxId(sandboxId)) throw new Error(`invalid sandbox id '${sandboxId}'`);
-  return `warren:route:${sandboxId}`;
+  return `${ROUTE_KEY_STEM}${sandboxId}`;
 }
 
 export function nodeKey(nodeId: string): string {

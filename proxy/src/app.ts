@@ -35,6 +35,8 @@ export async function startProxy(config: ProxyConfig, options: StartOptions): Pr
     // Concurrent misses go out as one pipeline.
     enableAutoPipelining: true,
     connectionName: "warren-proxy",
+    // WARREN_REDIS_PREFIX; RouteStore derives the events channel from it.
+    keyPrefix: config.redisPrefix,
   });
   const subscriber = new Redis(config.redisUrl, {
     autoResubscribe: true,

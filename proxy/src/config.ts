@@ -1,4 +1,5 @@
 import { isIP } from "node:net";
+import { parseRedisPrefix } from "@warren/proto/redis";
 
 /**
  * Everything the proxy reads from its environment, parsed and validated once at start.
@@ -21,6 +22,8 @@ export interface ProxyConfig {
   readonly sharedHosts: readonly string[];
   /** PROXY_REDIS_URL (redis://127.0.0.1:6379): where node agents publish routes. */
   readonly redisUrl: string;
+  /** WARREN_REDIS_PREFIX (empty): prefix of every Redis key and channel; the same in the whole deployment. */
+  readonly redisPrefix: string;
   /** PROXY_ROUTE_CACHE_TTL_MS (5000): upper bound on a cached route's age; 0 disables the cache. */
   readonly routeCacheTtlMs: number;
   /** PROXY_ROUTE_CACHE_MAX (10000): cached routes kept at most. */
@@ -46,6 +49,12 @@ export interface ProxyConfig {
   /** PROXY_METRICS_HOST (0.0.0.0) / PROXY_METRICS_PORT (9464, "off" disables): Prometheus /metrics. */
   readonly metricsHost: string;
   readonly metricsPort: number | undefined;
+  /**
+   * PROXY_API_URL (unset): the api's base URL (http://host:port). When set, requests for `api.<domain>` (a domain
+   * of PROXY_DOMAINS; any when that is empty) are forwarded to it, so E2B's layout (`api.<domain>` next to
+   * `<port>-<id>.<domain>`) is served by one listener with one wildcard certificate, as the chart's Ingress does.
+   */
+  readonly apiUpstream: { readonly host: string; readonly port: number } | undefined;
   /** PROXY_TLS_CERT_FILE / PROXY_TLS_KEY_FILE (unset): PEM files (a wildcard cert for `*.<domain>`); both or neither. */
   readonly tls: { readonly certFile: string; readonly keyFile: string } | undefined;
   /** PROXY_WORKERS (1): processes sharing the listen port (node:cluster); "auto" = one per CPU. */
@@ -77,6 +86,7 @@ export function loadConfig(env: Env, cpuCount = 1): ProxyConfig {
     domains: list(env.PROXY_DOMAINS).map((domain) => hostname("PROXY_DOMAINS", domain)),
     sharedHosts: list(env.PROXY_SHARED_HOSTS).map((host) => hostname("PROXY_SHARED_HOSTS", host)),
     redisUrl: env.PROXY_REDIS_URL || "redis://127.0.0.1:6379",
+    redisPrefix: redisPrefix(env.WARREN_REDIS_PREFIX),
     routeCacheTtlMs: integer(env, "PROXY_ROUTE_CACHE_TTL_MS", 5000, 0, 3_600_000),
     routeCacheMax: integer(env, "PROXY_ROUTE_CACHE_MAX", 10_000, 1, 10_000_000),
     redisTimeoutMs: integer(env, "PROXY_REDIS_TIMEOUT_MS", 2000, 1, 60_000),
@@ -93,10 +103,34 @@ export function loadConfig(env: Env, cpuCount = 1): ProxyConfig {
       metricsPortText === "off"
         ? undefined
         : integer({ PROXY_METRICS_PORT: metricsPortText }, "PROXY_METRICS_PORT", 0, 0, 65535),
+    apiUpstream: apiUpstream(env.PROXY_API_URL),
     tls: certFile && keyFile ? { certFile, keyFile } : undefined,
     workers: workersText === "auto" ? Math.max(1, cpuCount) : integer(env, "PROXY_WORKERS", 1, 1, 256),
     accessLog: boolean(env, "PROXY_ACCESS_LOG", false),
   };
+}
+
+function apiUpstream(text: string | undefined): ProxyConfig["apiUpstream"] {
+  if (!text) return undefined;
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    throw new ConfigError(`PROXY_API_URL must be a URL, got '${text}'`);
+  }
+  if (url.protocol !== "http:" || url.pathname !== "/" || url.search || url.username) {
+    throw new ConfigError(`PROXY_API_URL must be http://host[:port] with no path, got '${text}'`);
+  }
+  const host = url.hostname.startsWith("[") ? url.hostname.slice(1, -1) : url.hostname;
+  return { host, port: url.port ? Number(url.port) : 80 };
+}
+
+function redisPrefix(text: string | undefined): string {
+  try {
+    return parseRedisPrefix(text);
+  } catch (error) {
+    throw new ConfigError((error as Error).message);
+  }
 }
 
 function integer(env: Env, name: string, fallback: number, min: number, max: number): number {

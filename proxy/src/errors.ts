@@ -16,7 +16,8 @@ export type ProxyError =
   | { readonly kind: "still-transitioning"; readonly sandboxId: string }
   | { readonly kind: "sandbox-limit"; readonly sandboxId: string; readonly message: string }
   | { readonly kind: "too-many-connections"; readonly sandboxId: string; readonly limit: number }
-  | { readonly kind: "control-only-path"; readonly path: string };
+  | { readonly kind: "control-only-path"; readonly path: string }
+  | { readonly kind: "api-unreachable" };
 
 export const TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token";
 
@@ -112,6 +113,14 @@ function describe(error: ProxyError): Rendered {
           connectionLimit: error.limit,
         },
         explanation: `The sandbox ${error.sandboxId} already has ${error.limit} open connections (limit: ${error.limit}).`,
+      };
+    case "api-unreachable":
+      return {
+        status: 502,
+        title: "API unreachable",
+        // The api's own error shape ({code, message}), since the client asked the api.
+        body: { code: 502, message: "The API is not reachable through this proxy" },
+        explanation: "The proxy could not reach Warren's API.",
       };
     case "control-only-path":
       return {

@@ -1,7 +1,7 @@
 import {
   parseRouteEvent,
-  ROUTE_EVENTS_CHANNEL,
   type RouteEvent,
+  routeEventsChannel,
   routeFromHash,
   routeKey,
   type SandboxRoute,
@@ -25,11 +25,13 @@ export type RouteEventListener = (event: RouteEvent) => void;
  * The proxy's view of `warren:route:<id>` (the node agents' Redis contract): cached reads,
  * invalidated by `warren:route-events`, plus a way to wait for a route to reach a state.
  * `redis` serves reads; `subscriber` is a second connection that only listens to the channel.
+ * Under WARREN_REDIS_PREFIX, `redis` carries it as its keyPrefix; the channel is derived from that.
  */
 export class RouteStore {
   private readonly cache: RouteCache;
   private readonly listeners = new Set<RouteEventListener>();
   private readonly waitPollMs: number;
+  private readonly channel: string;
   private subscribed = false;
   private closed = false;
 
@@ -41,12 +43,13 @@ export class RouteStore {
   ) {
     this.cache = new RouteCache(options.cacheTtlMs, options.cacheMax, (id) => this.read(id));
     this.waitPollMs = options.waitPollMs ?? 500;
+    this.channel = routeEventsChannel(redis.options.keyPrefix ?? "");
   }
 
   /** Subscribes to route events; the cache serves entries only while subscribed. */
   async start(): Promise<void> {
     this.subscriber.on("message", (channel: string, message: string) => {
-      if (channel !== ROUTE_EVENTS_CHANNEL) return;
+      if (channel !== this.channel) return;
       const event = parseRouteEvent(message);
       if (!event) {
         this.log.warn("ignoring malformed route event", { length: message.length });
@@ -69,7 +72,7 @@ export class RouteStore {
   }
 
   private async subscribe(): Promise<void> {
-    await this.subscriber.subscribe(ROUTE_EVENTS_CHANNEL);
+    await this.subscriber.subscribe(this.channel);
     if (this.closed) return;
     this.subscribed = true;
     this.cache.setEnabled(true);

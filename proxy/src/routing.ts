@@ -21,6 +21,7 @@ export interface RoutingRules {
 export const SANDBOX_ID_HEADER = "e2b-sandbox-id";
 export const SANDBOX_PORT_HEADER = "e2b-sandbox-port";
 const SHARED_HOST_PREFIX = "sandbox.";
+const API_HOST_PREFIX = "api.";
 
 /** E2B sandbox ids are lowercase alphanumerics; a dash would be ambiguous in `<port>-<id>` hosts. */
 const SANDBOX_ID = /^[a-z0-9]+$/;
@@ -62,6 +63,16 @@ export class Router {
     const sandboxId = parts[1]!;
     if (!validSandboxId(sandboxId)) return "Invalid sandbox ID";
     return { sandboxId, port, via: "host" };
+  }
+
+  /**
+   * `api.<domain>` (a sandbox domain; any when none is configured): the api's host in E2B's layout. It can never
+   * be a sandbox host, which needs a `<port>-<id>` first label.
+   */
+  isApiHost(hostHeader: string | undefined): boolean {
+    const host = requestHostname(hostHeader ?? "");
+    if (!host.startsWith(API_HOST_PREFIX) || host.length === API_HOST_PREFIX.length) return false;
+    return this.domains.size === 0 || this.domains.has(host.slice(API_HOST_PREFIX.length));
   }
 
   private isSharedHost(host: string): boolean {

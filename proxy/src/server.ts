@@ -149,6 +149,10 @@ export class SandboxProxy {
     const started = performance.now();
     const { metrics } = this.deps;
     if (this.draining) res.shouldKeepAlive = false;
+    if (this.deps.config.apiUpstream && this.router.isApiHost(req.headers.host)) {
+      this.forwardApi(req, res, this.deps.config.apiUpstream, started);
+      return;
+    }
     const target = this.router.resolve(
       req.headers.host,
       header(req.headers, SANDBOX_ID_HEADER),
@@ -394,6 +398,30 @@ export class SandboxProxy {
         log.warn("sandbox port unreachable", { sandboxId: target.sandboxId, port: target.port, reason, upgrade: true });
         const error: ProxyError = { kind: "port-closed", sandboxId: target.sandboxId, port: target.port };
         metrics.requests.inc({ kind: "websocket", status: writeSocketError(socket, req.headers, error) });
+      },
+      onBroken: (reason) => metrics.upstreamErrors.inc({ reason }),
+    });
+  }
+
+  /** `api.<domain>` with PROXY_API_URL set: a plain streaming pass-through, none of the sandbox checks. */
+  private forwardApi(
+    req: IncomingMessage,
+    res: ServerResponse,
+    api: { readonly host: string; readonly port: number },
+    started: number,
+  ): void {
+    const { metrics, log } = this.deps;
+    // Pooled apart from every sandbox: route events name valid sandbox ids, never the empty one.
+    const upstream: Upstream = { sandboxId: "", exec: "api", host: api.host, port: api.port, maskedHost: undefined };
+    this.forwarder.http(req, res, upstream, {
+      onResponse: (status) => {
+        metrics.requests.inc({ kind: "api", status });
+        metrics.latency.observe({ kind: "api" }, (performance.now() - started) / 1000);
+      },
+      onUnreachable: (reason) => {
+        metrics.upstreamErrors.inc({ reason });
+        log.warn("api unreachable", { reason });
+        this.answerHttp(req, res, { kind: "api-unreachable" }, started);
       },
       onBroken: (reason) => metrics.upstreamErrors.inc({ reason }),
     });

@@ -3,8 +3,8 @@ import { createServer, type IncomingMessage, request, type Server, type ServerRe
 import type { AddressInfo } from "node:net";
 import {
   DELETE_ROUTE_SCRIPT,
-  ROUTE_EVENTS_CHANNEL,
   type RouteEvent,
+  routeEventsChannel,
   routeKey,
   routeToHash,
   type SandboxRoute,
@@ -75,10 +75,19 @@ export async function startTestProxy(
   };
 }
 
-/** Writes and deletes routes the way a node agent does (the contract's compare-and-set scripts). */
+/**
+ * Writes and deletes routes the way a node agent does (the contract's compare-and-set scripts), under a
+ * WARREN_REDIS_PREFIX when given.
+ */
 export class RouteWriter {
-  readonly redis = new Redis(REDIS_URL, { maxRetriesPerRequest: 1 });
+  readonly redis: Redis;
+  private readonly channel: string;
   private readonly written = new Set<string>();
+
+  constructor(prefix = "") {
+    this.redis = new Redis(REDIS_URL, { maxRetriesPerRequest: 1, keyPrefix: prefix });
+    this.channel = routeEventsChannel(prefix);
+  }
 
   async write(route: Partial<SandboxRoute> & Pick<SandboxRoute, "sandboxId" | "sandboxAddr">): Promise<SandboxRoute> {
     const full: SandboxRoute = {
@@ -107,7 +116,7 @@ export class RouteWriter {
       WRITE_ROUTE_SCRIPT,
       1,
       routeKey(full.sandboxId),
-      ROUTE_EVENTS_CHANNEL,
+      this.channel,
       String(full.generation),
       JSON.stringify(event),
       ...fields,
@@ -119,14 +128,7 @@ export class RouteWriter {
   /** Deletes the route of incarnation `exec` (as a kill does) and publishes the event. */
   async delete(sandboxId: string, exec: string): Promise<void> {
     const event: RouteEvent = { sandboxId, exec, generation: 0, state: "deleted" };
-    await this.redis.eval(
-      DELETE_ROUTE_SCRIPT,
-      1,
-      routeKey(sandboxId),
-      ROUTE_EVENTS_CHANNEL,
-      exec,
-      JSON.stringify(event),
-    );
+    await this.redis.eval(DELETE_ROUTE_SCRIPT, 1, routeKey(sandboxId), this.channel, exec, JSON.stringify(event));
   }
 
   async cleanup(): Promise<void> {

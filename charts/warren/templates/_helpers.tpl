@@ -147,6 +147,19 @@ capabilities:
   drop: ["ALL"]
 {{- end }}
 
+{{/* Whether the master runs its Kubernetes integration (it needs the chart's node agent pods to find agents). */}}
+{{- define "warren.masterKubernetes" -}}
+{{- if and .Values.master.kubernetesApi.enabled .Values.nodeAgent.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The node agent pods' label selector, as the master's WARREN_KUBERNETES_AGENT_SELECTOR. */}}
+{{- define "warren.nodeAgentSelector" -}}
+{{- $labels := include "warren.selectorLabels" (dict "root" . "component" "node-agent") | fromYaml }}
+{{- $terms := list }}
+{{- range $key := keys $labels | sortAlpha }}{{ $terms = append $terms (printf "%s=%s" $key (get $labels $key)) }}{{ end }}
+{{- join "," $terms }}
+{{- end }}
+
 {{- define "warren.serviceAccountName" -}}
 {{- if .root.Values.serviceAccount.create }}
 {{- include "warren.componentName" . }}

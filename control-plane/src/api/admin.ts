@@ -1,8 +1,17 @@
 import { timingSafeEqual } from "node:crypto";
 import { type NextFunction, type Request, type Response, Router } from "express";
+import { TEAM_EGRESS_MODES, type TeamEgressMode } from "../runtime/egress/policy.js";
 import type { Db } from "../store/db.js";
 import { listNodes } from "../store/nodes.js";
-import { createApiKey, createTeam, getTeam, listTeams, revokeApiKey, type TeamLimits } from "../store/teams.js";
+import {
+  createApiKey,
+  createTeam,
+  getTeam,
+  listTeams,
+  revokeApiKey,
+  type TeamLimits,
+  updateTeam,
+} from "../store/teams.js";
 import { ApiError, badRequest } from "./errors.js";
 import { body } from "./validate.js";
 
@@ -13,7 +22,15 @@ function sameSecret(a: string, b: string): boolean {
 }
 
 function limits(obj: Record<string, unknown>): TeamLimits {
-  const out: Record<string, number> = {};
+  const out: { -readonly [K in keyof TeamLimits]: TeamLimits[K] } = {};
+  if (obj.egressMode !== undefined) {
+    if (!TEAM_EGRESS_MODES.includes(obj.egressMode as TeamEgressMode)) {
+      throw badRequest(
+        `egressMode must be one of ${TEAM_EGRESS_MODES.join(", ")}, got ${JSON.stringify(obj.egressMode)}`,
+      );
+    }
+    out.egressMode = obj.egressMode as TeamEgressMode;
+  }
   for (const field of ["maxConcurrentSandboxes", "maxLengthHours", "maxCreatesPerMinute"] as const) {
     const value = obj[field];
     if (value === undefined) continue;
@@ -44,6 +61,14 @@ export function adminRoutes(db: Db, adminToken: string): Router {
     const team = await createTeam(db, obj.name, limits(obj));
     const key = await createApiKey(db, team.id, "default");
     res.status(201).json({ team, apiKey: { id: key.id, key: key.key, prefix: key.prefix } });
+  });
+
+  // Changes a team's limits and egress mode; applies to sandboxes created (or network-updated) from now on.
+  router.patch("/warren/v1/admin/teams/:teamID", async (req, res) => {
+    const teamId = String(req.params.teamID);
+    const team = await updateTeam(db, teamId, limits(body(req.body)));
+    if (!team) throw new ApiError(404, `team '${teamId}' not found`);
+    res.status(200).json(team);
   });
 
   router.get("/warren/v1/admin/teams", async (_req, res) => {

@@ -88,6 +88,14 @@ const schemas: Record<string, Schema> = {
         properties: {
           allowInternetAccess: { type: ["boolean", "null"] },
           network: ref("SandboxNetworkConfig"),
+          egress: {
+            type: "object",
+            description: "Warren extra: the egress policy the node enforces (request folded with the team's mode)",
+            properties: {
+              allowOut: { type: "array", items: { type: "string" } },
+              denyOut: { type: "array", items: { type: "string" } },
+            },
+          },
           lifecycle: {
             type: "object",
             properties: { onTimeout: { type: "string", enum: ["kill", "pause"] }, autoResume: { type: "boolean" } },
@@ -126,6 +134,12 @@ const schemas: Record<string, Schema> = {
       maxConcurrentSandboxes: { type: "integer" },
       maxLengthHours: { type: "integer" },
       maxCreatesPerMinute: { type: "integer" },
+      egressMode: {
+        type: "string",
+        enum: ["open", "closed", "forbidden"],
+        description:
+          "open: internet unless a sandbox asks otherwise (E2B default); closed: nothing leaves unless asked; forbidden: nothing leaves, asking is 403",
+      },
     },
   },
   CreatedApiKey: {
@@ -189,7 +203,7 @@ export const OPENAPI_DOCUMENT = {
     version: "1.0.0",
     description:
       "E2B-compatible sandbox REST API (e2b SDK 2.51.0 and 2.45) plus Warren extras under /warren/v1. E2B paths not " +
-      "served yet (network update, fork, snapshots, templates, volumes, secrets) answer 501 with E2B's error body.",
+      "served yet (fork, snapshots, templates, volumes, secrets) answer 501 with E2B's error body.",
   },
   components: {
     securitySchemes: {
@@ -243,6 +257,22 @@ export const OPENAPI_DOCUMENT = {
         parameters: [id],
         requestBody: json({ type: "object", required: ["timeout"], properties: { timeout: { type: "integer" } } }),
         responses: { ...noContent, 400: error("Invalid"), ...stdErrors },
+      },
+    },
+    "/sandboxes/{sandboxID}/network": {
+      put: {
+        summary:
+          "Replace the egress policy of a running or paused sandbox (E2B SandboxNetworkUpdateConfig; omitted fields cleared)",
+        parameters: [id],
+        requestBody: json({
+          type: "object",
+          properties: {
+            allowOut: { type: "array", items: { type: "string" }, description: "IPs, CIDRs, domains, *.domains" },
+            denyOut: { type: "array", items: { type: "string" }, description: "IPs, CIDRs; 0.0.0.0/0 = all" },
+            allow_internet_access: { type: "boolean" },
+          },
+        }),
+        responses: { ...noContent, 400: error("Invalid policy"), 403: error("Team forbids egress"), ...stdErrors },
       },
     },
     "/sandboxes/{sandboxID}/refreshes": {
@@ -319,6 +349,15 @@ export const OPENAPI_DOCUMENT = {
     },
     "/warren/v1/sandboxes/{sandboxID}/events/stream": {
       get: { summary: "Follow one sandbox's ledger (SSE)", parameters: [id], responses: { 200: sse, ...stdErrors } },
+    },
+    "/warren/v1/admin/teams/{teamID}": {
+      patch: {
+        summary: "Change a team's limits and egress mode (fields left out keep their value)",
+        security: [{ AdminToken: [] }],
+        parameters: [{ name: "teamID", in: "path", required: true, schema: { type: "string" } }],
+        requestBody: json(ref("Team")),
+        responses: { 200: json(ref("Team")), 400: error("Invalid"), 404: error("Unknown team") },
+      },
     },
     "/warren/v1/admin/teams": {
       post: {

@@ -2,14 +2,24 @@ import { createHash } from "node:crypto";
 import type { Client } from "@connectrpc/connect";
 import type { MasterService, SandboxMetric } from "@warren/proto/master/v1/master_pb";
 import { type Request, type Response, Router } from "express";
+import { asksForEgress } from "../runtime/egress/policy.js";
 import type { Db } from "../store/db.js";
 import { readEvents } from "../store/events.js";
 import { encodeCursor, getVisibleSandbox, listSandboxes } from "../store/sandboxes.js";
 import type { Team } from "../store/teams.js";
 import { ApiError, badRequest, fromMasterError, sandboxNotFound } from "./errors.js";
 import type { ApiMetrics } from "./metrics.js";
-import { body, parseConnectBody, parseCreateBody, parseListQuery, parseTimeoutBody } from "./validate.js";
-import { listedSandbox, logEntry, sandboxDetail, sandboxResponse } from "./views.js";
+import {
+  body,
+  type LogsQuery,
+  parseConnectBody,
+  parseCreateBody,
+  parseListQuery,
+  parseLogsQuery,
+  parseNetworkUpdate,
+  parseTimeoutBody,
+} from "./validate.js";
+import { envdLogEntry, type LogEntry, listedSandbox, logEntry, sandboxDetail, sandboxResponse } from "./views.js";
 
 export interface SandboxRoutesDeps {
   readonly db: Db;
@@ -38,6 +48,40 @@ async function master<T>(call: () => Promise<T>): Promise<T> {
   }
 }
 
+const LEVEL_RANK: Record<string, number> = { debug: 0, info: 1, warn: 2, error: 3 };
+
+/** Sorts by time (stable: lifecycle before envd at the same instant), filters, and cuts to the query's limit. */
+export function selectLogEntries(entries: LogEntry[], query: LogsQuery): LogEntry[] {
+  const minLevel = LEVEL_RANK[query.level ?? "debug"] ?? 0;
+  const search = query.search?.toLowerCase();
+  const selected = entries
+    .map((entry, index) => ({ entry, index, at: Date.parse(entry.timestamp) }))
+    .filter(({ entry, at }) => {
+      if ((LEVEL_RANK[entry.level] ?? 1) < minLevel) return false;
+      if (search && !entry.message.toLowerCase().includes(search)) return false;
+      if (query.cursorMs === undefined) return true;
+      return query.direction === "backward" ? at <= query.cursorMs : at >= query.cursorMs;
+    })
+    .sort((a, b) => a.at - b.at || a.index - b.index)
+    .map(({ entry }) => entry);
+  if (query.direction === "backward") return selected.reverse().slice(0, query.limit);
+  return selected.slice(0, query.limit);
+}
+
+/** A team whose egress is `forbidden` may not ask for any: 403, so nobody believes a sandbox is online. */
+function refuseForbiddenEgress(
+  owner: Team,
+  network: Record<string, unknown> | null,
+  allowInternetAccess: boolean | undefined,
+): void {
+  if (owner.egressMode === "forbidden" && asksForEgress(network, allowInternetAccess)) {
+    throw new ApiError(
+      403,
+      "Your team's policy forbids network egress from sandboxes (allowOut, allow_internet_access)",
+    );
+  }
+}
+
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 
 /** E2B's sandbox REST surface (v1 and v2 paths), scoped to the caller's team. */
@@ -46,6 +90,7 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
 
   const create = (version: 1 | 2) => async (req: Request, res: Response) => {
     const parsed = parseCreateBody(req.body, version);
+    refuseForbiddenEgress(team(res), parsed.network, parsed.allowInternetAccess);
     const idempotencyKey = req.get("Idempotency-Key");
     if (idempotencyKey !== undefined && !IDEMPOTENCY_KEY.test(idempotencyKey)) {
       throw badRequest("Idempotency-Key must be 1-255 printable ASCII characters");
@@ -143,6 +188,22 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
     res.status(204).end();
   });
 
+  // Replaces the egress policy of a running or paused sandbox; 204 once the node enforces it.
+  router.put("/sandboxes/:sandboxID/network", async (req, res) => {
+    const id = sandboxId(req);
+    const parsed = parseNetworkUpdate(req.body);
+    refuseForbiddenEgress(team(res), parsed.network, parsed.allowInternetAccess);
+    await master(() =>
+      deps.master.updateSandboxNetwork({
+        teamId: team(res).id,
+        sandboxId: id,
+        networkJson: JSON.stringify(parsed.network),
+        ...(parsed.allowInternetAccess !== undefined ? { allowInternetAccess: parsed.allowInternetAccess } : {}),
+      }),
+    );
+    res.status(204).end();
+  });
+
   router.post("/sandboxes/:sandboxID/timeout", async (req, res) => {
     const id = sandboxId(req);
     const timeout = parseTimeoutBody(req.body);
@@ -232,28 +293,30 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
       );
   });
 
-  const lifecycleLogs = async (req: Request, res: Response) => {
+  /**
+   * A sandbox's log: its lifecycle events (the ledger) and its own log lines (envd, from its node while it is
+   * there), merged by time, filtered by the query, `limit` entries from the start of `direction`.
+   */
+  const sandboxLogs = async (req: Request, res: Response, version: 1 | 2) => {
     const id = sandboxId(req);
     const row = await getVisibleSandbox(deps.db, team(res).id, id);
     if (!row) throw sandboxNotFound(id);
-    const limitRaw = req.query.limit;
-    const limit = limitRaw === undefined ? 1000 : Number(limitRaw);
-    if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw badRequest("limit must be 1-1000");
-    return readEvents(deps.db, { teamId: team(res).id, sandboxId: id, limit });
+    const query = parseLogsQuery(req.query as Record<string, unknown>, version);
+    const [events, lines] = await Promise.all([
+      readEvents(deps.db, { teamId: team(res).id, sandboxId: id, limit: 1000 }),
+      master(() => deps.master.getSandboxLogs({ teamId: team(res).id, sandboxId: id, limit: 1000 })),
+    ]);
+    return selectLogEntries([...events.map(logEntry), ...lines.lines.map(envdLogEntry)], query);
   };
   router.get("/sandboxes/:sandboxID/logs", async (req, res) => {
-    const events = await lifecycleLogs(req, res);
-    const entries = events.map(logEntry);
+    const entries = await sandboxLogs(req, res, 1);
     res.status(200).json({
       logs: entries.map((e) => ({ timestamp: e.timestamp, line: e.message })),
       logEntries: entries,
     });
   });
   router.get("/v2/sandboxes/:sandboxID/logs", async (req, res) => {
-    const events = await lifecycleLogs(req, res);
-    const entries = events.map(logEntry);
-    if (req.query.direction === "backward") entries.reverse();
-    res.status(200).json({ logs: entries });
+    res.status(200).json({ logs: await sandboxLogs(req, res, 2) });
   });
 
   return router;

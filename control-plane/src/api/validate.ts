@@ -1,4 +1,4 @@
-import { isIP } from "node:net";
+import { EgressPolicyError, validateEgressPolicy } from "../runtime/egress/policy.js";
 import type { ListCursor } from "../store/sandboxes.js";
 import { decodeCursor } from "../store/sandboxes.js";
 import { badRequest } from "./errors.js";
@@ -52,38 +52,52 @@ function stringList(obj: Json, field: string): string[] | undefined {
   return value as string[];
 }
 
-function isCidrOrIp(entry: string): boolean {
-  const [addr, prefix, ...rest] = entry.split("/");
-  if (rest.length > 0 || !addr) return false;
-  const family = isIP(addr);
-  if (family === 0) return false;
-  if (prefix === undefined) return true;
-  const bits = Number(prefix);
-  return /^\d+$/.test(prefix) && bits >= 0 && bits <= (family === 4 ? 32 : 128);
+/** Fields of E2B's network config that Warren does not implement: refused rather than silently ignored. */
+function refuseUnsupportedNetwork(value: Json, field: string): void {
+  if (isObject(value.rules) && Object.keys(value.rules).length > 0) {
+    throw badRequest(`${field}.rules (HTTP header transforms on egress) is not supported by this server`);
+  }
+  if (value.egressProxy !== undefined && value.egressProxy !== null) {
+    throw badRequest(`${field}.egressProxy (SOCKS5 egress) is not supported by this server`);
+  }
 }
 
-const ALL_TRAFFIC = "0.0.0.0/0";
+function egressLists(value: Json, field: string): { allowOut: string[]; denyOut: string[] } {
+  const allowOut = stringList(value, "allowOut") ?? [];
+  const denyOut = stringList(value, "denyOut") ?? [];
+  try {
+    validateEgressPolicy({ allowOut, denyOut }, field);
+  } catch (error) {
+    if (error instanceof EgressPolicyError) throw badRequest(error.message);
+    throw error;
+  }
+  return { allowOut, denyOut };
+}
 
-/** E2B's SandboxNetworkConfig rules that the server (not the SDK) enforces. */
+/** E2B's SandboxNetworkConfig at create, with the rules the server (not the SDK) enforces. */
 export function parseNetwork(value: unknown): Json | null {
   if (value === undefined || value === null) return null;
   if (!isObject(value)) throw badRequest("network must be an object");
-  const allowOut = stringList(value, "allowOut") ?? [];
-  const denyOut = stringList(value, "denyOut") ?? [];
-  for (const entry of denyOut) {
-    if (!isCidrOrIp(entry)) throw badRequest(`network.denyOut entry '${entry}' is not an IP address or CIDR`);
-  }
-  const domains = allowOut.filter((entry) => !isCidrOrIp(entry));
-  if (domains.length > 0 && !denyOut.includes(ALL_TRAFFIC)) {
-    throw badRequest(
-      "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' in deny out to block all other traffic.",
-    );
-  }
+  egressLists(value, "network");
+  refuseUnsupportedNetwork(value, "network");
   optionalBool(value, "allowPublicTraffic");
   if (value.maskRequestHost !== undefined && typeof value.maskRequestHost !== "string") {
     throw badRequest("network.maskRequestHost must be a string");
   }
+  if (value.httpsPorts !== undefined && value.httpsPorts !== null) {
+    throw badRequest("network.httpsPorts is not supported by this server");
+  }
   return value;
+}
+
+/** E2B's SandboxNetworkUpdateConfig (`PUT /sandboxes/{id}/network`): a full replacement, omitted = cleared. */
+export function parseNetworkUpdate(raw: unknown): {
+  network: { allowOut: string[]; denyOut: string[] };
+  allowInternetAccess: boolean | undefined;
+} {
+  const obj = body(raw);
+  refuseUnsupportedNetwork(obj, "network");
+  return { network: egressLists(obj, "network"), allowInternetAccess: optionalBool(obj, "allow_internet_access") };
 }
 
 export interface CreateSandboxBody {
@@ -244,5 +258,41 @@ export function parseListQuery(query: Record<string, unknown>, version: 1 | 2): 
     ...(startedAfter ? { startedAfter } : {}),
     ...(template ? { template } : {}),
     ...(cursor ? { cursor } : {}),
+  };
+}
+
+export interface LogsQuery {
+  readonly limit: number;
+  /** Unix milliseconds: entries from (forward) or up to (backward) this time. */
+  readonly cursorMs: number | undefined;
+  readonly direction: "forward" | "backward";
+  readonly level: "debug" | "info" | "warn" | "error" | undefined;
+  readonly search: string | undefined;
+}
+
+/** v1 `GET /sandboxes/{id}/logs?limit&start`; v2 `GET /v2/sandboxes/{id}/logs?cursor&limit&direction&level&search`. */
+export function parseLogsQuery(query: Record<string, unknown>, version: 1 | 2): LogsQuery {
+  const limitRaw = single(query.limit, "limit");
+  const limit = limitRaw === undefined ? 1000 : Number(limitRaw);
+  if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw badRequest("limit must be 1-1000");
+  const cursorRaw = single(version === 1 ? query.start : query.cursor, version === 1 ? "start" : "cursor");
+  const cursorMs = cursorRaw === undefined ? undefined : Number(cursorRaw);
+  if (cursorMs !== undefined && (!Number.isInteger(cursorMs) || cursorMs < 0)) {
+    throw badRequest(`${version === 1 ? "start" : "cursor"} must be a Unix time in milliseconds`);
+  }
+  const direction = single(query.direction, "direction") ?? "forward";
+  if (direction !== "forward" && direction !== "backward") {
+    throw badRequest("direction must be 'forward' or 'backward'");
+  }
+  const level = single(query.level, "level");
+  if (level !== undefined && !["debug", "info", "warn", "error"].includes(level)) {
+    throw badRequest("level must be one of debug, info, warn, error");
+  }
+  return {
+    limit,
+    cursorMs,
+    direction,
+    level: level as LogsQuery["level"],
+    search: single(query.search, "search") || undefined,
   };
 }

@@ -41,6 +41,8 @@ export function sandboxDetail(row: SandboxRow): Record<string, unknown> {
     ...listedSandbox(row),
     ...(row.allowInternetAccess !== null ? { allowInternetAccess: row.allowInternetAccess } : {}),
     ...(net ? { network: net } : {}),
+    // Warren extra: the policy the node enforces (the request folded with the team's egress mode).
+    ...(row.egress ? { egress: row.egress } : {}),
     lifecycle: { onTimeout: row.autoPause ? "pause" : "kill", autoResume: row.autoResume },
   };
 }
@@ -81,8 +83,31 @@ export function eventView(event: SandboxEvent): Record<string, unknown> {
 }
 
 /** A ledger event as an E2B `SandboxLogEntry` (lifecycle logs). */
-export function logEntry(event: SandboxEvent): Record<string, unknown> {
-  const fields: Record<string, string> = { type: event.type };
+/** E2B `SandboxLogEntry`. */
+export interface LogEntry {
+  readonly timestamp: string;
+  readonly level: string;
+  readonly message: string;
+  readonly fields: Record<string, string>;
+}
+
+/** A line of the sandbox's own log (envd), as the master relays it from the node. */
+export function envdLogEntry(line: {
+  timestampMs: bigint;
+  level: string;
+  message: string;
+  fields: { [key: string]: string };
+}): LogEntry {
+  return {
+    timestamp: new Date(Number(line.timestampMs)).toISOString(),
+    level: line.level,
+    message: line.message,
+    fields: { source: "envd", ...line.fields },
+  };
+}
+
+export function logEntry(event: SandboxEvent): LogEntry {
+  const fields: Record<string, string> = { source: "lifecycle", type: event.type };
   if (event.fromState) fields.fromState = event.fromState;
   if (event.toState) fields.toState = event.toState;
   const level = event.type.endsWith("failed") || event.type === "sandbox.lost" ? "error" : "info";

@@ -1,3 +1,4 @@
+import { effectiveEgress } from "../runtime/egress/policy.js";
 import type { DbClient } from "../store/db.js";
 import { appendEvent } from "../store/events.js";
 import { type SandboxRow, toSandboxRow } from "../store/sandboxes.js";
@@ -78,8 +79,8 @@ export async function admitSandbox(
     `INSERT INTO sandboxes (id, team_id, template_id, alias, state, cpu_count, memory_mb, disk_size_mb,
        envd_version, token_nonce, envd_token_hash, traffic_token_hash, metadata, env_vars, network,
        allow_internet_access, volume_mounts, auto_pause, auto_pause_memory, auto_resume, idempotency_key,
-       request_hash, created_at, started_at, end_at, node_id)
-     VALUES ($1,$2,$3,$4,'starting',$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$22,$23,$24)
+       request_hash, created_at, started_at, end_at, node_id, egress)
+     VALUES ($1,$2,$3,$4,'starting',$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$22,$23,$24,$25)
      RETURNING *`,
     [
       id,
@@ -106,6 +107,7 @@ export async function admitSandbox(
       now,
       new Date(now.getTime() + t.timeout * 1000),
       t.nodeId,
+      JSON.stringify(effectiveEgress(input.network, input.allowInternetAccess, team.egressMode)),
     ],
   );
   const row = toSandboxRow(result.rows[0]);

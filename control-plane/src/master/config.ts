@@ -1,3 +1,35 @@
+import { hostname } from "node:os";
+
+/**
+ * The master's Kubernetes integration (`kubernetes/`): node agents discovered from their pods, Node cordon /
+ * NotReady / drain followed, and a coordination.k8s.io Lease instead of the PostgreSQL lock for leader election.
+ */
+export interface KubernetesConfig {
+  /**
+   * WARREN_KUBERNETES: `in-cluster` (the pod's service account: KUBERNETES_SERVICE_HOST/PORT and the token and CA
+   * under /var/run/secrets/kubernetes.io/serviceaccount) or `kubeconfig` (KUBECONFIG, else ~/.kube/config). `off`
+   * (the default) leaves the master as without Kubernetes: Redis heartbeats, PostgreSQL advisory lock.
+   */
+  readonly mode: "in-cluster" | "kubeconfig";
+  /** WARREN_KUBERNETES_NAMESPACE: namespace of the node agent pods and of the Lease (required). */
+  readonly namespace: string;
+  /** WARREN_KUBERNETES_AGENT_SELECTOR: label selector of the node agent pods (required). */
+  readonly agentSelector: string;
+  /** WARREN_KUBERNETES_AGENT_PORT: the agents' Connect port, a container port name or number (default connect). */
+  readonly agentPort: string | number;
+  /** WARREN_KUBERNETES_LEASE: name of the leader Lease (default warren-master). */
+  readonly leaseName: string;
+  /** WARREN_KUBERNETES_LEASE_SECONDS: leaseDurationSeconds (default 15; at least 3 × the leader interval). */
+  readonly leaseSeconds: number;
+  /** WARREN_KUBERNETES_IDENTITY: this replica's name in the Lease (default: the host name, i.e. the pod name). */
+  readonly identity: string;
+  /**
+   * WARREN_KUBERNETES_DRAIN_TAINTS: Node taint keys that mean "this node is going away: pause its sandboxes"
+   * (comma-separated; default warren.dev/drain,ToBeDeletedByClusterAutoscaler,karpenter.sh/disrupted).
+   */
+  readonly drainTaints: readonly string[];
+}
+
 /** The master's one configuration object, from environment variables (documented defaults). */
 export interface MasterConfig {
   /** WARREN_MASTER_PORT (default 3100). */
@@ -32,6 +64,8 @@ export interface MasterConfig {
   readonly placementAttempts: number;
   /** WARREN_MEMORY_OVERCOMMIT (default 4). */
   readonly memoryOvercommit: number;
+  /** Undefined unless WARREN_KUBERNETES turns the integration on. */
+  readonly kubernetes?: KubernetesConfig;
 }
 
 function int(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
@@ -58,9 +92,56 @@ function syncCommit(raw: string | undefined): "on" | "off" {
   throw new Error(`WARREN_DB_SYNCHRONOUS_COMMIT must be on or off, got '${raw}'`);
 }
 
+const DEFAULT_DRAIN_TAINTS = ["warren.dev/drain", "ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted"];
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/;
+
+function kubernetes(env: NodeJS.ProcessEnv, leaderIntervalMs: number): KubernetesConfig | undefined {
+  const mode = env.WARREN_KUBERNETES || "off";
+  if (mode === "off") return undefined;
+  if (mode !== "in-cluster" && mode !== "kubeconfig") {
+    throw new Error(`WARREN_KUBERNETES must be off, in-cluster or kubeconfig, got '${mode}'`);
+  }
+  const namespace = env.WARREN_KUBERNETES_NAMESPACE ?? "";
+  if (!DNS_LABEL.test(namespace)) {
+    throw new Error(`WARREN_KUBERNETES_NAMESPACE must be a namespace name, got '${namespace}'`);
+  }
+  const agentSelector = (env.WARREN_KUBERNETES_AGENT_SELECTOR ?? "").trim();
+  if (!agentSelector) throw new Error("WARREN_KUBERNETES_AGENT_SELECTOR must be set (the node agent pods' labels)");
+  const rawPort = env.WARREN_KUBERNETES_AGENT_PORT || "connect";
+  const agentPort = /^\d+$/.test(rawPort) ? Number(rawPort) : rawPort;
+  if (typeof agentPort === "number" && (agentPort < 1 || agentPort > 65535)) {
+    throw new Error(`WARREN_KUBERNETES_AGENT_PORT must be a port name or number, got '${rawPort}'`);
+  }
+  const leaseName = env.WARREN_KUBERNETES_LEASE || "warren-master";
+  if (!DNS_SUBDOMAIN.test(leaseName)) throw new Error(`WARREN_KUBERNETES_LEASE is not a valid name: '${leaseName}'`);
+  const leaseSeconds = int(env, "WARREN_KUBERNETES_LEASE_SECONDS", 15);
+  if (!Number.isInteger(leaseSeconds) || leaseSeconds * 1000 < 3 * leaderIntervalMs) {
+    throw new Error(
+      `WARREN_KUBERNETES_LEASE_SECONDS must be whole seconds ≥ 3 × WARREN_LEADER_INTERVAL_MS, got ${leaseSeconds}`,
+    );
+  }
+  const drainTaints = (env.WARREN_KUBERNETES_DRAIN_TAINTS ?? DEFAULT_DRAIN_TAINTS.join(","))
+    .split(",")
+    .map((key) => key.trim())
+    .filter(Boolean);
+  return {
+    mode,
+    namespace,
+    agentSelector,
+    agentPort,
+    leaseName,
+    leaseSeconds,
+    identity: env.WARREN_KUBERNETES_IDENTITY || hostname(),
+    drainTaints,
+  };
+}
+
 export function loadMasterConfig(env: NodeJS.ProcessEnv = process.env): MasterConfig {
   const tokenSecret = env.WARREN_TOKEN_SECRET ?? "";
   if (tokenSecret.length < 16) throw new Error("WARREN_TOKEN_SECRET must be set (at least 16 characters)");
+  const leaderIntervalMs = int(env, "WARREN_LEADER_INTERVAL_MS", 2000);
+  const kube = kubernetes(env, leaderIntervalMs);
   return {
     port: port(env.WARREN_MASTER_PORT, 3100),
     host: env.WARREN_MASTER_HOST || "127.0.0.1",
@@ -72,11 +153,12 @@ export function loadMasterConfig(env: NodeJS.ProcessEnv = process.env): MasterCo
     domain: env.E2B_DOMAIN ?? "",
     evictIntervalMs: int(env, "WARREN_EVICT_INTERVAL_MS", 1000),
     reconcileIntervalMs: int(env, "WARREN_RECONCILE_INTERVAL_MS", 5000),
-    leaderIntervalMs: int(env, "WARREN_LEADER_INTERVAL_MS", 2000),
+    leaderIntervalMs,
     synchronousCommit: syncCommit(env.WARREN_DB_SYNCHRONOUS_COMMIT),
     startTimeoutMs: int(env, "WARREN_START_TIMEOUT_MS", 120_000),
     nodeDownAfterMs: int(env, "WARREN_NODE_DOWN_AFTER_MS", 30_000),
     placementAttempts: int(env, "WARREN_PLACEMENT_ATTEMPTS", 3),
     memoryOvercommit: int(env, "WARREN_MEMORY_OVERCOMMIT", 4),
+    ...(kube ? { kubernetes: kube } : {}),
   };
 }

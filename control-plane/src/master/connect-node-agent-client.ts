@@ -79,6 +79,7 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
             autoResume: request.autoResume,
             metadata: { ...request.metadata },
             allowInternetAccess: request.allowInternetAccess ?? false,
+            egress: { allowOut: [...request.egress.allowOut], denyOut: [...request.egress.denyOut] },
           },
           { timeoutMs: TIMEOUT_MS.create },
         );
@@ -135,6 +136,25 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
         { timeoutMs: TIMEOUT_MS.resume },
       );
       return placement(response.placement);
+    });
+
+  logs: NodeAgentClient["logs"] = (sandboxId, limit) =>
+    call(async () => {
+      const response = await this.client.logs({ sandboxId, limit }, { timeoutMs: TIMEOUT_MS.list });
+      return response.lines.map((line) => ({
+        timestampMs: Number(line.timestampMs),
+        level: line.level,
+        message: line.message,
+        fields: { ...line.fields },
+      }));
+    });
+
+  updateEgress: NodeAgentClient["updateEgress"] = (sandboxId, egress) =>
+    call(async () => {
+      await this.client.updateEgress(
+        { sandboxId, egress: { allowOut: [...egress.allowOut], denyOut: [...egress.denyOut] } },
+        { timeoutMs: TIMEOUT_MS.kill },
+      );
     });
 }
 

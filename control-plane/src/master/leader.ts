@@ -14,10 +14,21 @@ export interface LeaderOptions {
 }
 
 /**
+ * How a master replica learns it leads: the PostgreSQL lock below, or a Kubernetes Lease
+ * (`kubernetes/lease-election.ts`). Either calls onElected / onDemoted; at most one replica leads at a time.
+ */
+export interface Leadership {
+  readonly isLeader: boolean;
+  start(): void;
+  /** Steps down (onDemoted) and gives the leadership up at once, so a standby takes over on its next try. */
+  stop(): Promise<void>;
+}
+
+/**
  * Leader election with a PostgreSQL session-level advisory lock: whoever holds it is leader. If the leader's
  * process or connection dies, PostgreSQL releases the lock and a standby's next try wins.
  */
-export class LeaderElection {
+export class LeaderElection implements Leadership {
   private client: pg.Client | undefined;
   private timer: NodeJS.Timeout | undefined;
   private leading = false;

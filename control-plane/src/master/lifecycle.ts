@@ -1,6 +1,7 @@
 import { timingSafeEqual } from "node:crypto";
 import type { NodeHeartbeat } from "@warren/proto/redis";
 import type { Redis } from "ioredis";
+import { effectiveEgress } from "../runtime/egress/policy.js";
 import { type Db, type DbClient, withTransaction } from "../store/db.js";
 import { appendEvent } from "../store/events.js";
 import { findTemplate, reservedMemoryByNode } from "../store/nodes.js";
@@ -9,7 +10,12 @@ import { getTeam } from "../store/teams.js";
 import { admitSandbox } from "./admission.js";
 import { MasterError, notFound } from "./errors.js";
 import type { Logger } from "./log.js";
-import { type NodeAgentConnector, NodeAgentError, type SandboxPlacement } from "./node-agent-client.js";
+import {
+  type NodeAgentConnector,
+  NodeAgentError,
+  type SandboxLogLine,
+  type SandboxPlacement,
+} from "./node-agent-client.js";
 import type { NodeRegistry } from "./node-registry.js";
 import { RecentPlacements, rankNodes } from "./placement.js";
 import { deleteRoute } from "./routes.js";
@@ -108,7 +114,7 @@ export class SandboxLifecycle {
     const [team, template, nodes, reserved] = await Promise.all([
       getTeam(db, input.teamId),
       findTemplate(db, input.templateId),
-      this.deps.registry.liveNodes(),
+      this.deps.registry.placeableNodes(),
       reservedMemoryByNode(db),
     ]);
     if (!team) throw new MasterError("not_found", `team '${input.teamId}' not found`);
@@ -157,7 +163,10 @@ export class SandboxLifecycle {
 
   /** Live nodes that can take the sandbox, best first, skipping `exclude`. */
   private async rank(row: SandboxRow, exclude: ReadonlySet<string>) {
-    const [nodes, reserved] = await Promise.all([this.deps.registry.liveNodes(), reservedMemoryByNode(this.deps.db)]);
+    const [nodes, reserved] = await Promise.all([
+      this.deps.registry.placeableNodes(),
+      reservedMemoryByNode(this.deps.db),
+    ]);
     // The row's own reservation sits on a node already tried (excluded), so it does not count against others.
     return rankNodes(
       nodes.filter((node) => !exclude.has(node.nodeId)),
@@ -202,6 +211,7 @@ export class SandboxLifecycle {
           metadata: row.metadata,
           network: row.network,
           allowInternetAccess: row.allowInternetAccess,
+          egress: row.egress ?? effectiveEgress(row.network, row.allowInternetAccess, "open"),
         });
       } catch (error) {
         const reason = error instanceof Error ? error.message : String(error);
@@ -344,6 +354,65 @@ export class SandboxLifecycle {
       log.warn("kill on node failed; removing the route", { sandboxId: row.id, node: row.nodeId, error });
       if (row.execId) await deleteRoute(redis, row.id, row.execId).catch(() => undefined);
     }
+  }
+
+  /**
+   * The sandbox's own log lines from its node (envd); empty when it is on no live node (killed, failed, node
+   * down) or the node no longer has it. Lifecycle events come from the ledger, not from here.
+   */
+  async logs(sandboxId: string, teamId: string, limit: number): Promise<SandboxLogLine[]> {
+    const row = await getSandbox(this.deps.db, sandboxId);
+    if (!row || row.teamId !== teamId) throw notFound(sandboxId);
+    if ((row.state !== "running" && row.state !== "paused") || !row.nodeId) return [];
+    const node = (await this.deps.registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
+    if (!node) return [];
+    try {
+      return await this.deps.nodeAgent(node.nodeId, node.addr).logs(sandboxId, limit);
+    } catch (error) {
+      if (error instanceof NodeAgentError) return [];
+      throw error;
+    }
+  }
+
+  /**
+   * Replaces a sandbox's egress policy (E2B `PUT /sandboxes/{id}/network`: allowOut, denyOut and
+   * allow_internet_access, omitted fields cleared; allowPublicTraffic and maskRequestHost are create-time only and
+   * kept). The node applies it first; the row changes only when the node did, so the two never disagree.
+   */
+  async updateNetwork(
+    sandboxId: string,
+    teamId: string,
+    network: Record<string, unknown>,
+    allowInternetAccess: boolean | null,
+  ): Promise<void> {
+    const team = await getTeam(this.deps.db, teamId);
+    if (!team) throw notFound(sandboxId);
+    await this.transition(sandboxId, teamId, async (tx, row) => {
+      if (row.state === "starting" || row.state === "pausing" || row.state === "resuming") {
+        throw new MasterError("busy", `sandbox ${sandboxId} is ${row.state}; retry shortly`);
+      }
+      if (row.state !== "running" && row.state !== "paused") throw notFound(sandboxId);
+      const egress = effectiveEgress(network, allowInternetAccess, team.egressMode);
+      const node = (await this.deps.registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
+      if (!node) throw new MasterError("unavailable", `the node of sandbox ${sandboxId} is not reachable; retry later`);
+      await this.deps.nodeAgent(node.nodeId, node.addr).updateEgress(row.id, egress);
+      const kept = Object.fromEntries(
+        Object.entries(row.network ?? {}).filter(([key]) => key === "allowPublicTraffic" || key === "maskRequestHost"),
+      );
+      const stored = { ...kept, ...network };
+      await tx.query("UPDATE sandboxes SET network = $2, allow_internet_access = $3, egress = $4 WHERE id = $1", [
+        row.id,
+        JSON.stringify(stored),
+        allowInternetAccess,
+        JSON.stringify(egress),
+      ]);
+      await appendEvent(tx, {
+        sandboxId: row.id,
+        teamId: row.teamId,
+        type: "sandbox.network_changed",
+        data: { allowOut: egress.allowOut, denyOut: egress.denyOut },
+      });
+    });
   }
 
   async setTimeout(sandboxId: string, teamId: string, seconds: number, extendOnly: boolean): Promise<{ endAt: Date }> {

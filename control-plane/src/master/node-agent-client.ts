@@ -1,3 +1,5 @@
+import type { EgressPolicy } from "../runtime/egress/policy.js";
+
 /**
  * What the master needs from a node agent. The Connect adapter (`connect-node-agent-client.ts`) maps it onto
  * `warren.nodeagent.v1.NodeAgentService`; tests use an in-process fake.
@@ -25,6 +27,16 @@ export interface CreateOnNodeRequest {
   /** E2B SandboxNetworkConfig as given at create (egress policy), or null. */
   readonly network: Readonly<Record<string, unknown>> | null;
   readonly allowInternetAccess: boolean | null;
+  /** The policy the node enforces (request + team mode). */
+  readonly egress: EgressPolicy;
+}
+
+/** One line of a sandbox's own log (envd's JSON lines, or plain text PID 1 printed). */
+export interface SandboxLogLine {
+  readonly timestampMs: number;
+  readonly level: string;
+  readonly message: string;
+  readonly fields: Readonly<Record<string, string>>;
 }
 
 /** Where a sandbox started on a node can be reached. */
@@ -89,6 +101,10 @@ export interface NodeAgentClient {
   stats(sandboxId: string): Promise<SandboxStats>;
   pause(sandboxId: string, memory: boolean): Promise<void>;
   resume(request: ResumeOnNodeRequest): Promise<SandboxPlacement>;
+  /** Replaces a running or paused sandbox's egress policy; not_found when the node does not have it. */
+  updateEgress(sandboxId: string, egress: EgressPolicy): Promise<void>;
+  /** The newest `limit` lines of the sandbox's own log (envd), oldest first; not_found when not on the node. */
+  logs(sandboxId: string, limit: number): Promise<SandboxLogLine[]>;
 }
 
 /** Gives the client for a node at `addr` (host:port), reusing connections. */

@@ -41,9 +41,31 @@ export interface NodeView {
   readonly heartbeat?: NodeHeartbeat;
 }
 
-/** Reads node liveness and capacity from the heartbeats node agents keep in Redis. */
+/** What a cluster manager says about one node agent (see kubernetes/node-state.ts). */
+export interface NodeVerdict {
+  /** Where to reach the agent, when the cluster knows better than the heartbeat (the agent pod's address). */
+  readonly addr?: string;
+  /** Why the node takes no new sandboxes; undefined when it may. */
+  readonly unplaceable?: string;
+  /** Why the node's sandboxes should be paused (it is being drained); undefined otherwise. */
+  readonly drain?: string;
+}
+
+/** A source of node verdicts beside the heartbeats: Kubernetes (`kubernetes/cluster-view.ts`), or none. */
+export interface NodeDirectory {
+  verdict(heartbeat: NodeHeartbeat): NodeVerdict;
+}
+
+/**
+ * Reads node liveness and capacity from the heartbeats node agents keep in Redis. With a `directory`
+ * (Kubernetes), the agent's address comes from its pod and placement skips nodes the directory rules out;
+ * without one, every heartbeating node takes sandboxes at the address it advertises.
+ */
 export class NodeRegistry {
-  constructor(private readonly redis: Redis) {}
+  constructor(
+    private readonly redis: Redis,
+    private readonly directory?: NodeDirectory,
+  ) {}
 
   async nodes(): Promise<NodeView[]> {
     const ids = (await this.redis.smembers(NODES_SET_KEY)).sort();
@@ -58,7 +80,31 @@ export class NodeRegistry {
     });
   }
 
+  /** Every heartbeating node, whatever the directory says (kills, pauses, resumes and reconciling need them all). */
   async liveNodes(): Promise<NodeHeartbeat[]> {
-    return (await this.nodes()).flatMap((node) => (node.heartbeat ? [node.heartbeat] : []));
+    const live = (await this.nodes()).flatMap((node) => (node.heartbeat ? [node.heartbeat] : []));
+    const directory = this.directory;
+    if (!directory) return live;
+    return live.map((heartbeat) => {
+      const addr = directory.verdict(heartbeat).addr;
+      return addr && addr !== heartbeat.addr ? { ...heartbeat, addr } : heartbeat;
+    });
+  }
+
+  /** Live nodes that may take new sandboxes: not cordoned, NotReady or draining (with a directory). */
+  async placeableNodes(): Promise<NodeHeartbeat[]> {
+    const directory = this.directory;
+    const live = await this.liveNodes();
+    return directory ? live.filter((heartbeat) => !directory.verdict(heartbeat).unplaceable) : live;
+  }
+
+  /** Live nodes being drained, with the reason (none without a directory). */
+  async drainingNodes(): Promise<{ node: NodeHeartbeat; reason: string }[]> {
+    const directory = this.directory;
+    if (!directory) return [];
+    return (await this.liveNodes()).flatMap((node) => {
+      const reason = directory.verdict(node).drain;
+      return reason ? [{ node, reason }] : [];
+    });
   }
 }

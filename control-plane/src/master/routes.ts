@@ -1,4 +1,4 @@
-import { DELETE_ROUTE_SCRIPT, ROUTE_EVENTS_CHANNEL, type RouteEvent, routeKey } from "@warren/proto/redis";
+import { DELETE_ROUTE_SCRIPT, type RouteEvent, routeEventsChannel, routeKey } from "@warren/proto/redis";
 import type { Redis } from "ioredis";
 
 /**
@@ -11,7 +11,8 @@ export async function deleteRoute(redis: Redis, sandboxId: string, exec: string)
     DELETE_ROUTE_SCRIPT,
     1,
     routeKey(sandboxId),
-    ROUTE_EVENTS_CHANNEL,
+    // The client prefixes keys (WARREN_REDIS_PREFIX), never channels.
+    routeEventsChannel(redis.options.keyPrefix ?? ""),
     exec,
     JSON.stringify(event),
   );

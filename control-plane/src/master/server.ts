@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
@@ -6,7 +7,11 @@ import { createDb, type Db } from "../store/db.js";
 import { migrate } from "../store/migrations.js";
 import type { MasterConfig } from "./config.js";
 import { evictExpired } from "./evictor.js";
-import { LeaderElection } from "./leader.js";
+import { connectKubernetes } from "./kubernetes/api.js";
+import { KubernetesNodeView } from "./kubernetes/cluster-view.js";
+import { NodeDrainer } from "./kubernetes/drain.js";
+import { LeaseElection, type LeaseElectionOptions } from "./kubernetes/lease-election.js";
+import { LeaderElection, type Leadership } from "./leader.js";
 import { SandboxLifecycle } from "./lifecycle.js";
 import { createLogger, type Logger } from "./log.js";
 import { MasterMetrics } from "./metrics.js";
@@ -29,7 +34,9 @@ export class Master {
   readonly registry: NodeRegistry;
   readonly metrics: SandboxMetricsSampler;
   private readonly loops: NodeJS.Timeout[] = [];
-  private readonly leader: LeaderElection;
+  private readonly leader: Leadership;
+  /** Set in Kubernetes mode: pauses the sandboxes of draining nodes (leader only). */
+  private readonly drainer: NodeDrainer | undefined;
   private server: http.Server | undefined;
   private leaderTasks = new Set<Promise<unknown>>();
   /** Bumped on demotion so loops of an earlier term stop rescheduling. */
@@ -41,8 +48,12 @@ export class Master {
     readonly redis: Redis,
     private readonly nodeAgent: NodeAgentConnector,
     private readonly log: Logger,
+    private readonly kubernetes?: {
+      readonly view: KubernetesNodeView;
+      readonly leader: Omit<LeaseElectionOptions, "onElected" | "onDemoted">;
+    },
   ) {
-    this.registry = new NodeRegistry(redis);
+    this.registry = new NodeRegistry(redis, kubernetes?.view);
     this.metrics = new SandboxMetricsSampler({ db, registry: this.registry, nodeAgent });
     this.lifecycle = new SandboxLifecycle({
       db,
@@ -58,14 +69,20 @@ export class Master {
         replayWaitMs: 60_000,
       },
     });
-    this.leader = new LeaderElection({
-      url: config.databaseUrl,
-      schema: config.schema,
-      intervalMs: config.leaderIntervalMs,
-      log,
-      onElected: () => this.startLeaderLoops(),
-      onDemoted: () => this.stopLeaderLoops(),
-    });
+    const onElected = () => this.startLeaderLoops();
+    const onDemoted = () => this.stopLeaderLoops();
+    // In Kubernetes the Lease elects the leader; elsewhere the PostgreSQL advisory lock does.
+    this.leader = kubernetes
+      ? new LeaseElection({ ...kubernetes.leader, onElected, onDemoted })
+      : new LeaderElection({
+          url: config.databaseUrl,
+          schema: config.schema,
+          intervalMs: config.leaderIntervalMs,
+          log,
+          onElected,
+          onDemoted,
+        });
+    this.drainer = kubernetes ? new NodeDrainer(db, this.registry, this.lifecycle, log) : undefined;
   }
 
   static async start(options: MasterOptions): Promise<Master> {
@@ -81,7 +98,14 @@ export class Master {
     if (applied.length > 0) log.info("migrations applied", { versions: applied });
     const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 3, keyPrefix: config.redisKeyPrefix });
     redis.on("error", () => undefined);
-    const master = new Master(config, db, redis, options.nodeAgent, log);
+    const kubernetes = config.kubernetes
+      ? await Master.startKubernetes(config, log).catch(async (error) => {
+          redis.disconnect();
+          await db.end().catch(() => undefined);
+          throw error;
+        })
+      : undefined;
+    const master = new Master(config, db, redis, options.nodeAgent, log, kubernetes);
     const metrics = new MasterMetrics(db, () => master.isLeader);
     const handler = connectNodeAdapter({
       routes: masterRoutes(master.lifecycle, master.metrics),
@@ -106,6 +130,26 @@ export class Master {
     return master;
   }
 
+  /** Kubernetes mode: the pod and Node view (listed before the master serves) and the Lease's settings. */
+  private static async startKubernetes(config: MasterConfig, log: Logger) {
+    const k8s = config.kubernetes as NonNullable<MasterConfig["kubernetes"]>;
+    const api = connectKubernetes(k8s);
+    const view = new KubernetesNodeView(api, k8s, log);
+    await view.start();
+    log.info("kubernetes integration on", { mode: k8s.mode, namespace: k8s.namespace, lease: k8s.leaseName });
+    const leader: Omit<LeaseElectionOptions, "onElected" | "onDemoted"> = {
+      api,
+      namespace: k8s.namespace,
+      name: k8s.leaseName,
+      // Unique per process: a restarted replica must not mistake its predecessor's Lease for its own.
+      identity: `${k8s.identity}_${randomBytes(4).toString("hex")}`,
+      leaseSeconds: k8s.leaseSeconds,
+      retryMs: config.leaderIntervalMs,
+      log,
+    };
+    return { view, leader };
+  }
+
   get url(): string {
     const address = this.server?.address() as AddressInfo | null;
     return `http://${this.config.host}:${address?.port ?? this.config.port}`;
@@ -116,6 +160,8 @@ export class Master {
   }
 
   private startLeaderLoops(): void {
+    const drainer = this.drainer;
+    if (drainer) this.every(this.config.reconcileIntervalMs, () => drainer.pass());
     this.every(this.config.evictIntervalMs, () => evictExpired(this.db, this.lifecycle, this.log));
     this.every(this.config.reconcileIntervalMs, () =>
       reconcile(this.db, this.registry, this.nodeAgent, this.lifecycle, this.log, {
@@ -157,6 +203,7 @@ export class Master {
     const deadline = setTimeout(() => server?.closeAllConnections(), 10_000);
     server?.closeIdleConnections();
     await this.leader.stop();
+    await this.kubernetes?.view.stop();
     // Leader tasks end on their own (node calls have timeouts); do not let one hold the shutdown long.
     await Promise.race([
       Promise.allSettled([...this.leaderTasks]),

@@ -75,6 +75,25 @@ export function masterServiceImpl(
           diskTotal: BigInt(m.diskTotal),
         })),
       })),
+    getSandboxLogs: (req) =>
+      guarded(async () => ({
+        lines: (await lifecycle.logs(req.sandboxId, req.teamId, Math.min(req.limit || 1000, 10_000))).map((line) => ({
+          timestampMs: BigInt(line.timestampMs),
+          level: line.level,
+          message: line.message,
+          fields: { ...line.fields },
+        })),
+      })),
+    updateSandboxNetwork: (req) =>
+      guarded(async () => {
+        await lifecycle.updateNetwork(
+          req.sandboxId,
+          req.teamId,
+          parseJsonObject(req.networkJson, "network") ?? {},
+          req.allowInternetAccess ?? null,
+        );
+        return {};
+      }),
     pauseSandbox: (req) =>
       guarded(async () => {
         await lifecycle.pause(req.sandboxId, req.teamId, req.memory ?? true);

@@ -2,12 +2,20 @@ import { randomBytes } from "node:crypto";
 import { cpus, freemem, totalmem } from "node:os";
 import { isSandboxId, type SandboxRoute } from "@warren/proto/redis";
 import type { Instance, InstanceStats, RuntimeDriver, SandboxResources } from "../runtime/driver.js";
+import {
+  CLOSED_EGRESS,
+  compileEgress,
+  type EgressPolicy,
+  EgressPolicyError,
+  OPEN_EGRESS,
+} from "../runtime/egress/policy.js";
 import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
 import type { NodeAgentConfig } from "./config.js";
 import { initEnvd } from "./envd-client.js";
 import { AgentError } from "./errors.js";
 import type { Logger } from "./log.js";
 import type { RouteStore } from "./routes.js";
+import { parseSandboxLog, type SandboxLogLine } from "./sandbox-log.js";
 import { WarmPool } from "./warm-pool.js";
 
 export interface CreateSandboxInput {
@@ -26,6 +34,8 @@ export interface CreateSandboxInput {
   readonly defaultWorkdir?: string;
   /** Replaces the sandbox's start command (tests of failing starts only; never pooled). */
   readonly command?: readonly string[];
+  /** Egress policy (E2B allowOut/denyOut, internet access folded in by the master); default: nothing leaves. */
+  readonly egress?: EgressPolicy;
 }
 
 export interface ResumeSandboxInput {
@@ -177,7 +187,14 @@ export class NodeAgent {
     const pool = new WarmPool(
       template.templateId,
       this.config.poolSize,
-      () => this.driver.create({ template, resources: template.recipe.defaults, labels: { pooled: "1" } }),
+      // Pooled sandboxes get E2B's default policy (internet on) up front, so most claims change nothing.
+      () =>
+        this.driver.create({
+          template,
+          resources: template.recipe.defaults,
+          labels: { pooled: "1" },
+          ...(this.driver.setEgress ? { egress: OPEN_EGRESS } : {}),
+        }),
       (instance) => this.driver.kill(instance.instanceId),
       this.log,
     );
@@ -216,6 +233,7 @@ export class NodeAgent {
       throw new AgentError("unavailable", `template '${input.templateId}' is being built on this node; retry later`);
     }
     const resources = this.resolveResources(template, input.resources);
+    const egress = this.checkEgress(input.egress ?? CLOSED_EGRESS);
     this.creating.add(input.sandboxId);
     const log = this.log.child({ sandboxId: input.sandboxId, templateId: input.templateId });
     try {
@@ -233,6 +251,7 @@ export class NodeAgent {
             template,
             resources,
             ...(input.command ? { command: input.command } : {}),
+            ...(this.driver.setEgress ? { egress } : {}),
           });
         } catch (error) {
           throw new AgentError("internal", `sandbox '${input.sandboxId}' failed to start: ${(error as Error).message}`);
@@ -242,12 +261,16 @@ export class NodeAgent {
       const generation = this.nextGeneration();
       let routeWritten = false;
       try {
-        const envdVersion = await initEnvd(instance.envdUrl, {
-          envVars: input.envVars ?? {},
-          accessToken: input.envdAccessToken ?? "",
-          defaultUser: input.defaultUser || "user",
-          defaultWorkdir: input.defaultWorkdir || "/home/user",
-        });
+        const claimed = instance;
+        const [envdVersion] = await Promise.all([
+          initEnvd(claimed.envdUrl, {
+            envVars: input.envVars ?? {},
+            accessToken: input.envdAccessToken ?? "",
+            defaultUser: input.defaultUser || "user",
+            defaultWorkdir: input.defaultWorkdir || "/home/user",
+          }),
+          this.driver.setEgress?.(claimed.instanceId, egress),
+        ]);
         const labels = {
           pooled: "",
           sandboxId: input.sandboxId,
@@ -286,6 +309,47 @@ export class NodeAgent {
     } finally {
       this.creating.delete(input.sandboxId);
     }
+  }
+
+  /** Validates a policy and refuses ones the driver cannot enforce (it keeps egress closed). */
+  private checkEgress(policy: EgressPolicy): EgressPolicy {
+    let compiled: ReturnType<typeof compileEgress>;
+    try {
+      compiled = compileEgress(policy);
+    } catch (error) {
+      if (error instanceof EgressPolicyError) throw new AgentError("invalid_argument", error.message);
+      throw error;
+    }
+    if (!this.driver.setEgress && compiled.key !== compileEgress(CLOSED_EGRESS).key) {
+      throw new AgentError(
+        "failed_precondition",
+        `the ${this.driver.name} driver cannot open sandbox egress on this node; ask for allow_internet_access: false`,
+      );
+    }
+    return policy;
+  }
+
+  /** The newest `limit` lines of the sandbox's own log (envd), oldest first. */
+  async logs(sandboxId: string, limit: number): Promise<SandboxLogLine[]> {
+    const sandbox = this.requireSandbox(sandboxId);
+    if (!this.driver.logTail) return [];
+    // ~250 bytes per envd line: enough bytes for `limit` lines without reading a long log whole.
+    const text = await this.driver.logTail(sandbox.instanceId, Math.min(4 << 20, Math.max(64 << 10, limit * 512)));
+    return parseSandboxLog(text, limit, sandbox.startedAt);
+  }
+
+  /** Replaces a sandbox's egress policy while it runs or is paused (E2B `PUT /sandboxes/{id}/network`). */
+  async updateEgress(sandboxId: string, policy: EgressPolicy): Promise<void> {
+    const checked = this.checkEgress(policy);
+    await this.exclusive(sandboxId, async () => {
+      const sandbox = this.requireSandbox(sandboxId);
+      await this.driver.setEgress?.(sandbox.instanceId, checked);
+      this.log.info("sandbox egress policy replaced", {
+        sandboxId,
+        allowOut: checked.allowOut.length,
+        denyOut: checked.denyOut.length,
+      });
+    });
   }
 
   private resolveResources(template: BuiltTemplate, asked: CreateSandboxInput["resources"]): SandboxResources {

@@ -2,7 +2,8 @@ import { existsSync } from "node:fs";
 import { hostname } from "node:os";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { isNodeId } from "@warren/proto/redis";
+import { isNodeId, parseRedisPrefix } from "@warren/proto/redis";
+import { DRIVER_REQUESTS, type DriverRequest } from "../runtime/microvm/probe.js";
 import type { LogLevel } from "./log.js";
 
 /**
@@ -14,6 +15,7 @@ import type { LogLevel } from "./log.js";
  * | WARREN_AGENT_LISTEN | 127.0.0.1:49700 | Connect service address (host:port) |
  * | WARREN_NODE_ADDR | the listen address | address the master and proxies use to reach this agent |
  * | WARREN_REDIS_URL | redis://127.0.0.1:6379 | routes and heartbeats |
+ * | WARREN_REDIS_PREFIX | empty | prefix of every Redis key and channel (@warren/proto/redis); same in the whole deployment |
  * | WARREN_STATE_DIR | /var/lib/warren/agent-<instance> | sandbox records, mounts, crun state |
  * | WARREN_TEMPLATES_DIR | /var/lib/warren/templates | template cache, shared by agents on the host |
  * | WARREN_INSTANCE | a | tag in netns/veth/cgroup/firewall names ([a-z0-9]{1,4}); one per agent on a host |
@@ -30,8 +32,14 @@ import type { LogLevel } from "./log.js";
  * | WARREN_HEARTBEAT_MS | 5000 | heartbeat period (the node key expires after NODE_TTL_SECONDS) |
  * | WARREN_READY_TIMEOUT_MS | 15000 | how long a start may take before it counts as failed |
  * | WARREN_LOG_LEVEL | info | debug, info, warn, error |
+ * | WARREN_DNS_UPSTREAM | first nameserver of /etc/resolv.conf | DNS server (`ip` or `ip:port`) the egress gateway asks for sandboxes |
+ * | WARREN_UPLINK_FORWARDING | 1 | turn on IPv4 forwarding for the default route's interface (replies to sandbox egress); 0: the operator manages it |
  * | WARREN_CRIU | /var/lib/warren/criu/criu when present | CRIU 4 wrapper (scripts/setup-host.sh); "off" or absent: paused sandboxes stay frozen in memory |
  * | WARREN_CHECKPOINT_AFTER_MS | 30000 | a sandbox paused this long is checkpointed to disk (memory released); -1 never |
+ * | WARREN_DRIVER | auto | runtime driver: auto (capability probe: microvm only where a guest really boots under KVM, else namespace), namespace, microvm (KVM, fail if it cannot boot), microvm-tcg (software emulation; tests only) |
+ * | WARREN_MICROVM_DIR | /var/lib/warren/microvm | microvm driver's cache: guest kernel, root images, template snapshots |
+ * | WARREN_MICROVM_KERNEL | <WARREN_MICROVM_DIR>/linux | unpacked Debian cloud kernel package (scripts/setup-host.sh) |
+ * | WARREN_MICROVM_BOOT_TIMEOUT_MS | 30000 (KVM), 240000 (TCG) | one cold-boot attempt of a microVM (3 attempts) |
  * | WARREN_KILL_ON_STOP | false | on SIGTERM, kill every sandbox too (a local cluster's `down`), instead of leaving them for re-adoption |
  */
 export interface NodeAgentConfig {
@@ -40,6 +48,7 @@ export interface NodeAgentConfig {
   readonly listenPort: number;
   readonly nodeAddr: string;
   readonly redisUrl: string;
+  readonly redisPrefix: string;
   readonly stateDir: string;
   readonly templatesDir: string;
   readonly instance: string;
@@ -58,7 +67,14 @@ export interface NodeAgentConfig {
   readonly logLevel: LogLevel;
   readonly killOnStop: boolean;
   readonly criu: string | undefined;
+  readonly dnsUpstream: string | undefined;
+  readonly uplinkForwarding: boolean;
   readonly checkpointAfterMs: number;
+  readonly driver: DriverRequest;
+  readonly microvmDir: string;
+  readonly microvmKernel: string;
+  /** 0: the driver's default for its accelerator. */
+  readonly microvmBootTimeoutMs: number;
 }
 
 export class ConfigError extends Error {
@@ -118,12 +134,18 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
   if (!["debug", "info", "warn", "error"].includes(logLevel)) {
     throw new ConfigError(`WARREN_LOG_LEVEL must be debug, info, warn or error, got '${logLevel}'`);
   }
+  const driver = (env.WARREN_DRIVER || "auto") as DriverRequest;
+  if (!DRIVER_REQUESTS.includes(driver)) {
+    throw new ConfigError(`WARREN_DRIVER must be one of ${DRIVER_REQUESTS.join(", ")}, got '${driver}'`);
+  }
+  const microvmDir = env.WARREN_MICROVM_DIR || "/var/lib/warren/microvm";
   return {
     nodeId,
     listenHost: match[1]!,
     listenPort,
     nodeAddr: env.WARREN_NODE_ADDR ?? listen,
     redisUrl: env.WARREN_REDIS_URL ?? "redis://127.0.0.1:6379",
+    redisPrefix: parseRedisPrefix(env.WARREN_REDIS_PREFIX),
     stateDir: env.WARREN_STATE_DIR ?? `/var/lib/warren/agent-${instance}`,
     templatesDir: env.WARREN_TEMPLATES_DIR ?? "/var/lib/warren/templates",
     instance,
@@ -141,7 +163,13 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     readyTimeoutMs: integer(env, "WARREN_READY_TIMEOUT_MS", 15000, 1000, 600000),
     logLevel,
     criu: criuPath(env.WARREN_CRIU),
+    dnsUpstream: env.WARREN_DNS_UPSTREAM || undefined,
+    uplinkForwarding: env.WARREN_UPLINK_FORWARDING !== "0",
     checkpointAfterMs: integer(env, "WARREN_CHECKPOINT_AFTER_MS", 30_000, -1, 7 * 24 * 3600_000),
     killOnStop: ["1", "true", "yes"].includes((env.WARREN_KILL_ON_STOP ?? "").toLowerCase()),
+    driver,
+    microvmDir,
+    microvmKernel: env.WARREN_MICROVM_KERNEL || `${microvmDir}/linux`,
+    microvmBootTimeoutMs: integer(env, "WARREN_MICROVM_BOOT_TIMEOUT_MS", 0, 0, 3_600_000),
   };
 }

@@ -32,6 +32,8 @@ export async function startNodeAgent(config: NodeAgentConfig, log: Logger): Prom
     readyTimeoutMs: config.readyTimeoutMs,
     log: log.child({ part: "driver" }),
     ...(config.criu ? { criu: config.criu } : {}),
+    ...(config.dnsUpstream ? { dnsUpstream: config.dnsUpstream } : {}),
+    uplinkForwarding: config.uplinkForwarding,
   });
   const templates = new TemplateStore({
     dir: config.templatesDir,
@@ -39,7 +41,7 @@ export async function startNodeAgent(config: NodeAgentConfig, log: Logger): Prom
     ...(config.debianMirror ? { mirror: config.debianMirror } : {}),
     log: log.child({ part: "templates" }),
   });
-  const routes = new RouteStore(config.redisUrl);
+  const routes = new RouteStore(config.redisUrl, config.redisPrefix);
   // Listen first, so a configured port 0 becomes the real port in the address the agent advertises.
   const server = createServer();
   await new Promise<void>((resolve, reject) => {

@@ -4,12 +4,14 @@ import {
   NODES_SET_KEY,
   type NodeHeartbeat,
   nodeKey,
-  ROUTE_EVENTS_CHANNEL,
   type RouteEvent,
+  routeEventsChannel,
   routeFromHash,
   routeKey,
+  routeKeyPattern,
   routeToHash,
   type SandboxRoute,
+  sandboxIdOfRouteKey,
   WRITE_ROUTE_SCRIPT,
 } from "@warren/proto/redis";
 import { Redis } from "ioredis";
@@ -31,9 +33,20 @@ interface RouteCommands {
  */
 export class RouteStore {
   private readonly redis: Redis & RouteCommands;
+  private readonly channel: string;
 
-  constructor(url: string) {
-    const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 3, enableOfflineQueue: true });
+  /** `prefix` is WARREN_REDIS_PREFIX: keys through the client's keyPrefix, the channel and SCAN pattern by hand. */
+  constructor(
+    url: string,
+    private readonly prefix = "",
+  ) {
+    this.channel = routeEventsChannel(prefix);
+    const redis = new Redis(url, {
+      lazyConnect: true,
+      maxRetriesPerRequest: 3,
+      enableOfflineQueue: true,
+      keyPrefix: prefix,
+    });
     // Failures surface on the commands (heartbeats log them); the connection retries by itself.
     redis.on("error", () => undefined);
     redis.defineCommand("warrenWriteRoute", { numberOfKeys: 1, lua: WRITE_ROUTE_SCRIPT });
@@ -61,7 +74,7 @@ export class RouteStore {
     const fields = Object.entries(routeToHash(route)).flat();
     const written = await this.redis.warrenWriteRoute(
       routeKey(route.sandboxId),
-      ROUTE_EVENTS_CHANNEL,
+      this.channel,
       String(route.generation),
       JSON.stringify(event),
       ...fields,
@@ -72,12 +85,7 @@ export class RouteStore {
   /** Deletes the route if it still belongs to incarnation `exec`; true when deleted. */
   async delete(sandboxId: string, exec: string, generation: number): Promise<boolean> {
     const event: RouteEvent = { sandboxId, exec, generation, state: "deleted" };
-    const deleted = await this.redis.warrenDeleteRoute(
-      routeKey(sandboxId),
-      ROUTE_EVENTS_CHANNEL,
-      exec,
-      JSON.stringify(event),
-    );
+    const deleted = await this.redis.warrenDeleteRoute(routeKey(sandboxId), this.channel, exec, JSON.stringify(event));
     return deleted === 1;
   }
 
@@ -90,10 +98,13 @@ export class RouteStore {
     const routes: SandboxRoute[] = [];
     let cursor = "0";
     do {
-      const [next, keys] = await this.redis.scan(cursor, "MATCH", routeKey("x").replace(/x$/, "*"), "COUNT", 500);
+      const [next, keys] = await this.redis.scan(cursor, "MATCH", routeKeyPattern(this.prefix), "COUNT", 500);
       cursor = next;
       for (const key of keys) {
-        const route = routeFromHash(await this.redis.hgetall(key));
+        // SCAN returns full keys; the client adds the prefix again, so read through the id.
+        const sandboxId = sandboxIdOfRouteKey(key, this.prefix);
+        if (sandboxId === undefined) continue;
+        const route = routeFromHash(await this.redis.hgetall(routeKey(sandboxId)));
         if (route?.node === nodeId) routes.push(route);
       }
     } while (cursor !== "0");

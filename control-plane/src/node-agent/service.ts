@@ -31,10 +31,6 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
   return {
     create: (req) =>
       guard("Create", { sandboxId: req.sandboxId, templateId: req.templateId }, async () => {
-        if (req.allowInternetAccess) {
-          // E2B's default is true; refusing would fail every create. Egress stays off until the policy issue.
-          log.warn("internet access asked for but not available yet; egress stays off", { sandboxId: req.sandboxId });
-        }
         const placement = await agent.create({
           sandboxId: req.sandboxId,
           teamId: req.teamId,
@@ -52,6 +48,7 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
           metadata: req.metadata,
           defaultUser: req.defaultUser,
           defaultWorkdir: req.defaultWorkdir,
+          ...(req.egress ? { egress: { allowOut: req.egress.allowOut, denyOut: req.egress.denyOut } } : {}),
         });
         return create(CreateResponseSchema, {
           sandboxId: placement.sandboxId,
@@ -127,6 +124,23 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
           }),
         };
       }),
+    updateEgress: (req) =>
+      guard("UpdateEgress", { sandboxId: req.sandboxId }, async () => {
+        await agent.updateEgress(req.sandboxId, {
+          allowOut: req.egress?.allowOut ?? [],
+          denyOut: req.egress?.denyOut ?? ["0.0.0.0/0"],
+        });
+        return {};
+      }),
+    logs: (req) =>
+      guard("Logs", { sandboxId: req.sandboxId }, async () => ({
+        lines: (await agent.logs(req.sandboxId, Math.min(req.limit || 1000, 10_000))).map((line) => ({
+          timestampMs: BigInt(line.timestampMs),
+          level: line.level,
+          message: line.message,
+          fields: { ...line.fields },
+        })),
+      })),
     info: () =>
       guard("Info", {}, async () => {
         const info = agent.info();

@@ -1,3 +1,5 @@
+import type { EgressPolicy } from "./egress/policy.js";
+
 /**
  * The runtime driver interface: how the node agent starts, stops and inspects sandboxes, whatever isolates them.
  * `namespace` (Linux namespaces + overlayfs + cgroups + seccomp, ./namespace/) is the only driver today; a `microvm`
@@ -37,6 +39,8 @@ export interface InstanceSpec {
   readonly labels?: Readonly<Record<string, string>>;
   /** Replace the sandbox's start command (tests of failing starts; ready checks of odd templates). */
   readonly command?: readonly string[];
+  /** Egress policy from the start (default: nothing leaves); `setEgress` changes it later. */
+  readonly egress?: EgressPolicy;
 }
 
 export interface Instance {
@@ -111,6 +115,13 @@ export interface RuntimeDriver {
   /** Starts a paused or stopped instance afresh over its kept disk (new boot id); resolves once envd answers. */
   reboot(instanceId: string): Promise<Instance>;
   list(): Instance[];
+  /**
+   * Replaces the instance's egress policy while it runs (or is paused); kept with the instance and restored after
+   * an agent restart. Drivers without it keep every sandbox's egress closed (the agent refuses other policies).
+   */
+  setEgress?(instanceId: string, policy: EgressPolicy): Promise<void>;
+  /** The last `maxBytes` of what the instance's PID 1 and envd printed (whole lines), for the sandbox logs API. */
+  logTail?(instanceId: string, maxBytes: number): Promise<string>;
   stats(instanceId: string): Promise<InstanceStats>;
   /** After an agent restart: re-adopt live instances from disk, remove dead ones and any orphan. */
   reconcile(): Promise<ReconcileResult>;

@@ -101,6 +101,15 @@ CREATE RULE sandbox_events_no_update AS ON UPDATE TO sandbox_events DO INSTEAD N
 CREATE RULE sandbox_events_no_delete AS ON DELETE TO sandbox_events DO INSTEAD NOTHING;
 `,
   },
+  {
+    version: 2,
+    name: "egress policy: team egress mode, each sandbox's effective policy",
+    sql: `
+ALTER TABLE teams ADD COLUMN egress_mode text NOT NULL DEFAULT 'open'
+  CHECK (egress_mode IN ('open', 'closed', 'forbidden'));
+ALTER TABLE sandboxes ADD COLUMN egress jsonb;
+`,
+  },
 ];
 
 const MIGRATION_LOCK = 0x5741_5252; // "WARR"

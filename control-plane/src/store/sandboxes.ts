@@ -1,3 +1,4 @@
+import type { EgressPolicy } from "../runtime/egress/policy.js";
 import type { Queryable } from "./db.js";
 
 export type SandboxState = "starting" | "running" | "pausing" | "paused" | "resuming" | "killed" | "failed";
@@ -22,6 +23,8 @@ export interface SandboxRow {
   readonly envVars: Record<string, string>;
   readonly network: Record<string, unknown> | null;
   readonly allowInternetAccess: boolean | null;
+  /** The policy the node enforces (request + team mode, runtime/egress/policy.ts effectiveEgress). */
+  readonly egress: EgressPolicy | null;
   readonly volumeMounts: unknown[];
   readonly autoPause: boolean;
   readonly autoPauseMemory: boolean;
@@ -57,6 +60,7 @@ export function toSandboxRow(row: any): SandboxRow {
     envVars: row.env_vars ?? {},
     network: row.network,
     allowInternetAccess: row.allow_internet_access,
+    egress: (row.egress as EgressPolicy | null | undefined) ?? null,
     volumeMounts: row.volume_mounts ?? [],
     autoPause: row.auto_pause,
     autoPauseMemory: row.auto_pause_memory,

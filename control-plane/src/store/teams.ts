@@ -1,4 +1,5 @@
 import { createHash, randomBytes } from "node:crypto";
+import type { TeamEgressMode } from "../runtime/egress/policy.js";
 import type { Queryable } from "./db.js";
 
 export interface Team {
@@ -7,12 +8,15 @@ export interface Team {
   readonly maxConcurrentSandboxes: number;
   readonly maxLengthHours: number;
   readonly maxCreatesPerMinute: number;
+  /** What its sandboxes may reach outside (runtime/egress/policy.ts TeamEgressMode). */
+  readonly egressMode: TeamEgressMode;
 }
 
 export interface TeamLimits {
   readonly maxConcurrentSandboxes?: number;
   readonly maxLengthHours?: number;
   readonly maxCreatesPerMinute?: number;
+  readonly egressMode?: TeamEgressMode;
 }
 
 export interface CreatedApiKey {
@@ -29,6 +33,7 @@ interface TeamRow {
   max_concurrent_sandboxes: number;
   max_length_hours: number;
   max_creates_per_minute: number;
+  egress_mode: TeamEgressMode;
 }
 
 function toTeam(row: TeamRow): Team {
@@ -38,6 +43,7 @@ function toTeam(row: TeamRow): Team {
     maxConcurrentSandboxes: row.max_concurrent_sandboxes,
     maxLengthHours: row.max_length_hours,
     maxCreatesPerMinute: row.max_creates_per_minute,
+    egressMode: row.egress_mode,
   };
 }
 
@@ -49,17 +55,37 @@ export function hashApiKey(key: string): string {
 export async function createTeam(db: Queryable, name: string, limits: TeamLimits = {}): Promise<Team> {
   const id = `team_${randomBytes(8).toString("hex")}`;
   const result = await db.query<TeamRow>(
-    `INSERT INTO teams (id, name, max_concurrent_sandboxes, max_length_hours, max_creates_per_minute)
-     VALUES ($1, $2, COALESCE($3, 100), COALESCE($4, 24), COALESCE($5, 600)) RETURNING *`,
+    `INSERT INTO teams (id, name, max_concurrent_sandboxes, max_length_hours, max_creates_per_minute, egress_mode)
+     VALUES ($1, $2, COALESCE($3, 100), COALESCE($4, 24), COALESCE($5, 600), COALESCE($6, 'open')) RETURNING *`,
     [
       id,
       name,
       limits.maxConcurrentSandboxes ?? null,
       limits.maxLengthHours ?? null,
       limits.maxCreatesPerMinute ?? null,
+      limits.egressMode ?? null,
     ],
   );
   return toTeam(result.rows[0] as TeamRow);
+}
+
+/** Changes a team's limits (fields left out keep their value); undefined for an unknown team. */
+export async function updateTeam(db: Queryable, teamId: string, limits: TeamLimits): Promise<Team | undefined> {
+  const result = await db.query<TeamRow>(
+    `UPDATE teams SET max_concurrent_sandboxes = COALESCE($2, max_concurrent_sandboxes),
+       max_length_hours = COALESCE($3, max_length_hours),
+       max_creates_per_minute = COALESCE($4, max_creates_per_minute),
+       egress_mode = COALESCE($5, egress_mode)
+     WHERE id = $1 RETURNING *`,
+    [
+      teamId,
+      limits.maxConcurrentSandboxes ?? null,
+      limits.maxLengthHours ?? null,
+      limits.maxCreatesPerMinute ?? null,
+      limits.egressMode ?? null,
+    ],
+  );
+  return result.rows[0] ? toTeam(result.rows[0]) : undefined;
 }
 
 export async function getTeam(db: Queryable, teamId: string): Promise<Team | undefined> {

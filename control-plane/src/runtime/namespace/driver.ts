@@ -3,6 +3,8 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
 import { mkdir, open, readdir, readFile, rename, rm, stat, statfs, writeFile } from "node:fs/promises";
 import { request } from "node:http";
+import { BlockList } from "node:net";
+import { networkInterfaces } from "node:os";
 import { join } from "node:path";
 import type { Logger } from "../../node-agent/log.js";
 import type {
@@ -15,8 +17,11 @@ import type {
   RuntimeDriver,
   SandboxResources,
 } from "../driver.js";
+import { EgressGateway } from "../egress/gateway.js";
+import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { exec } from "../exec.js";
 import { type CgroupManager, detectCgroupManager } from "./cgroups.js";
+import { type GatewayPorts, sandboxFirewallRules } from "./egress-rules.js";
 import { mountPoints, unmountTree } from "./mounts.js";
 import { NetworkPool, type NetworkSlot } from "./network.js";
 import { sandboxSpec } from "./oci-spec.js";
@@ -72,6 +77,10 @@ export interface NamespaceDriverOptions {
    * tier and paused sandboxes stay frozen in memory.
    */
   readonly criu?: string;
+  /** Upstream DNS server (`ip` or `ip:port`) of the egress gateway; default: the node's resolv.conf. */
+  readonly dnsUpstream?: string;
+  /** See NetworkPoolOptions.uplinkForwarding (default on). */
+  readonly uplinkForwarding?: boolean;
 }
 
 export const ENVD_PORT = 49983;
@@ -117,6 +126,8 @@ interface InstanceRecord {
   resources: SandboxResources;
   createdAt: number;
   labels: Record<string, string>;
+  /** Egress policy in force (re-applied after an agent restart: the gateway's ports change). */
+  egress?: EgressPolicy;
   pid?: number;
   pidStartTime?: string;
   paused: boolean;
@@ -155,6 +166,8 @@ export class NamespaceDriver implements RuntimeDriver {
   readonly network: NetworkPool;
   private readonly instancesDir: string;
   private readonly crunRoot: string;
+  private readonly gateway: EgressGateway;
+  private gatewayPorts: GatewayPorts | undefined;
 
   constructor(private readonly options: NamespaceDriverOptions) {
     this.cgroups = detectCgroupManager(`warren/${options.instance}`);
@@ -163,9 +176,20 @@ export class NamespaceDriver implements RuntimeDriver {
       cidr: options.netCidr,
       poolSize: options.netPoolSize,
       log: options.log,
+      ...(options.uplinkForwarding === false ? { uplinkForwarding: false } : {}),
     });
     this.instancesDir = join(options.stateDir, "instances");
     this.crunRoot = join(options.stateDir, "crun");
+    const forbidden = new BlockList();
+    const [netAddr, netBits] = options.netCidr.split("/");
+    forbidden.addSubnet(netAddr as string, Number(netBits), "ipv4");
+    for (const addrs of Object.values(networkInterfaces()))
+      for (const addr of addrs ?? []) if (addr.family === "IPv4") forbidden.addAddress(addr.address, "ipv4");
+    this.gateway = new EgressGateway({
+      forbidden,
+      log: options.log.child({ part: "egress" }),
+      ...(options.dnsUpstream ? { dnsUpstream: options.dnsUpstream } : {}),
+    });
   }
 
   get cgroupVersion(): 1 | 2 {
@@ -191,6 +215,8 @@ export class NamespaceDriver implements RuntimeDriver {
     await mkdir(this.crunRoot, { recursive: true });
     await this.cgroups.prepare();
     await this.network.start();
+    this.gatewayPorts = await this.gateway.start();
+    await this.network.allowGateway(this.gatewayPorts);
   }
 
   /** Starts refilling the network pool (after reconcile, so adopted slots are known). */
@@ -219,6 +245,7 @@ export class NamespaceDriver implements RuntimeDriver {
         resources: spec.resources,
         createdAt: Date.now(),
         labels: { ...spec.labels },
+        egress: spec.egress ?? CLOSED_EGRESS,
         paused: false,
       };
       // The record goes to disk before anything else exists, so a crash at any later step is cleaned up.
@@ -261,11 +288,15 @@ export class NamespaceDriver implements RuntimeDriver {
                 destination: `/opt/warren/code-gateway/${name}`,
               }))
             : []),
+          { source: join(dir, "resolv.conf"), destination: "/etc/resolv.conf" },
           // Per boot, as in a VM: a reboot (resume after a filesystem-only pause) writes a new one.
           { source: join(dir, "boot_id"), destination: "/proc/sys/kernel/random/boot_id" },
         ],
       });
       await writeFile(join(dir, "boot_id"), `${randomUUID()}\n`);
+      // DNS goes to the node's egress gateway at the host side of the veth (its rules redirect any port-53 UDP).
+      await writeFile(join(dir, "resolv.conf"), `nameserver ${slot.hostAddr}\noptions timeout:2 attempts:2\n`);
+      await this.applyEgress(record);
       await writeFile(join(dir, "bundle", "config.json"), JSON.stringify(config));
       const launchAt = performance.now();
       await this.launch(record, cgroup.procsFiles);
@@ -595,6 +626,10 @@ export class NamespaceDriver implements RuntimeDriver {
         existsSync(this.network.slot(record.slot).netnsPath);
       if (alive || checkpointed || stopped) {
         this.instances.set(name, record);
+        // The gateway listens on new ports after a restart: rewrite the sandbox's rules to match.
+        await this.applyEgress(record).catch((error) =>
+          this.options.log.error("restoring an adopted sandbox's egress policy failed", { instanceId: name, error }),
+        );
         adopted.push(this.toInstance(record));
       } else {
         this.options.log.warn("removing dead sandbox instance found at start", { instanceId: name });
@@ -626,6 +661,55 @@ export class NamespaceDriver implements RuntimeDriver {
 
   async close(): Promise<void> {
     await this.network.close();
+    await this.network.removeGatewayRules();
+    await this.gateway.close();
+  }
+
+  /** Replaces the instance's egress policy: its namespace's firewall and the gateway's view, atomically each. */
+  async setEgress(instanceId: string, policy: EgressPolicy): Promise<void> {
+    const record = this.require(instanceId);
+    const before = record.egress ?? CLOSED_EGRESS;
+    if (compileEgress(before).key === compileEgress(policy).key) return;
+    record.egress = policy;
+    try {
+      await this.applyEgress(record);
+    } catch (error) {
+      record.egress = before;
+      await this.applyEgress(record).catch(() => undefined);
+      throw error;
+    }
+    await this.persist(record);
+  }
+
+  async logTail(instanceId: string, maxBytes: number): Promise<string> {
+    this.require(instanceId);
+    const file = await open(join(this.instanceDir(instanceId), "envd.log"), "r");
+    try {
+      const { size } = await file.stat();
+      const start = Math.max(0, size - maxBytes);
+      const buf = Buffer.alloc(size - start);
+      await file.read(buf, 0, buf.length, start);
+      const text = buf.toString("utf8");
+      // A cut first line is dropped rather than shown half.
+      return start > 0 ? text.slice(text.indexOf("\n") + 1) : text;
+    } finally {
+      await file.close();
+    }
+  }
+
+  /** The egress policy an instance has (tests and `getInfo` checks). */
+  egressOf(instanceId: string): EgressPolicy {
+    return this.require(instanceId).egress ?? CLOSED_EGRESS;
+  }
+
+  private async applyEgress(record: InstanceRecord): Promise<void> {
+    const policy = compileEgress(record.egress ?? CLOSED_EGRESS);
+    const slot = this.network.slot(record.slot);
+    await this.network.applySandboxFirewall(
+      slot,
+      sandboxFirewallRules(policy, slot.hostAddr, this.network.cidr, this.gatewayPorts),
+    );
+    this.gateway.setPolicy(record.addr, policy);
   }
 
   /** Removes everything an instance has, in an order that works from any partial state. */
@@ -638,6 +722,7 @@ export class NamespaceDriver implements RuntimeDriver {
     });
     await unmountTree(dir);
     await cgroup.remove();
+    this.gateway.removePolicy(record.addr);
     await this.network.release(this.network.slot(record.slot));
     this.instances.delete(record.instanceId);
     await rm(dir, { recursive: true, force: true });

@@ -37,6 +37,12 @@ export interface NetworkPoolOptions {
   /** Namespaces kept ready. */
   readonly poolSize: number;
   readonly log: Logger;
+  /**
+   * Turn on IPv4 forwarding for the interface of the node's default route, so replies to sandbox egress come back
+   * (each sandbox veth gets forwarding too). Only that interface, not `ip_forward` for all; off when the operator
+   * manages forwarding (or wants no egress at all).
+   */
+  readonly uplinkForwarding?: boolean;
 }
 
 function parseCidr(cidr: string): { base: number; slots: number } {
@@ -75,7 +81,7 @@ COMMIT
 const SLOT_SCRIPT = `set -e
 ip netns add "$NS"
 ip link add "$HV" address "$HMAC" type veth peer name eth0 address "$SMAC" netns "$NS"
-sysctl -qw "net.ipv6.conf.$HV.disable_ipv6=1"
+sysctl -qw "net.ipv6.conf.$HV.disable_ipv6=1" "net.ipv4.conf.$HV.forwarding=1"
 ip addr add "$HIP/30" dev "$HV"
 ip link set "$HV" up
 ip neigh replace "$SIP" lladdr "$SMAC" dev "$HV" nud permanent
@@ -86,6 +92,7 @@ ip link set lo up
 ip addr add "$SIP/30" dev eth0
 ip link set eth0 up
 ip neigh replace "$HIP" lladdr "$HMAC" dev eth0 nud permanent
+ip route add default via "$HIP" dev eth0
 printf "%s" "$NS_RULES" | iptables-restore
 '
 `;
@@ -100,6 +107,7 @@ export class NetworkPool {
   private closed = false;
   readonly inputChain: string;
   readonly forwardChain: string;
+  readonly natChain: string;
 
   constructor(private readonly options: NetworkPoolOptions) {
     if (!/^[a-z0-9]{1,4}$/.test(options.instance)) throw new Error(`invalid instance tag '${options.instance}'`);
@@ -109,6 +117,11 @@ export class NetworkPool {
     const tag = options.instance.toUpperCase();
     this.inputChain = `WARREN-${tag}-IN`;
     this.forwardChain = `WARREN-${tag}-FWD`;
+    this.natChain = `WARREN-${tag}-NAT`;
+  }
+
+  get cidr(): string {
+    return this.options.cidr;
   }
 
   get netnsPrefix(): string {
@@ -147,7 +160,91 @@ export class NetworkPool {
         const present = await exec("iptables", ["-w", "-C", parent, "-j", chain], { allowFailure: true });
         if (present.code !== 0) await exec("iptables", ["-w", "-I", parent, "1", "-j", chain]);
       }
+      if (this.options.uplinkForwarding !== false) await this.enableUplinkForwarding();
+      // Sandbox egress leaves with the node's address (the rest of the network knows no sandbox address).
+      await exec("iptables", ["-w", "-t", "nat", "-N", this.natChain], { allowFailure: true });
+      const jump = ["POSTROUTING", "-j", this.natChain];
+      if ((await exec("iptables", ["-w", "-t", "nat", "-C", ...jump], { allowFailure: true })).code !== 0)
+        await exec("iptables", ["-w", "-t", "nat", "-I", ...jump]);
+      const masquerade = ["-s", this.options.cidr, "!", "-o", "wr-+", "-j", "MASQUERADE"];
+      if (
+        (await exec("iptables", ["-w", "-t", "nat", "-C", this.natChain, ...masquerade], { allowFailure: true }))
+          .code !== 0
+      )
+        await exec("iptables", ["-w", "-t", "nat", "-A", this.natChain, ...masquerade]);
     });
+  }
+
+  /**
+   * Lets this agent's sandboxes reach the egress gateway's ports on their host-side address (and nothing else of
+   * the host): rules at the top of the input chain, replaced whenever the gateway's ports change (agent restart).
+   */
+  async allowGateway(ports: { readonly dns: number; readonly http: number; readonly tls: number }): Promise<void> {
+    const tag = await this.removeGatewayRules();
+    const iface = `${this.vethPrefix}+`;
+    await this.restore(
+      [
+        `-I ${this.inputChain} 1 -i ${iface} -p udp --dport ${ports.dns} -m comment --comment ${tag} -j ACCEPT`,
+        `-I ${this.inputChain} 1 -i ${iface} -p tcp -m multiport --dports ${ports.http},${ports.tls} -m comment --comment ${tag} -j ACCEPT`,
+      ],
+      false,
+    );
+  }
+
+  private async enableUplinkForwarding(): Promise<void> {
+    const route = await exec("ip", ["-4", "route", "show", "default"], { allowFailure: true });
+    const uplink = /\bdev (\S+)/.exec(route.stdout)?.[1];
+    if (!uplink) {
+      this.options.log.warn("no default route: sandboxes have no way out beyond this node's own links");
+      return;
+    }
+    const key = `net.ipv4.conf.${uplink}.forwarding`;
+    const current = await exec("sysctl", ["-n", key], { allowFailure: true });
+    if (current.stdout.trim() === "1") return;
+    // The node forwarded nothing arriving on its uplink before; keep it so for everything but sandbox traffic.
+    const keep = [
+      "-i",
+      uplink,
+      "!",
+      "-o",
+      "wr-+",
+      "-m",
+      "comment",
+      "--comment",
+      `warren:${this.options.instance}:uplink`,
+    ];
+    if (
+      (await exec("iptables", ["-w", "-C", this.forwardChain, ...keep, "-j", "DROP"], { allowFailure: true })).code !==
+      0
+    )
+      await exec("iptables", ["-w", "-A", this.forwardChain, ...keep, "-j", "DROP"]);
+    await exec("sysctl", ["-qw", `${key}=1`]);
+    this.options.log.info("enabled IPv4 forwarding on the uplink for sandbox egress replies only", { uplink });
+  }
+
+  /**
+   * Removes the gateway rules (when the agent stops: nothing listens on those ports any more, and another process
+   * could). Sandboxes left running have no DNS until the next agent start re-opens the new ports.
+   */
+  async removeGatewayRules(): Promise<string> {
+    const tag = `warren:${this.options.instance}:gateway`;
+    const old = (await this.ownRules()).filter((line) => line.includes(tag));
+    if (old.length > 0)
+      await this.restore(
+        old.map((line) => line.replace(/^-A /, "-D ")),
+        true,
+      );
+    return tag;
+  }
+
+  /** Replaces the firewall (filter and nat tables) and default route inside the slot's namespace, atomically. */
+  async applySandboxFirewall(slot: NetworkSlot, rules: string): Promise<void> {
+    const result = await exec(
+      "nsenter",
+      [`--net=${slot.netnsPath}`, "sh", "-c", 'ip route replace default via "$HIP" dev eth0 && iptables-restore -w'],
+      { env: { HIP: slot.hostAddr }, input: rules, allowFailure: true },
+    );
+    if (result.code !== 0) throw new Error(`sandbox firewall update failed: ${result.stderr.trim()}`);
   }
 
   /** Marks slots in use by adopted sandboxes, then deletes every other namespace, veth and rule of this agent. */
@@ -246,7 +343,13 @@ export class NetworkPool {
         [
           `-A ${this.inputChain} -i ${slot.hostVeth} -m conntrack --ctstate ESTABLISHED,RELATED ${comment} -j ACCEPT`,
           `-A ${this.inputChain} -i ${slot.hostVeth} ${comment} -j DROP`,
+          // Egress: never to another sandbox (any agent's) or link-local; the rest is the sandbox's own policy,
+          // enforced inside its namespace (egress-rules.ts). Inbound: only replies.
+          `-A ${this.forwardChain} -i ${slot.hostVeth} -o wr-+ ${comment} -j DROP`,
+          `-A ${this.forwardChain} -i ${slot.hostVeth} -d 169.254.0.0/16 ${comment} -j DROP`,
+          `-A ${this.forwardChain} -i ${slot.hostVeth} -s ${slot.sandboxAddr} ${comment} -j ACCEPT`,
           `-A ${this.forwardChain} -i ${slot.hostVeth} ${comment} -j DROP`,
+          `-A ${this.forwardChain} -o ${slot.hostVeth} -m conntrack --ctstate ESTABLISHED,RELATED ${comment} -j ACCEPT`,
           `-A ${this.forwardChain} -o ${slot.hostVeth} ${comment} -j DROP`,
         ],
         false,
