@@ -128,6 +128,8 @@ export class TestEnv {
       tokenSecret: this.tokenSecret,
       domain: "",
       evictIntervalMs: 100,
+      // No periodic samples: tests see exactly the samples their requests take.
+      metricsIntervalMs: 0,
       reconcileIntervalMs: 100,
       leaderIntervalMs: 100,
       placementAttempts: 3,

@@ -252,6 +252,14 @@ describe("api REST surface", () => {
     const [first] = metrics.body as { timestamp: string; timestampUnix: number }[];
     expect(Math.abs((first?.timestampUnix ?? 0) * 1000 - Date.now())).toBeLessThan(60_000);
     expect(new Date(first?.timestamp ?? "").getTime()).toBeGreaterThan(0);
+    // Every sample is stored: the next request sees the first one and a new one, oldest first.
+    const series = (await env.request("GET", `/sandboxes/${sandboxID}/metrics`, { apiKey: keyA })).body as {
+      timestampUnix: number;
+      timestamp: string;
+    }[];
+    expect(series).toHaveLength(2);
+    expect(series[0]?.timestamp).toBe(first?.timestamp);
+    expect(Date.parse(series[1]?.timestamp ?? "")).toBeGreaterThanOrEqual(Date.parse(series[0]?.timestamp ?? ""));
     // A range that ends before the sandbox existed holds no sample.
     const before = await env.request("GET", `/sandboxes/${sandboxID}/metrics?start=1&end=2`, { apiKey: keyA });
     expect([before.status, before.body]).toEqual([200, []]);

@@ -36,6 +36,7 @@ describe("schema migrations", () => {
       "api_keys",
       "nodes",
       "sandbox_events",
+      "sandbox_metrics",
       "sandboxes",
       "schema_migrations",
       "teams",

@@ -50,6 +50,8 @@ export interface MasterConfig {
   readonly domain: string;
   /** WARREN_EVICT_INTERVAL_MS (default 1000). */
   readonly evictIntervalMs: number;
+  /** WARREN_METRICS_INTERVAL_MS (default 5000): how often the leader samples every running sandbox. */
+  readonly metricsIntervalMs: number;
   /** WARREN_RECONCILE_INTERVAL_MS (default 5000). */
   readonly reconcileIntervalMs: number;
   /** WARREN_LEADER_INTERVAL_MS (default 2000). */
@@ -152,6 +154,7 @@ export function loadMasterConfig(env: NodeJS.ProcessEnv = process.env): MasterCo
     tokenSecret,
     domain: env.E2B_DOMAIN ?? "",
     evictIntervalMs: int(env, "WARREN_EVICT_INTERVAL_MS", 1000),
+    metricsIntervalMs: int(env, "WARREN_METRICS_INTERVAL_MS", 5000),
     reconcileIntervalMs: int(env, "WARREN_RECONCILE_INTERVAL_MS", 5000),
     leaderIntervalMs,
     synchronousCommit: syncCommit(env.WARREN_DB_SYNCHRONOUS_COMMIT),

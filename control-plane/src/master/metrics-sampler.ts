@@ -1,5 +1,5 @@
 import type { Db } from "../store/db.js";
-import { getSandbox } from "../store/sandboxes.js";
+import { getSandbox, type SandboxRow, toSandboxRow } from "../store/sandboxes.js";
 import { notFound } from "./errors.js";
 import { type NodeAgentConnector, NodeAgentError } from "./node-agent-client.js";
 import type { NodeRegistry } from "./node-registry.js";
@@ -15,11 +15,16 @@ export interface SandboxMetricSample {
   readonly diskTotal: number;
 }
 
+/** How long samples are kept (also after the sandbox ended, so its last hours stay visible). */
+export const METRICS_RETENTION_HOURS = 24;
+/** At most this many samples per answer (the newest). */
+const MAX_SAMPLES = 2000;
+
 /**
- * Samples a running sandbox's resource use from its node when asked (cgroup memory and CPU time, the
- * writable layer's use). CPU percent is measured between this master's consecutive samples of the sandbox,
- * or since the sandbox started for the first one. There is no stored time series yet: a caller sees the
- * present, which is what E2B's "eventually non-empty" metrics need and no more.
+ * A sandbox's resource use over time: samples taken from its node (cgroup memory and CPU time, the writable
+ * layer's use) are stored in PostgreSQL (`sandbox_metrics`), by the leader every WARREN_METRICS_INTERVAL_MS for
+ * every running sandbox and whenever a caller asks; a caller gets the stored series plus a sample of now. CPU
+ * percent is measured between this master's consecutive samples of the sandbox (or since it started).
  */
 export class SandboxMetricsSampler {
   private readonly previous = new Map<string, { at: number; cpuUsec: number }>();
@@ -28,17 +33,80 @@ export class SandboxMetricsSampler {
     private readonly deps: { readonly db: Db; readonly registry: NodeRegistry; readonly nodeAgent: NodeAgentConnector },
   ) {}
 
+  /** The stored series of a sandbox of `teamId` (any state, within retention), with a sample of now if running. */
   async sample(sandboxId: string, teamId: string): Promise<SandboxMetricSample[]> {
     const row = await getSandbox(this.deps.db, sandboxId);
     if (!row || row.teamId !== teamId) throw notFound(sandboxId);
-    if (row.state !== "running" || !row.nodeId) return [];
+    await this.record(row);
+    const result = await this.deps.db.query<{
+      ts: Date;
+      cpu_count: number;
+      cpu_used_pct: number;
+      mem_used: string;
+      mem_total: string;
+      disk_used: string;
+      disk_total: string;
+    }>(
+      `SELECT * FROM (SELECT * FROM sandbox_metrics WHERE sandbox_id = $1 ORDER BY ts DESC LIMIT ${MAX_SAMPLES}) s
+       ORDER BY ts`,
+      [sandboxId],
+    );
+    return result.rows.map((r) => ({
+      timestampMs: r.ts.getTime(),
+      cpuCount: r.cpu_count,
+      cpuUsedPct: r.cpu_used_pct,
+      memUsed: Number(r.mem_used),
+      memTotal: Number(r.mem_total),
+      diskUsed: Number(r.disk_used),
+      diskTotal: Number(r.disk_total),
+    }));
+  }
+
+  /** The leader's pass: a sample of every running sandbox, then samples past retention are dropped. */
+  async recordAll(): Promise<number> {
+    const running = await this.deps.db.query("SELECT * FROM sandboxes WHERE state = 'running'");
+    let recorded = 0;
+    for (const raw of running.rows) {
+      if (await this.record(toSandboxRow(raw))) recorded++;
+    }
+    await this.deps.db.query(
+      `DELETE FROM sandbox_metrics WHERE ts < now() - interval '${METRICS_RETENTION_HOURS} hours'`,
+    );
+    return recorded;
+  }
+
+  /** Takes and stores a sample of a running sandbox; false when there is none to take (not running, node away). */
+  private async record(row: SandboxRow): Promise<boolean> {
+    const sample = await this.live(row);
+    if (!sample) return false;
+    await this.deps.db.query(
+      `INSERT INTO sandbox_metrics (sandbox_id, team_id, ts, cpu_count, cpu_used_pct, mem_used, mem_total, disk_used,
+         disk_total) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING`,
+      [
+        row.id,
+        row.teamId,
+        new Date(sample.timestampMs),
+        sample.cpuCount,
+        sample.cpuUsedPct,
+        sample.memUsed,
+        sample.memTotal,
+        sample.diskUsed,
+        sample.diskTotal,
+      ],
+    );
+    return true;
+  }
+
+  private async live(row: SandboxRow): Promise<SandboxMetricSample | undefined> {
+    const sandboxId = row.id;
+    if (row.state !== "running" || !row.nodeId) return undefined;
     const node = (await this.deps.registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
-    if (!node) return [];
+    if (!node) return undefined;
     let stats: Awaited<ReturnType<ReturnType<NodeAgentConnector>["stats"]>>;
     try {
       stats = await this.deps.nodeAgent(node.nodeId, node.addr).stats(sandboxId);
     } catch (error) {
-      if (error instanceof NodeAgentError) return [];
+      if (error instanceof NodeAgentError) return undefined;
       throw error;
     }
     const now = Date.now();
@@ -47,16 +115,14 @@ export class SandboxMetricsSampler {
     if (this.previous.size > 10_000) this.previous.delete(this.previous.keys().next().value as string);
     const wallUsec = Math.max(1, (now - before.at) * 1000) * Math.max(row.cpuCount, 1);
     const cpuUsedPct = Math.min(100, Math.max(0, ((stats.cpuUsageUsec - before.cpuUsec) / wallUsec) * 100));
-    return [
-      {
-        timestampMs: now,
-        cpuCount: row.cpuCount,
-        cpuUsedPct: Math.round(cpuUsedPct * 100) / 100,
-        memUsed: stats.memoryUsageBytes,
-        memTotal: stats.memoryLimitBytes || row.memoryMB * 1024 * 1024,
-        diskUsed: stats.diskUsageBytes,
-        diskTotal: stats.diskLimitBytes,
-      },
-    ];
+    return {
+      timestampMs: now,
+      cpuCount: row.cpuCount,
+      cpuUsedPct: Math.round(cpuUsedPct * 100) / 100,
+      memUsed: stats.memoryUsageBytes,
+      memTotal: stats.memoryLimitBytes || row.memoryMB * 1024 * 1024,
+      diskUsed: stats.diskUsageBytes,
+      diskTotal: stats.diskLimitBytes,
+    };
   }
 }

@@ -163,6 +163,7 @@ export class Master {
     const drainer = this.drainer;
     if (drainer) this.every(this.config.reconcileIntervalMs, () => drainer.pass());
     this.every(this.config.evictIntervalMs, () => evictExpired(this.db, this.lifecycle, this.log));
+    if (this.config.metricsIntervalMs > 0) this.every(this.config.metricsIntervalMs, () => this.metrics.recordAll());
     this.every(this.config.reconcileIntervalMs, () =>
       reconcile(this.db, this.registry, this.nodeAgent, this.lifecycle, this.log, {
         startTimeoutMs: this.config.startTimeoutMs,

@@ -257,57 +257,72 @@ export class NodeAgent {
           throw new AgentError("internal", `sandbox '${input.sandboxId}' failed to start: ${(error as Error).message}`);
         }
       }
-      const exec = randomBytes(8).toString("hex");
-      const generation = this.nextGeneration();
-      let routeWritten = false;
-      try {
-        const claimed = instance;
-        const [envdVersion] = await Promise.all([
-          initEnvd(claimed.envdUrl, {
-            envVars: input.envVars ?? {},
-            accessToken: input.envdAccessToken ?? "",
-            defaultUser: input.defaultUser || "user",
-            defaultWorkdir: input.defaultWorkdir || "/home/user",
-          }),
-          this.driver.setEgress?.(claimed.instanceId, egress),
-        ]);
-        const labels = {
-          pooled: "",
-          sandboxId: input.sandboxId,
-          exec,
-          generation: String(generation),
-          teamId: input.teamId,
-          publicTraffic: input.publicTraffic ? "1" : "0",
-          trafficTokenHash: input.trafficTokenHash ?? "",
-          autoResume: input.autoResume ? "1" : "0",
-          metadata: JSON.stringify(input.metadata ?? {}),
-        };
-        instance = await this.driver.label(instance.instanceId, labels);
-        const summary = this.summaryOf(instance);
-        if (!summary) throw new Error("instance lost its labels");
-        routeWritten = await this.routes.write(this.routeOf(summary));
-        if (!routeWritten) throw new Error("Redis holds a newer route for this sandbox id");
-        this.sandboxes.set(input.sandboxId, summary);
-        log.info("sandbox created", { exec, pooled, addr: instance.addr, instanceId: instance.instanceId });
-        return {
-          sandboxId: input.sandboxId,
-          exec,
-          generation,
-          sandboxAddr: instance.addr,
-          envdUrl: instance.envdUrl,
-          envdVersion,
-          pooled,
-        };
-      } catch (error) {
-        log.warn("create failed after start; removing the sandbox", { error });
-        if (routeWritten) await this.routes.delete(input.sandboxId, exec, generation).catch(() => undefined);
-        await this.driver.kill(instance.instanceId).catch((e) => log.error("cleanup failed", { error: e }));
-        throw error instanceof AgentError
-          ? error
-          : new AgentError("internal", `create failed: ${(error as Error).message}`);
-      }
+      return await this.activate(instance, input, egress, pooled, log);
     } finally {
       this.creating.delete(input.sandboxId);
+    }
+  }
+
+  /**
+   * Makes a started instance the sandbox: envd /init (token, env vars), egress policy, labels, route. On failure
+   * the instance is removed and the route deleted.
+   */
+  private async activate(
+    started: Instance,
+    input: Omit<CreateSandboxInput, "templateId">,
+    egress: EgressPolicy,
+    pooled: boolean,
+    log: Logger,
+  ): Promise<SandboxPlacement> {
+    let instance = started;
+    const exec = randomBytes(8).toString("hex");
+    const generation = this.nextGeneration();
+    let routeWritten = false;
+    try {
+      const claimed = instance;
+      const [envdVersion] = await Promise.all([
+        initEnvd(claimed.envdUrl, {
+          envVars: input.envVars ?? {},
+          accessToken: input.envdAccessToken ?? "",
+          defaultUser: input.defaultUser || "user",
+          defaultWorkdir: input.defaultWorkdir || "/home/user",
+        }),
+        this.driver.setEgress?.(claimed.instanceId, egress),
+      ]);
+      const labels = {
+        pooled: "",
+        sandboxId: input.sandboxId,
+        exec,
+        generation: String(generation),
+        teamId: input.teamId,
+        publicTraffic: input.publicTraffic ? "1" : "0",
+        trafficTokenHash: input.trafficTokenHash ?? "",
+        autoResume: input.autoResume ? "1" : "0",
+        metadata: JSON.stringify(input.metadata ?? {}),
+      };
+      instance = await this.driver.label(instance.instanceId, labels);
+      const summary = this.summaryOf(instance);
+      if (!summary) throw new Error("instance lost its labels");
+      routeWritten = await this.routes.write(this.routeOf(summary));
+      if (!routeWritten) throw new Error("Redis holds a newer route for this sandbox id");
+      this.sandboxes.set(input.sandboxId, summary);
+      log.info("sandbox created", { exec, pooled, addr: instance.addr, instanceId: instance.instanceId });
+      return {
+        sandboxId: input.sandboxId,
+        exec,
+        generation,
+        sandboxAddr: instance.addr,
+        envdUrl: instance.envdUrl,
+        envdVersion,
+        pooled,
+      };
+    } catch (error) {
+      log.warn("create failed after start; removing the sandbox", { error });
+      if (routeWritten) await this.routes.delete(input.sandboxId, exec, generation).catch(() => undefined);
+      await this.driver.kill(instance.instanceId).catch((e) => log.error("cleanup failed", { error: e }));
+      throw error instanceof AgentError
+        ? error
+        : new AgentError("internal", `create failed: ${(error as Error).message}`);
     }
   }
 

@@ -110,6 +110,25 @@ ALTER TABLE teams ADD COLUMN egress_mode text NOT NULL DEFAULT 'open'
 ALTER TABLE sandboxes ADD COLUMN egress jsonb;
 `,
   },
+  {
+    version: 3,
+    name: "sandbox_metrics: each sandbox's resource use over time",
+    sql: `
+CREATE TABLE sandbox_metrics (
+  sandbox_id text NOT NULL,
+  team_id text NOT NULL,
+  ts timestamptz NOT NULL,
+  cpu_count real NOT NULL,
+  cpu_used_pct real NOT NULL,
+  mem_used bigint NOT NULL,
+  mem_total bigint NOT NULL,
+  disk_used bigint NOT NULL,
+  disk_total bigint NOT NULL,
+  PRIMARY KEY (sandbox_id, ts)
+);
+CREATE INDEX sandbox_metrics_ts ON sandbox_metrics (ts);
+`,
+  },
 ];
 
 const MIGRATION_LOCK = 0x5741_5252; // "WARR"

@@ -21,6 +21,7 @@ import { EgressGateway } from "../egress/gateway.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { exec } from "../exec.js";
 import { type CgroupManager, detectCgroupManager } from "./cgroups.js";
+import { probeCriu } from "./criu-probe.js";
 import { type GatewayPorts, sandboxFirewallRules } from "./egress-rules.js";
 import { mountPoints, unmountTree } from "./mounts.js";
 import { NetworkPool, type NetworkSlot } from "./network.js";
@@ -112,6 +113,9 @@ const CRIU_COMMON = [
   "--manage-cgroups=ignore",
 ];
 const ID_COUNT = 65536;
+/** Per-instance files bind-mounted into the sandbox. */
+const RESOLV_CONF = "/etc/resolv.conf";
+const BOOT_ID = "/proc/sys/kernel/random/boot_id";
 
 interface InstanceRecord {
   instanceId: string;
@@ -168,6 +172,8 @@ export class NamespaceDriver implements RuntimeDriver {
   private readonly crunRoot: string;
   private readonly gateway: EgressGateway;
   private gatewayPorts: GatewayPorts | undefined;
+  /** The configured CRIU, once the start-up probe has seen it dump and restore a process. */
+  private criuUsable = false;
 
   constructor(private readonly options: NamespaceDriverOptions) {
     this.cgroups = detectCgroupManager(`warren/${options.instance}`);
@@ -217,6 +223,15 @@ export class NamespaceDriver implements RuntimeDriver {
     await this.network.start();
     this.gatewayPorts = await this.gateway.start();
     await this.network.allowGateway(this.gatewayPorts);
+    if (this.options.criu) {
+      const probe = await probeCriu(this.options.criu);
+      this.criuUsable = probe.usable;
+      if (probe.usable) this.options.log.info("CRIU checkpoint tier available", { reason: probe.reason });
+      else
+        this.options.log.warn("CRIU does not work on this host: paused sandboxes stay frozen in memory", {
+          reason: probe.reason,
+        });
+    }
   }
 
   /** Starts refilling the network pool (after reconcile, so adopted slots are known). */
@@ -252,52 +267,8 @@ export class NamespaceDriver implements RuntimeDriver {
       await this.persist(record);
       this.instances.set(instanceId, record);
       const cgroup = await this.cgroups.create(instanceId, spec.resources);
-      const maxOldSpace = Math.max(32, Math.floor(spec.resources.memoryMiB / 2));
-      const envd = [
-        "/usr/local/bin/node",
-        `--max-old-space-size=${maxOldSpace}`,
-        // envd's own measurement: a 1 MiB semi-space cuts idle PSS by about a third.
-        "--max-semi-space-size=1",
-        `/opt/warren/envd/dist/${this.envdEntry}`,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        String(ENVD_PORT),
-        "--default-user",
-        "user",
-      ];
-      const init = record.codeGateway ? ["/bin/sh", "-c", SANDBOX_INIT, "sandbox-init"] : [];
-      const args = spec.command ?? ["/usr/bin/tini", "-g", "--", ...init, ...envd];
-      const config = sandboxSpec({
-        rootfs: join(dir, "rootfs"),
-        netnsPath: slot.netnsPath,
-        uidBase: this.options.uidBase,
-        idCount: ID_COUNT,
-        allowSetuid: spec.template.allowSetuid,
-        args,
-        env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"],
-        hostBinds: [
-          { source: this.options.nodeBinary, destination: "/usr/local/bin/node" },
-          { source: join(this.options.envdRoot, "envd"), destination: "/opt/warren/envd" },
-          { source: join(this.options.envdRoot, "proto"), destination: "/opt/warren/proto" },
-          { source: join(this.options.envdRoot, "node_modules"), destination: "/opt/warren/node_modules" },
-          // The gateway's imports (zeromq, sucrase, acorn) resolve from /opt/warren/node_modules above.
-          ...(record.codeGateway
-            ? ["dist", "python", "package.json"].map((name) => ({
-                source: join(this.options.envdRoot, "code-gateway", name),
-                destination: `/opt/warren/code-gateway/${name}`,
-              }))
-            : []),
-          { source: join(dir, "resolv.conf"), destination: "/etc/resolv.conf" },
-          // Per boot, as in a VM: a reboot (resume after a filesystem-only pause) writes a new one.
-          { source: join(dir, "boot_id"), destination: "/proc/sys/kernel/random/boot_id" },
-        ],
-      });
-      await writeFile(join(dir, "boot_id"), `${randomUUID()}\n`);
-      // DNS goes to the node's egress gateway at the host side of the veth (its rules redirect any port-53 UDP).
-      await writeFile(join(dir, "resolv.conf"), `nameserver ${slot.hostAddr}\noptions timeout:2 attempts:2\n`);
+      await this.writeInstanceFiles(record, slot, spec.command);
       await this.applyEgress(record);
-      await writeFile(join(dir, "bundle", "config.json"), JSON.stringify(config));
       const launchAt = performance.now();
       await this.launch(record, cgroup.procsFiles);
       const readyAt = performance.now();
@@ -318,6 +289,60 @@ export class NamespaceDriver implements RuntimeDriver {
       }
       throw error;
     }
+  }
+
+  /** The bundle (OCI config), boot id and resolv.conf of an instance: what crun and its bind mounts need. */
+  private async writeInstanceFiles(
+    record: InstanceRecord,
+    slot: NetworkSlot,
+    command: readonly string[] | undefined,
+  ): Promise<void> {
+    const dir = this.instanceDir(record.instanceId);
+    const maxOldSpace = Math.max(32, Math.floor(record.resources.memoryMiB / 2));
+    const envd = [
+      "/usr/local/bin/node",
+      `--max-old-space-size=${maxOldSpace}`,
+      // envd's own measurement: a 1 MiB semi-space cuts idle PSS by about a third.
+      "--max-semi-space-size=1",
+      `/opt/warren/envd/dist/${this.envdEntry}`,
+      "--host",
+      "0.0.0.0",
+      "--port",
+      String(ENVD_PORT),
+      "--default-user",
+      "user",
+    ];
+    const init = record.codeGateway ? ["/bin/sh", "-c", SANDBOX_INIT, "sandbox-init"] : [];
+    const args = command ?? ["/usr/bin/tini", "-g", "--", ...init, ...envd];
+    const config = sandboxSpec({
+      rootfs: join(dir, "rootfs"),
+      netnsPath: slot.netnsPath,
+      uidBase: this.options.uidBase,
+      idCount: ID_COUNT,
+      allowSetuid: record.allowSetuid,
+      args,
+      env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"],
+      hostBinds: [
+        { source: this.options.nodeBinary, destination: "/usr/local/bin/node" },
+        { source: join(this.options.envdRoot, "envd"), destination: "/opt/warren/envd" },
+        { source: join(this.options.envdRoot, "proto"), destination: "/opt/warren/proto" },
+        { source: join(this.options.envdRoot, "node_modules"), destination: "/opt/warren/node_modules" },
+        // The gateway's imports (zeromq, sucrase, acorn) resolve from /opt/warren/node_modules above.
+        ...(record.codeGateway
+          ? ["dist", "python", "package.json"].map((name) => ({
+              source: join(this.options.envdRoot, "code-gateway", name),
+              destination: `/opt/warren/code-gateway/${name}`,
+            }))
+          : []),
+        { source: join(dir, "resolv.conf"), destination: RESOLV_CONF },
+        // Per boot, as in a VM: a reboot (resume after a filesystem-only pause) writes a new one.
+        { source: join(dir, "boot_id"), destination: BOOT_ID },
+      ],
+    });
+    await writeFile(join(dir, "boot_id"), `${randomUUID()}\n`);
+    // DNS goes to the node's egress gateway at the host side of the veth (its rules redirect any port-53 UDP).
+    await writeFile(join(dir, "resolv.conf"), `nameserver ${slot.hostAddr}\noptions timeout:2 attempts:2\n`);
+    await writeFile(join(dir, "bundle", "config.json"), JSON.stringify(config));
   }
 
   private async launch(record: InstanceRecord, procsFiles: readonly string[], script = LAUNCHER): Promise<void> {
@@ -395,7 +420,7 @@ export class NamespaceDriver implements RuntimeDriver {
   }
 
   get canCheckpoint(): boolean {
-    return this.options.criu !== undefined;
+    return this.options.criu !== undefined && this.criuUsable;
   }
 
   /**
@@ -411,7 +436,7 @@ export class NamespaceDriver implements RuntimeDriver {
   async checkpoint(instanceId: string): Promise<CheckpointResult> {
     const record = this.require(instanceId);
     const criu = this.options.criu;
-    if (!criu) throw new Error("no CRIU configured on this node");
+    if (!criu || !this.criuUsable) throw new Error("no working CRIU on this node");
     if (!record.paused || record.checkpoint || record.pid === undefined) {
       throw new Error(`instance '${instanceId}' is not frozen`);
     }
