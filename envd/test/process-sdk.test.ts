@@ -122,7 +122,8 @@ describe("commands.run", () => {
     expect((await sandbox.commands.run("sleep 0.1; echo ok", { timeoutMs: 4000 })).stdout).toBe("ok\n");
     await expect(sandbox.commands.run("sleep 10", { timeoutMs: 1000 })).rejects.toBeInstanceOf(TimeoutError);
 
-    const handle = await sandbox.commands.run("sleep 10", { background: true, timeoutMs: 1000 });
+    // 3 s, so that the check that it runs is not late on a loaded machine.
+    const handle = await sandbox.commands.run("sleep 10", { background: true, timeoutMs: 3000 });
     expect(await pidAlive(handle.pid)).toBe(true);
     await expect(handle.wait()).rejects.toBeInstanceOf(TimeoutError);
     expect(await pidAlive(handle.pid)).toBe(false);
