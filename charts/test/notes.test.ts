@@ -57,9 +57,11 @@ describe("NOTES.txt warnings", () => {
     expect(await renderNotes("ci/tls-cert-manager-values.yaml")).not.toContain("sandboxNodeCIDRs is empty");
   });
 
-  it("warns that a pod-network proxy needs routes to the sandboxes", async () => {
-    expect(await renderNotes("ci/no-ingress-values.yaml")).toContain("proxy.kind is Deployment");
-    expect(await renderNotes(undefined)).not.toContain("proxy.kind is Deployment");
+  it("warns that a pod-network proxy without the relay needs routes to the sandboxes", async () => {
+    const relayOff = ["proxy.relay.mode=off"];
+    expect(await renderNotes("ci/no-ingress-values.yaml", relayOff)).toContain("proxy.kind is Deployment");
+    expect(await renderNotes("ci/no-ingress-values.yaml")).not.toContain("proxy.kind is Deployment");
+    expect(await renderNotes(undefined, relayOff)).not.toContain("proxy.kind is Deployment");
   });
 });
 

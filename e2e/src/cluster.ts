@@ -47,6 +47,11 @@ export interface ClusterOptions {
   readonly readyTemplates?: readonly string[];
   /** Prints progress lines. */
   readonly onProgress?: (line: string) => void;
+  /**
+   * Route every proxy→sandbox connection through the node agents' relay (PROXY_RELAY=always, a fresh shared
+   * WARREN_RELAY_TOKEN / PROXY_RELAY_TOKEN), as a proxy on another node must.
+   */
+  readonly relay?: boolean;
 }
 
 /**
@@ -160,6 +165,7 @@ export class LocalCluster {
       await this.waitHttp(api, `${apiUrl}/health`, 30_000);
 
       const agents = this.options.nodeAgents ?? 1;
+      const relayToken = this.options.relay ? randomBytes(24).toString("hex") : undefined;
       for (let i = 0; i < agents; i++) {
         const instance = `${this.options.instancePrefix ?? ""}${String.fromCharCode(97 + i)}`;
         const agentPort = await freePort();
@@ -174,6 +180,7 @@ export class LocalCluster {
           WARREN_NET_CIDR: this.options.nodeCidr?.(i) ?? `10.${201 + i}.0.0/16`,
           WARREN_POOL_SIZE: String(this.options.poolSize ?? 2),
           WARREN_KILL_ON_STOP: "1",
+          ...(relayToken ? { WARREN_RELAY_TOKEN: relayToken } : {}),
         };
         this.agentEnv.push(agentEnv);
         this.nodeAgentChildren.push(this.spawn(`node-agent-${instance}`, NODE_AGENT_MAIN, agentEnv));
@@ -227,6 +234,7 @@ export class LocalCluster {
         // Auto-resume: the proxy asks the api (internal endpoint) to resume a paused sandbox on traffic.
         PROXY_RESUME_URL: apiUrl,
         PROXY_RESUME_TOKEN: secrets.internalToken,
+        ...(relayToken ? { PROXY_RELAY: "always", PROXY_RELAY_TOKEN: relayToken } : {}),
         ...this.options.env,
       });
       const proxyUrl = `${tls ? "https" : "http"}://${proxyHost}:${proxyPort}`;

@@ -81,6 +81,8 @@ export async function startProxy(config: ProxyConfig, options: StartOptions): Pr
     tls: config.tls !== undefined,
     domains: config.domains,
     routeCacheTtlMs: config.routeCacheTtlMs,
+    relay: config.relay,
+    nodeId: config.nodeId,
   });
   return {
     proxy,

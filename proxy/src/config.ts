@@ -1,4 +1,5 @@
 import { isIP } from "node:net";
+import { hostname as osHostname } from "node:os";
 import { parseRedisPrefix } from "@warren/proto/redis";
 
 /**
@@ -61,7 +62,23 @@ export interface ProxyConfig {
   readonly workers: number;
   /** PROXY_ACCESS_LOG (false): one log line per request (ids, status, timing; never headers). */
   readonly accessLog: boolean;
+  /**
+   * PROXY_RELAY (off): how upstream connections reach sandboxes. `off`: straight to `sandboxAddr:port` (the proxy
+   * must be on the sandbox's node). `always`: through the node agent's relay at `route.nodeAddr`
+   * (`CONNECT sandboxAddr:port`). `auto`: directly when `route.node` is this proxy's node (PROXY_NODE_ID), else
+   * through the relay.
+   */
+  readonly relay: RelayMode;
+  /** PROXY_RELAY_TOKEN: the node agents' WARREN_RELAY_TOKEN; required unless PROXY_RELAY is off. */
+  readonly relayToken: string | undefined;
+  /**
+   * PROXY_NODE_ID (the host name, normalised as the node agent's default WARREN_NODE_ID): the node this proxy runs
+   * on, for PROXY_RELAY=auto. A proxy in the node's network namespace next to an agent with the default id matches.
+   */
+  readonly nodeId: string;
 }
+
+export type RelayMode = "off" | "always" | "auto";
 
 export class ConfigError extends Error {
   constructor(message: string) {
@@ -79,6 +96,12 @@ export function loadConfig(env: Env, cpuCount = 1): ProxyConfig {
     throw new ConfigError("PROXY_TLS_CERT_FILE and PROXY_TLS_KEY_FILE must be set together");
   }
   const metricsPortText = env.PROXY_METRICS_PORT ?? "9464";
+  const relay = relayMode(env.PROXY_RELAY);
+  const relayToken = env.PROXY_RELAY_TOKEN || undefined;
+  if (relay !== "off" && !relayToken) throw new ConfigError(`PROXY_RELAY=${relay} needs PROXY_RELAY_TOKEN`);
+  if (relayToken !== undefined && relayToken.length < 16) {
+    throw new ConfigError("PROXY_RELAY_TOKEN must be at least 16 characters");
+  }
   const workersText = env.PROXY_WORKERS ?? "1";
   return {
     host: env.PROXY_HOST || "0.0.0.0",
@@ -107,7 +130,26 @@ export function loadConfig(env: Env, cpuCount = 1): ProxyConfig {
     tls: certFile && keyFile ? { certFile, keyFile } : undefined,
     workers: workersText === "auto" ? Math.max(1, cpuCount) : integer(env, "PROXY_WORKERS", 1, 1, 256),
     accessLog: boolean(env, "PROXY_ACCESS_LOG", false),
+    relay,
+    relayToken: relay === "off" ? undefined : relayToken,
+    nodeId: env.PROXY_NODE_ID || defaultNodeId(),
   };
+}
+
+function relayMode(text: string | undefined): RelayMode {
+  const mode = text || "off";
+  if (mode !== "off" && mode !== "always" && mode !== "auto") {
+    throw new ConfigError(`PROXY_RELAY must be off, always or auto, got '${mode}'`);
+  }
+  return mode;
+}
+
+/** The node agent's default WARREN_NODE_ID rule (control-plane/src/node-agent/config.ts), applied to this host. */
+function defaultNodeId(): string {
+  return osHostname()
+    .toLowerCase()
+    .replace(/[^a-z0-9-]/g, "-")
+    .slice(0, 63);
 }
 
 function apiUpstream(text: string | undefined): ProxyConfig["apiUpstream"] {

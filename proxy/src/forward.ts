@@ -8,6 +8,7 @@ import {
 } from "node:http";
 import type { Socket } from "node:net";
 import type { Duplex } from "node:stream";
+import { openRelayTunnel, type RelayDialer, type TunnelCallback } from "./relay.js";
 
 /** Where one request goes: a sandbox port, reached as host:port, in one incarnation. */
 export interface Upstream {
@@ -18,15 +19,20 @@ export interface Upstream {
   readonly port: number;
   /** Host header to send instead of the client's (maskRequestHost); the original goes in X-Forwarded-Host. */
   readonly maskedHost: string | undefined;
+  /** The node agent (host:port) to tunnel through (its relay); undefined: connect to host:port directly. */
+  readonly relayVia?: string;
 }
 
-export type UpstreamErrorReason = "refused" | "reset" | "timeout" | "other";
+/** `relay-refused`: a node agent refused the tunnel itself (wrong or missing relay token, relay off, bad answer). */
+export type UpstreamErrorReason = "refused" | "reset" | "timeout" | "relay-refused" | "other";
 
 export interface ForwarderOptions {
   readonly connectRetries: number;
   readonly connectTimeoutMs: number;
   readonly idleTimeoutMs: number;
   readonly maxIdlePerHost: number;
+  /** The node agents' relay token; needed only when some upstream has `relayVia`. */
+  readonly relayToken?: string;
 }
 
 export interface ForwardHooks {
@@ -40,12 +46,36 @@ export interface ForwardHooks {
 
 interface UpstreamRequestArgs extends ClientRequestArgs {
   readonly warrenKey: string;
+  readonly relayVia?: string;
 }
 
 /** Pools keep-alive connections per sandbox incarnation, so a resumed sandbox never gets an old one. */
 class IncarnationAgent extends Agent {
   override getName(options?: ClientRequestArgs): string {
     return `${super.getName(options)}|${(options as UpstreamRequestArgs | undefined)?.warrenKey ?? ""}`;
+  }
+}
+
+/** Like IncarnationAgent, but every connection is a tunnel through the route's node agent. */
+class RelayAgent extends IncarnationAgent {
+  constructor(
+    private readonly dialer: RelayDialer,
+    options: ConstructorParameters<typeof Agent>[0],
+  ) {
+    super(options);
+  }
+
+  override createConnection(
+    options: ClientRequestArgs,
+    done?: (error: Error | null, stream: Duplex) => void,
+  ): undefined {
+    const args = options as UpstreamRequestArgs;
+    openRelayTunnel(
+      this.dialer,
+      { nodeAddr: args.relayVia ?? "", host: String(args.host), port: Number(args.port) },
+      done as TunnelCallback,
+    );
+    return undefined;
   }
 }
 
@@ -72,13 +102,23 @@ function incarnationKey(upstream: Upstream): string {
  */
 export class Forwarder {
   private readonly agent: IncarnationAgent;
+  private readonly relayAgent: RelayAgent | undefined;
+  private readonly dialer: RelayDialer | undefined;
 
   constructor(private readonly options: ForwarderOptions) {
-    this.agent = new IncarnationAgent({
-      keepAlive: true,
-      maxFreeSockets: options.maxIdlePerHost,
-      scheduling: "lifo",
-    });
+    const poolOptions = { keepAlive: true, maxFreeSockets: options.maxIdlePerHost, scheduling: "lifo" } as const;
+    this.agent = new IncarnationAgent(poolOptions);
+    if (options.relayToken !== undefined) {
+      this.dialer = { token: options.relayToken, timeoutMs: options.connectTimeoutMs };
+      this.relayAgent = new RelayAgent(this.dialer, poolOptions);
+    }
+  }
+
+  /** The pool for this upstream: direct, or tunnels through its node agent. */
+  private agentFor(upstream: Upstream): IncarnationAgent {
+    if (upstream.relayVia === undefined) return this.agent;
+    if (!this.relayAgent) throw new Error("an upstream asks for the relay but no relay token is configured");
+    return this.relayAgent;
   }
 
   /** Forwards `req` and streams the answer into `res`. */
@@ -106,8 +146,9 @@ export class Forwarder {
         method: req.method,
         path: req.url,
         headers,
-        agent: this.agent,
+        agent: this.agentFor(upstream),
         warrenKey: incarnationKey(upstream),
+        relayVia: upstream.relayVia,
       } as UpstreamRequestArgs);
       current = upstreamReq;
       let bodyStarted = false;
@@ -202,7 +243,8 @@ export class Forwarder {
         method: req.method,
         path: req.url,
         headers,
-        agent: false,
+        // No agent at all for a tunnel: node:http uses `createConnection` only then (`agent: false` makes one).
+        ...(upstream.relayVia === undefined ? { agent: false } : this.tunnelFor(upstream)),
         timeout: this.options.connectTimeoutMs,
       });
       current = upstreamReq;
@@ -249,19 +291,35 @@ export class Forwarder {
     send();
   }
 
+  /** For an unpooled request (upgrade): a `createConnection` that tunnels through the relay when asked. */
+  private tunnelFor(upstream: Upstream): Pick<ClientRequestArgs, "createConnection"> {
+    const via = upstream.relayVia ?? "";
+    const dialer = this.dialer;
+    if (!dialer) throw new Error("an upstream asks for the relay but no relay token is configured");
+    return {
+      createConnection: ((_options: ClientRequestArgs, done: TunnelCallback) => {
+        openRelayTunnel(dialer, { nodeAddr: via, host: upstream.host, port: upstream.port }, done);
+        return undefined;
+      }) as unknown as ClientRequestArgs["createConnection"],
+    };
+  }
+
   /** Closes pooled connections of a sandbox's incarnations other than `keepExec` (all when undefined). */
   dropIdle(sandboxId: string, keepExec: string | undefined): void {
     const prefix = `|${sandboxId}|`;
-    for (const [name, sockets] of Object.entries(this.agent.freeSockets)) {
-      const at = name.lastIndexOf(prefix);
-      if (at < 0 || name.length < at + prefix.length) continue;
-      if (keepExec !== undefined && name.slice(at + prefix.length) === keepExec) continue;
-      for (const socket of sockets ?? []) socket.destroy();
+    for (const agent of this.relayAgent ? [this.agent, this.relayAgent] : [this.agent]) {
+      for (const [name, sockets] of Object.entries(agent.freeSockets)) {
+        const at = name.lastIndexOf(prefix);
+        if (at < 0 || name.length < at + prefix.length) continue;
+        if (keepExec !== undefined && name.slice(at + prefix.length) === keepExec) continue;
+        for (const socket of sockets ?? []) socket.destroy();
+      }
     }
   }
 
   close(): void {
     this.agent.destroy();
+    this.relayAgent?.destroy();
   }
 }
 
@@ -350,6 +408,9 @@ function errorReason(error: NodeJS.ErrnoException): UpstreamErrorReason {
       return "reset";
     case "ETIMEDOUT":
       return "timeout";
+    case "ERELAYAUTH":
+    case "ERELAYPROTO":
+      return "relay-refused";
     default:
       return "other";
   }

@@ -10,7 +10,7 @@ export class ProxyMetrics {
   readonly requests: Counter<"kind" | "status">;
   /** From request arrival to response headers sent (or WebSocket switched), by kind. */
   readonly latency: Histogram<"kind">;
-  /** Failures talking to a sandbox, by reason (refused, reset, timeout, other). */
+  /** Failures talking to a sandbox, by reason (refused, reset, timeout, relay-refused, other). */
   readonly upstreamErrors: Counter<"reason">;
   /** Route lookups answered from the in-process cache (hit) or from Redis (miss). */
   readonly routeLookups: Counter<"result">;

@@ -65,6 +65,7 @@ export class SandboxProxy {
       connectTimeoutMs: config.upstreamConnectTimeoutMs,
       idleTimeoutMs: config.idleTimeoutMs,
       maxIdlePerHost: config.upstreamMaxIdlePerHost,
+      ...(config.relayToken !== undefined ? { relayToken: config.relayToken } : {}),
     });
     this.connections = new SandboxConnections(config.maxConnectionsPerSandbox);
     this.autoResume = deps.resumer
@@ -298,6 +299,7 @@ export class SandboxProxy {
           !envd && route.maskRequestHost
             ? route.maskRequestHost.replaceAll(MASK_PORT_PLACEHOLDER, String(port))
             : undefined,
+        ...(relayVia(this.deps.config, route) ? { relayVia: route.nodeAddr } : {}),
       },
     };
   }
@@ -457,6 +459,12 @@ export class SandboxProxy {
     this.requestCounter += 1;
     return `${process.pid.toString(36)}-${this.requestCounter.toString(36)}`;
   }
+}
+
+/** Whether this route's sandbox is reached through its node agent's relay (PROXY_RELAY). */
+export function relayVia(config: Pick<ProxyConfig, "relay" | "nodeId">, route: SandboxRoute): boolean {
+  if (config.relay === "off") return false;
+  return config.relay === "always" || route.node !== config.nodeId;
 }
 
 function header(headers: IncomingHttpHeaders, name: string): string | undefined {

@@ -39,8 +39,9 @@ import type { LogLevel } from "./log.js";
  * | WARREN_DRIVER | auto | runtime driver: auto (capability probe: microvm only where a guest really boots under KVM, else namespace), namespace, microvm (KVM, fail if it cannot boot), microvm-tcg (software emulation; tests only) |
  * | WARREN_MICROVM_DIR | /var/lib/warren/microvm | microvm driver's cache: guest kernel, root images, template snapshots |
  * | WARREN_MICROVM_KERNEL | <WARREN_MICROVM_DIR>/linux | unpacked Debian cloud kernel package (scripts/setup-host.sh) |
- * | WARREN_MICROVM_BOOT_TIMEOUT_MS | 30000 (KVM), 240000 (TCG) | one cold-boot attempt of a microVM (3 attempts) |
+ * | WARREN_MICROVM_BOOT_TIMEOUT_MS | 30000 (KVM), 120000 (TCG) | one cold-boot attempt of a microVM (3 attempts, 4 under TCG; a boot whose guest init has not started after 10 s (KVM) / 45 s (TCG) is retried at once) |
  * | WARREN_KILL_ON_STOP | false | on SIGTERM, kill every sandbox too (a local cluster's `down`), instead of leaving them for re-adoption |
+ * | WARREN_RELAY_TOKEN | unset | shared secret proxies send in `Warren-Relay-Token` to tunnel to this node's sandboxes (`CONNECT <sandboxAddr>:<port>`, relay.ts); unset: the relay is off (405) |
  */
 export interface NodeAgentConfig {
   readonly nodeId: string;
@@ -75,6 +76,8 @@ export interface NodeAgentConfig {
   readonly microvmKernel: string;
   /** 0: the driver's default for its accelerator. */
   readonly microvmBootTimeoutMs: number;
+  /** WARREN_RELAY_TOKEN; undefined: the relay is off. */
+  readonly relayToken: string | undefined;
 }
 
 export class ConfigError extends Error {
@@ -112,6 +115,12 @@ function criuPath(value: string | undefined): string | undefined {
     return value;
   }
   return existsSync(DEFAULT_CRIU) ? DEFAULT_CRIU : undefined;
+}
+
+function relayToken(value: string | undefined): string | undefined {
+  if (!value) return undefined;
+  if (value.length < 16) throw new ConfigError("WARREN_RELAY_TOKEN must be at least 16 characters");
+  return value;
 }
 
 export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeAgentConfig {
@@ -171,5 +180,6 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     microvmDir,
     microvmKernel: env.WARREN_MICROVM_KERNEL || `${microvmDir}/linux`,
     microvmBootTimeoutMs: integer(env, "WARREN_MICROVM_BOOT_TIMEOUT_MS", 0, 0, 3_600_000),
+    relayToken: relayToken(env.WARREN_RELAY_TOKEN),
   };
 }

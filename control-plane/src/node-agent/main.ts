@@ -1,4 +1,6 @@
 #!/usr/bin/env node
+import { ProbeError } from "../runtime/microvm/probe.js";
+import { selectRuntime } from "../runtime/microvm/select.js";
 import { ConfigError, loadNodeAgentConfig } from "./config.js";
 import { createLogger } from "./log.js";
 import { startNodeAgent } from "./node-agent.js";
@@ -7,7 +9,9 @@ async function main(): Promise<void> {
   const config = loadNodeAgentConfig(process.env);
   const log = createLogger("node-agent", { level: config.logLevel, base: { nodeId: config.nodeId } });
   if (process.getuid?.() !== 0) throw new ConfigError("the node agent must run as root (namespaces, mounts, cgroups)");
-  const running = await startNodeAgent(config, log);
+  // The capability probe picks the driver (WARREN_DRIVER, default auto) and logs why.
+  const { microvm } = await selectRuntime(config, log);
+  const running = microvm ? await startNodeAgent(config, log, microvm) : await startNodeAgent(config, log);
   let stopping = false;
   const shutdown = (signal: string) => {
     if (stopping) return;
@@ -34,8 +38,9 @@ async function main(): Promise<void> {
 }
 
 main().catch((error: unknown) => {
-  if (error instanceof ConfigError) {
-    process.stderr.write(`${error.message}\n`);
+  if (error instanceof ConfigError || error instanceof ProbeError) {
+    const why = error instanceof ProbeError && error.reasons.length > 0 ? ` (${error.reasons.join("; ")})` : "";
+    process.stderr.write(`${error.message}${why}\n`);
     process.exit(2);
   }
   process.stderr.write(

@@ -1,16 +1,18 @@
 import { createServer, type Server } from "node:http";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
+import type { RuntimeDriver } from "../runtime/driver.js";
 import { NamespaceDriver } from "../runtime/namespace/driver.js";
 import { TemplateStore } from "../templates/store.js";
 import { NodeAgent } from "./agent.js";
 import type { NodeAgentConfig } from "./config.js";
 import type { Logger } from "./log.js";
+import { SandboxRelay } from "./relay.js";
 import { RouteStore } from "./routes.js";
 import { nodeAgentRoutes } from "./service.js";
 
-export interface RunningNodeAgent {
+export interface RunningNodeAgent<D extends RuntimeDriver = NamespaceDriver> {
   readonly agent: NodeAgent;
-  readonly driver: NamespaceDriver;
+  readonly driver: D;
   readonly templates: TemplateStore;
   readonly server: Server;
   /** The port the Connect service listens on (useful when configured as 0). */
@@ -19,9 +21,23 @@ export interface RunningNodeAgent {
   stop(options?: { killAll?: boolean }): Promise<void>;
 }
 
-/** Wires config → driver, template store, Redis, agent and the Connect server, and starts them. */
-export async function startNodeAgent(config: NodeAgentConfig, log: Logger): Promise<RunningNodeAgent> {
-  const driver = new NamespaceDriver({
+/**
+ * Wires config → driver, template store, Redis, agent and the Connect server, and starts them. The driver is the
+ * namespace driver unless one is given (main.ts passes the microvm driver when the capability probe chose it).
+ */
+export async function startNodeAgent(config: NodeAgentConfig, log: Logger): Promise<RunningNodeAgent>;
+export async function startNodeAgent<D extends RuntimeDriver>(
+  config: NodeAgentConfig,
+  log: Logger,
+  runtime: D,
+): Promise<RunningNodeAgent<D>>;
+export async function startNodeAgent(
+  config: NodeAgentConfig,
+  log: Logger,
+  runtime?: RuntimeDriver,
+): Promise<RunningNodeAgent<RuntimeDriver>> {
+  let driver = runtime;
+  driver ??= new NamespaceDriver({
     stateDir: config.stateDir,
     instance: config.instance,
     netCidr: config.netCidr,
@@ -53,13 +69,15 @@ export async function startNodeAgent(config: NodeAgentConfig, log: Logger): Prom
   const nodeAddr = config.nodeAddr.endsWith(":0") ? `${config.nodeAddr.slice(0, -2)}:${port}` : config.nodeAddr;
   const agent = new NodeAgent({ ...config, nodeAddr }, driver, templates, routes, log);
   server.on("request", connectNodeAdapter({ routes: nodeAgentRoutes(agent, log) }));
+  const relay = new SandboxRelay({ token: config.relayToken, sandboxes: agent, log: log.child({ part: "relay" }) });
+  relay.attach(server);
   try {
     await agent.start();
   } catch (error) {
     server.close();
     throw error;
   }
-  driver.startPools();
+  if (driver instanceof NamespaceDriver) driver.startPools();
   log.info("node agent listening", { host: config.listenHost, port, nodeId: config.nodeId, driver: driver.name });
   return {
     agent,
@@ -70,6 +88,7 @@ export async function startNodeAgent(config: NodeAgentConfig, log: Logger): Prom
     async stop(options = {}) {
       // Stop accepting; let in-flight calls (a create takes well under a second) finish, then cut the rest.
       const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      relay.close();
       server.closeIdleConnections();
       const deadline = setTimeout(() => server.closeAllConnections(), 10_000);
       await closed;

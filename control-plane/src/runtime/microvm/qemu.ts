@@ -1,0 +1,268 @@
+import { spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { open, readFile, rm } from "node:fs/promises";
+import { connect } from "node:net";
+import { join } from "node:path";
+import { GUEST_MAC, type GuestKernel } from "./guest-image.js";
+import { type QmpClient, withQmp } from "./qmp.js";
+
+export type Accel = "kvm" | "tcg";
+
+/** Where a VM's files live: `<dir>/{qmp.sock,console.log,qemu.pid}`. */
+export interface VmLaunch {
+  readonly name: string;
+  readonly dir: string;
+  readonly netnsPath: string;
+  readonly kernel: GuestKernel;
+  /** The VM's qcow2 disk (copy-on-write over the template's). */
+  readonly disk: string;
+  readonly memoryMiB: number;
+  readonly vcpus: number;
+  readonly accel: Accel;
+  /** Restore from this memory snapshot (QEMU waits paused for `cont`) instead of booting. */
+  readonly incoming?: string;
+}
+
+/**
+ * The guest kernel's command line. Under TCG the kernel is told the TSC's frequency (`tsc_early_khz`; TCG's
+ * guest TSC runs at the host's): without it, the 6.1 kernel's early timer calibration against the PIT failed
+ * under load and the boot waited forever for a timer interrupt ("Marking TSC unstable", no output after it; 8
+ * of 15 cold boots on this machine while other tests ran, 0 of 10 with it). This is the "~14 % hung TCG boots"
+ * of RUNTIME-NOTES §3.4, worse under load. Snapshots record the command line in their key.
+ */
+export function kernelCmdline(accel: Accel): string {
+  const base = "console=ttyS0 quiet no_timer_check panic=1 warren.init=/opt/warren/init";
+  return accel === "tcg" ? `${base} tsc_early_khz=${hostTscKhz()}` : base;
+}
+
+let tscKhz: number | undefined;
+
+/** The host's TSC frequency in kHz (/proc/cpuinfo's "cpu MHz", right on hosts with a constant TSC). */
+function hostTscKhz(): number {
+  if (tscKhz === undefined) {
+    const mhz = Number(/^cpu MHz\s*:\s*([\d.]+)/m.exec(readFileSync("/proc/cpuinfo", "utf8"))?.[1]);
+    tscKhz = Number.isFinite(mhz) && mhz > 100 ? Math.round(mhz * 1000) : 2_000_000;
+  }
+  return tscKhz;
+}
+
+/** Paths we put into `exec:` migration URIs (run by /bin/sh): nothing a shell would interpret. */
+function shellSafe(path: string): string {
+  if (!/^[A-Za-z0-9_./-]+$/.test(path)) throw new Error(`path not allowed in a migration URI: '${path}'`);
+  return path;
+}
+
+/**
+ * The QEMU command line (RUNTIME-NOTES §3.3), with what this machine needed beyond it:
+ * - `-cpu max,-tsc-deadline` under TCG: with the TSC-deadline timer TCG never delivered a timer interrupt to
+ *   Debian's 6.1 kernel here (boots stuck at "Marking TSC unstable", jiffies never advancing, 8 of 8); without
+ *   it the kernel falls back to the LAPIC one-shot timer and boots. Under KVM, `-cpu host`.
+ * - `rtc=on`: a cold-booted guest takes its clock from the RTC, which follows the host's.
+ * - the serial console is a unix socket (the driver writes the clock to the guest through it after every `cont`,
+ *   see guest-image.ts) whose output is appended to `console.log`, so a restore keeps the boot's log.
+ * - `-sandbox on` (seccomp): no obsolete syscalls, no resource control; spawning stays allowed because `exec:`
+ *   migration (QEMU 7.2 has no `file:` URI) runs `cat`; `elevateprivileges=deny` makes `-daemonize` fail here.
+ * QEMU daemonizes once the machine is set up (`-pidfile`); it is not the agent's child, so VMs survive an agent
+ * restart and are re-adopted.
+ */
+export function qemuArgs(launch: VmLaunch): string[] {
+  const args = [
+    `--net=${launch.netnsPath}`,
+    "qemu-system-x86_64",
+    "-name",
+    launch.name,
+    "-M",
+    "microvm,x-option-roms=off,isa-serial=on,rtc=on",
+    "-accel",
+    launch.accel,
+    "-cpu",
+    launch.accel === "kvm" ? "host" : "max,-tsc-deadline",
+    "-m",
+    String(launch.memoryMiB),
+    "-smp",
+    String(launch.vcpus),
+    "-nodefaults",
+    "-no-user-config",
+    "-display",
+    "none",
+    "-no-reboot",
+    "-sandbox",
+    "on,obsolete=deny,resourcecontrol=deny",
+    "-chardev",
+    `socket,id=console,path=${join(launch.dir, "console.sock")},server=on,wait=off,logfile=${join(launch.dir, "console.log")},logappend=on`,
+    "-serial",
+    "chardev:console",
+    "-qmp",
+    `unix:${join(launch.dir, "qmp.sock")},server=on,wait=off`,
+    "-kernel",
+    launch.kernel.vmlinux,
+    "-initrd",
+    launch.kernel.initramfs,
+    "-append",
+    kernelCmdline(launch.accel),
+    "-netdev",
+    "tap,id=n0,ifname=tap0,script=no,downscript=no",
+    "-device",
+    `virtio-net-device,netdev=n0,mac=${GUEST_MAC}`,
+    "-drive",
+    `file=${launch.disk},if=none,id=d0,format=qcow2`,
+    "-device",
+    "virtio-blk-device,drive=d0",
+    "-daemonize",
+    "-pidfile",
+    join(launch.dir, "qemu.pid"),
+  ];
+  if (launch.incoming) args.push("-incoming", `exec:cat ${shellSafe(launch.incoming)}`);
+  return args;
+}
+
+/** Starts QEMU in the sandbox's network namespace; resolves with its pid once it has daemonized. */
+export async function launchVm(launch: VmLaunch): Promise<number> {
+  await rm(join(launch.dir, "qemu.pid"), { force: true });
+  await rm(join(launch.dir, "qmp.sock"), { force: true });
+  await rm(join(launch.dir, "console.sock"), { force: true });
+  const log = await open(join(launch.dir, "qemu.log"), "a");
+  try {
+    const code = await new Promise<number>((resolve, reject) => {
+      const child = spawn("nsenter", qemuArgs(launch), {
+        env: { PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" },
+        stdio: ["ignore", log.fd, log.fd],
+        timeout: 60_000,
+      });
+      child.once("error", reject);
+      child.once("exit", (exitCode) => resolve(exitCode ?? 1));
+    });
+    if (code !== 0) {
+      const tail = (await readFile(join(launch.dir, "qemu.log"), "utf8").catch(() => "")).slice(-500).trim();
+      throw new Error(`qemu failed to start (${code}): ${tail}`);
+    }
+  } finally {
+    await log.close();
+  }
+  return Number((await readFile(join(launch.dir, "qemu.pid"), "utf8")).trim());
+}
+
+export async function queryStatus(qmp: QmpClient): Promise<string> {
+  return (await qmp.execute<{ status: string }>("query-status")).status;
+}
+
+/** After `-incoming`: waits until the memory is loaded (status leaves `inmigrate`), then resumes the vCPUs. */
+export async function finishRestore(qmpPath: string, timeoutMs: number): Promise<void> {
+  await withQmp(qmpPath, async (qmp) => {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const status = await queryStatus(qmp);
+      if (status === "paused" || status === "postmigrate" || status === "prelaunch") break;
+      if (status === "running") return;
+      if (status !== "inmigrate") throw new Error(`restore ended in state '${status}'`);
+      if (Date.now() > deadline) throw new Error(`restore did not finish within ${timeoutMs} ms`);
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    await qmp.execute("cont");
+  });
+}
+
+/**
+ * Stops the vCPUs (if running) and writes guest memory and device state to `path` (RUNTIME-NOTES §3.5: raise
+ * max-bandwidth first, QEMU 7.2 defaults to 32 MiB/s), then quits QEMU. The disk is left consistent with the
+ * snapshot: QEMU flushes it when migration completes and nothing runs afterwards.
+ */
+export async function snapshotAndQuit(qmpPath: string, path: string, timeoutMs: number): Promise<void> {
+  await withQmp(qmpPath, async (qmp) => {
+    await qmp.execute("migrate-set-parameters", { "max-bandwidth": 100 * 1024 ** 3 });
+    await qmp.execute("stop");
+    await qmp.execute("migrate", { uri: `exec:cat > ${shellSafe(path)}` });
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const info = await qmp.execute<{ status?: string; "error-desc"?: string }>("query-migrate");
+      if (info.status === "completed") break;
+      if (info.status === "failed" || info.status === "cancelled") {
+        throw new Error(`snapshot ${info.status}: ${info["error-desc"] ?? "no detail"}`);
+      }
+      if (Date.now() > deadline) throw new Error(`snapshot did not complete within ${timeoutMs} ms`);
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    await qmp.execute("quit").catch(() => undefined);
+  });
+}
+
+/** Field 22 of /proc/<pid>/stat: tells a live process from a recycled pid. */
+export async function processStartTime(pid: number): Promise<string | undefined> {
+  try {
+    const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
+  } catch {
+    return undefined;
+  }
+}
+
+/** Ends a QEMU process (SIGKILL) if it is still the one we started, and waits until it is gone. */
+export async function killVm(pid: number | undefined, startTime: string | undefined): Promise<void> {
+  if (pid === undefined || startTime === undefined) return;
+  if ((await processStartTime(pid)) !== startTime) return;
+  try {
+    process.kill(pid, "SIGKILL");
+  } catch {
+    return;
+  }
+  await waitGone(pid, startTime, 10_000);
+}
+
+export async function waitGone(pid: number, startTime: string, timeoutMs: number): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const now = await processStartTime(pid);
+    // A zombie still has its stat; QEMU is daemonized (re-parented away), so it is reaped by init quickly.
+    if (now !== startTime) return true;
+    const state = await readFile(`/proc/${pid}/stat`, "utf8").catch(() => "");
+    if (state.slice(state.lastIndexOf(")") + 2).startsWith("Z")) return true;
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  return false;
+}
+
+/** Resident memory (bytes) and CPU time (µs) of a QEMU process. */
+export async function processUsage(pid: number): Promise<{ rssBytes: number; cpuUsec: number }> {
+  const status = await readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
+  const rssKiB = Number(/^VmRSS:\s+(\d+)/m.exec(status)?.[1] ?? 0);
+  const stat = await readFile(`/proc/${pid}/stat`, "utf8").catch(() => "");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  const ticks = Number(fields[11] ?? 0) + Number(fields[12] ?? 0);
+  return { rssBytes: rssKiB * 1024, cpuUsec: Math.round((ticks * 1e6) / 100) };
+}
+
+/**
+ * Sends one line to the guest's console listener (guest-image.ts) and waits for its acknowledgement line.
+ * Resolves false when the guest did not answer in time.
+ */
+export function guestCommand(consolePath: string, line: string, ack: string, timeoutMs: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = connect(consolePath);
+    let seen = "";
+    const done = (ok: boolean) => {
+      clearTimeout(timer);
+      socket.destroy();
+      resolve(ok);
+    };
+    const timer = setTimeout(() => done(false), timeoutMs);
+    socket.setEncoding("utf8");
+    socket.on("data", (chunk: string) => {
+      seen = (seen + chunk).slice(-400);
+      if (seen.includes(ack)) done(true);
+    });
+    socket.once("error", () => done(false));
+    socket.once("connect", () => socket.write(`${line}\n`));
+  });
+}
+
+/** Sets the guest's wall clock to the host's (to the second) and waits until the guest confirms. */
+export function syncGuestClock(consolePath: string, timeoutMs: number): Promise<boolean> {
+  const now = String(Math.floor(Date.now() / 1000));
+  return guestCommand(consolePath, `warren-clock ${now}`, `WARREN-CLOCK-SET ${now}`, timeoutMs);
+}
+
+/** Ends the guest's processes (their connections close) and flushes its disk; resolves when the guest confirms. */
+export function stopGuest(consolePath: string, timeoutMs: number): Promise<boolean> {
+  const tag = String(Date.now());
+  return guestCommand(consolePath, `warren-stop ${tag}`, `WARREN-STOPPED ${tag}`, timeoutMs);
+}

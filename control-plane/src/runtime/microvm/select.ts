@@ -1,0 +1,48 @@
+import type { NodeAgentConfig } from "../../node-agent/config.js";
+import type { Logger } from "../../node-agent/log.js";
+import { MicrovmDriver } from "./driver.js";
+import { ensureKernel } from "./guest-image.js";
+import { decideDriver, hostFacts, kvmBootTest, type ProbeResult } from "./probe.js";
+
+export interface RuntimeSelection {
+  readonly probe: ProbeResult;
+  /** The microvm driver when the probe chose it; undefined means the namespace driver. */
+  readonly microvm?: MicrovmDriver;
+}
+
+/** Runs the capability probe for this node's config, logs its reasoning, and builds the microvm driver if chosen. */
+export async function selectRuntime(config: NodeAgentConfig, log: Logger): Promise<RuntimeSelection> {
+  const imageOptions = {
+    dir: config.microvmDir,
+    linuxDir: config.microvmKernel,
+    busybox: "/bin/busybox",
+    nodeBinary: config.nodeBinary,
+    envdRoot: config.envdRoot,
+    uidBase: config.uidBase,
+  };
+  const probe = await decideDriver(config.driver, hostFacts(config.microvmKernel), async () =>
+    kvmBootTest(await ensureKernel(imageOptions), config.microvmDir),
+  );
+  log.info("runtime driver chosen by the capability probe", {
+    requested: config.driver,
+    driver: probe.driver,
+    reasons: probe.reasons,
+  });
+  if (probe.driver === "namespace") return { probe };
+  const microvm = new MicrovmDriver({
+    stateDir: config.stateDir,
+    instance: config.instance,
+    netCidr: config.netCidr,
+    accel: probe.driver === "microvm" ? "kvm" : "tcg",
+    imageDir: config.microvmDir,
+    linuxDir: config.microvmKernel,
+    nodeBinary: config.nodeBinary,
+    envdRoot: config.envdRoot,
+    uidBase: config.uidBase,
+    // A restore under TCG on a busy machine takes seconds, not the namespace driver's milliseconds.
+    readyTimeoutMs: probe.driver === "microvm" ? config.readyTimeoutMs : Math.max(config.readyTimeoutMs, 120_000),
+    ...(config.microvmBootTimeoutMs > 0 ? { bootTimeoutMs: config.microvmBootTimeoutMs } : {}),
+    log: log.child({ part: "driver" }),
+  });
+  return { probe, microvm };
+}
