@@ -38,6 +38,7 @@ export function testConfig(setup: TestAgentSetup): NodeAgentConfig {
     WARREN_HEARTBEAT_MS: "500",
     // Tests never change the host's uplink; their "internet" is a namespace of their own (e2e/src/outside-world.ts).
     WARREN_UPLINK_FORWARDING: "0",
+    WARREN_DNS_UPSTREAM: "127.0.0.1:9",
     WARREN_LOG_LEVEL: process.env.WARREN_TEST_LOG ? "debug" : "warn",
     ...setup.extraEnv,
   });
