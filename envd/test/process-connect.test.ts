@@ -372,7 +372,8 @@ describe("stream lifetime", () => {
     expect(received).toBe(size);
     expect(end).toMatchObject({ exitCode: 0 });
     expect(existsSync(marker)).toBe(true);
-  });
+    // 64 MiB through envd's stream: seconds on a quiet machine, much longer on a loaded shared one.
+  }, 120_000);
 
   it("stopping envd kills the processes it started", async () => {
     const own = await startTestEnvd();

@@ -16,6 +16,7 @@ import { AgentError } from "./errors.js";
 import type { Logger } from "./log.js";
 import type { RouteStore } from "./routes.js";
 import { parseSandboxLog, type SandboxLogLine } from "./sandbox-log.js";
+import { StartGate } from "./start-gate.js";
 import { WarmPool } from "./warm-pool.js";
 
 export interface CreateSandboxInput {
@@ -110,6 +111,8 @@ export class NodeAgent {
   private readonly locks = new Map<string, Promise<void>>();
   private readonly checkpointTimers = new Map<string, NodeJS.Timeout>();
   private readonly pools = new Map<string, WarmPool>();
+  /** Cold starts run at most `maxConcurrentStarts` at once (claims from a warm pool never wait). */
+  private readonly startGate: StartGate;
   private readonly builds = new Map<string, Promise<BuiltTemplate>>();
   private heartbeatTimer: NodeJS.Timeout | undefined;
   private generationCounter = 0;
@@ -127,7 +130,10 @@ export class NodeAgent {
     private readonly templates: TemplateStore,
     private readonly routes: RouteStore,
     private readonly log: Logger,
-  ) {}
+  ) {
+    // Tests build configs by hand; an absent limit is the loader's default.
+    this.startGate = new StartGate(config.maxConcurrentStarts || Math.max(2, cpus().length * 2));
+  }
 
   /** Re-adopts or removes what a previous agent left, then starts heartbeats, template builds and pools. */
   async start(): Promise<void> {
@@ -247,12 +253,14 @@ export class NodeAgent {
       const pooled = instance !== undefined;
       if (!instance) {
         try {
-          instance = await this.driver.create({
-            template,
-            resources,
-            ...(input.command ? { command: input.command } : {}),
-            ...(this.driver.setEgress ? { egress } : {}),
-          });
+          instance = await this.startGate.run(() =>
+            this.driver.create({
+              template,
+              resources,
+              ...(input.command ? { command: input.command } : {}),
+              ...(this.driver.setEgress ? { egress } : {}),
+            }),
+          );
         } catch (error) {
           throw new AgentError("internal", `sandbox '${input.sandboxId}' failed to start: ${(error as Error).message}`);
         }

@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { hostname } from "node:os";
+import { cpus, hostname } from "node:os";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { isNodeId, parseRedisPrefix } from "@warren/proto/redis";
@@ -25,6 +25,7 @@ import type { LogLevel } from "./log.js";
  * | WARREN_NET_POOL_SIZE | 4 | network namespaces kept ready |
  * | WARREN_PREBUILD_TEMPLATES | base | templates built at start (others are built on first request) |
  * | WARREN_MAX_SANDBOXES | 200 | sandboxes this node accepts |
+ * | WARREN_MAX_CONCURRENT_STARTS | 2 × CPUs | cold starts run at once; more creates wait their turn (a burst does not starve every start past its ready deadline) |
  * | WARREN_UID_BASE | 100000 | host uid of sandbox root (sandbox uids 0..65535 map to base..base+65535) |
  * | WARREN_NODE_BINARY | the running node | node binary bind-mounted into sandboxes |
  * | WARREN_ENVD_ROOT | this repository | directory with envd/, proto/, node_modules/ |
@@ -59,6 +60,7 @@ export interface NodeAgentConfig {
   readonly netPoolSize: number;
   readonly prebuildTemplates: readonly string[];
   readonly maxSandboxes: number;
+  readonly maxConcurrentStarts: number;
   readonly uidBase: number;
   readonly nodeBinary: string;
   readonly envdRoot: string;
@@ -164,6 +166,7 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     netPoolSize: integer(env, "WARREN_NET_POOL_SIZE", 4, 0, 1000),
     prebuildTemplates: list(env, "WARREN_PREBUILD_TEMPLATES", "base"),
     maxSandboxes: integer(env, "WARREN_MAX_SANDBOXES", 200, 1, 16000),
+    maxConcurrentStarts: integer(env, "WARREN_MAX_CONCURRENT_STARTS", Math.max(2, cpus().length * 2), 1, 1024),
     uidBase: integer(env, "WARREN_UID_BASE", 100000, 65536, 2 ** 31 - 65536),
     nodeBinary: env.WARREN_NODE_BINARY ?? process.execPath,
     envdRoot: env.WARREN_ENVD_ROOT ?? REPO_ROOT,
