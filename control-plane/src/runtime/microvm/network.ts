@@ -1,6 +1,7 @@
 import { existsSync } from "node:fs";
 import { readdir } from "node:fs/promises";
 import { exec, SerialQueue } from "../exec.js";
+import { ipString, mac, parseCidr } from "../net-addr.js";
 import { GUEST_ADDR, GUEST_GATEWAY, GUEST_MAC, TAP_MAC } from "./guest-image.js";
 
 /**
@@ -30,27 +31,6 @@ export interface VmNetworkSlot {
   readonly hostVeth: string;
   readonly hostAddr: string;
   readonly sandboxAddr: string;
-}
-
-function parseCidr(cidr: string): { base: number; slots: number } {
-  const match = /^(\d+)\.(\d+)\.(\d+)\.(\d+)\/(\d+)$/.exec(cidr);
-  if (!match) throw new Error(`invalid CIDR '${cidr}'`);
-  const octets = match.slice(1, 5).map(Number);
-  const bits = Number(match[5]);
-  if (octets.some((o) => o > 255) || bits < 8 || bits > 28) throw new Error(`invalid CIDR '${cidr}' (prefix 8..28)`);
-  const base = ((octets[0]! << 24) | (octets[1]! << 16) | (octets[2]! << 8) | octets[3]!) >>> 0;
-  const mask = (0xffffffff << (32 - bits)) >>> 0;
-  return { base: (base & mask) >>> 0, slots: 2 ** (32 - bits) / 4 };
-}
-
-function ipString(n: number): string {
-  return [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join(".");
-}
-
-function mac(prefix: number, ip: number): string {
-  return [2, prefix, ip >>> 24, (ip >>> 16) & 255, (ip >>> 8) & 255, ip & 255]
-    .map((b) => b.toString(16).padStart(2, "0"))
-    .join(":");
 }
 
 const NETNS_RULES = `*nat

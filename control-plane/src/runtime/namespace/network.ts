@@ -2,6 +2,7 @@ import { existsSync } from "node:fs";
 import { readdir } from "node:fs/promises";
 import type { Logger } from "../../node-agent/log.js";
 import { exec, SerialQueue } from "../exec.js";
+import { ipString, mac, parseCidr } from "../net-addr.js";
 
 /**
  * Sandbox networking: every sandbox gets its own network namespace with one veth pair to the host and a /30 the
@@ -43,27 +44,6 @@ export interface NetworkPoolOptions {
    * manages forwarding (or wants no egress at all).
    */
   readonly uplinkForwarding?: boolean;
-}
-
-function parseCidr(cidr: string): { base: number; slots: number } {
-  const match = /^(\d+)\.(\d+)\.(\d+)\.(\d+)\/(\d+)$/.exec(cidr);
-  if (!match) throw new Error(`invalid CIDR '${cidr}'`);
-  const octets = match.slice(1, 5).map(Number);
-  const bits = Number(match[5]);
-  if (octets.some((o) => o > 255) || bits < 8 || bits > 28) throw new Error(`invalid CIDR '${cidr}' (prefix 8..28)`);
-  const base = ((octets[0]! << 24) | (octets[1]! << 16) | (octets[2]! << 8) | octets[3]!) >>> 0;
-  const mask = bits === 0 ? 0 : (0xffffffff << (32 - bits)) >>> 0;
-  return { base: (base & mask) >>> 0, slots: 2 ** (32 - bits) / 4 };
-}
-
-function ipString(n: number): string {
-  return [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join(".");
-}
-
-function mac(prefix: number, ip: number): string {
-  return [2, prefix, ip >>> 24, (ip >>> 16) & 255, (ip >>> 8) & 255, ip & 255]
-    .map((b) => b.toString(16).padStart(2, "0"))
-    .join(":");
 }
 
 /** Firewall of the sandbox's own namespace: nothing leaves except replies and loopback. */
