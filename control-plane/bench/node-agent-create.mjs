@@ -19,6 +19,9 @@ const config = loadNodeAgentConfig({
   WARREN_NET_POOL_SIZE: "8",
   WARREN_PREBUILD_TEMPLATES: "",
   WARREN_LOG_LEVEL: "error",
+  // A benchmark measures this machine, it does not change it.
+  WARREN_UPLINK_FORWARDING: "0",
+  WARREN_DNS_UPSTREAM: "127.0.0.1:9",
 });
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));

@@ -19,7 +19,13 @@ const cluster = new LocalCluster({
   instancePrefix: "y",
   nodeCidr: () => "10.216.0.0/20",
   readyTemplates: TEMPLATES.split(","),
-  env: { WARREN_PREBUILD_TEMPLATES: TEMPLATES, WARREN_POOL_TEMPLATES: TEMPLATES },
+  // A benchmark measures this machine, it does not change it: no uplink forwarding, sandbox DNS to nowhere.
+  env: {
+    WARREN_PREBUILD_TEMPLATES: TEMPLATES,
+    WARREN_POOL_TEMPLATES: TEMPLATES,
+    WARREN_UPLINK_FORWARDING: "0",
+    WARREN_DNS_UPSTREAM: "127.0.0.1:9",
+  },
   onProgress: (line) => process.stderr.write(`  ${line}\n`),
 });
 
