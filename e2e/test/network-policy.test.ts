@@ -54,12 +54,6 @@ async function resolves(sbx: Sandbox, name: string): Promise<string> {
 const A = `http://${WORLD.serverA}/`;
 const B = `http://${WORLD.serverB}/`;
 
-async function timed<T>(fn: () => Promise<T>): Promise<{ value: T; ms: number }> {
-  const start = performance.now();
-  const value = await fn();
-  return { value, ms: performance.now() - start };
-}
-
 /** The sandbox's network namespace on the node (found by the host side address its resolv.conf names). */
 async function sandboxNetns(sbx: Sandbox): Promise<string> {
   const hostAddr = (await sbx.commands.run("awk '/^nameserver/{print $2}' /etc/resolv.conf")).stdout.trim();
@@ -91,9 +85,8 @@ describe("egress policy", () => {
   it("allowInternetAccess: false blocks everything at once, DNS included", async () => {
     const sbx = await Sandbox.create("base", { allowInternetAccess: false });
     try {
-      const { value, ms } = await timed(() => curl(sbx, A));
-      expect(value).toMatch(/^curl-exit-/);
-      expect(ms).toBeLessThan(4000); // refused at once (reset), not a 5 s timeout
+      // Refused at once (TCP reset: curl's "couldn't connect", 7), not dropped into a timeout (28).
+      expect(await curl(sbx, A)).toBe("curl-exit-7");
       expect(await curl(sbx, B)).toMatch(/^curl-exit-/);
       expect(await resolves(sbx, "a.test.warren")).toBe("");
       expect((await sbx.getInfo()).allowInternetAccess).toBe(false);
