@@ -18,6 +18,7 @@ import {
   type SandboxOnNode,
   type SandboxPlacement,
   type SandboxStats,
+  type SnapshotOnNode,
 } from "../src/master/node-agent-client.js";
 import { Master } from "../src/master/server.js";
 import type { EgressPolicy } from "../src/runtime/egress/policy.js";
@@ -40,6 +41,9 @@ export class FakeNodeAgent implements NodeAgentClient {
 
   async create(request: CreateOnNodeRequest): Promise<SandboxPlacement> {
     if (this.refuse) throw new NodeAgentError("refused", `${this.nodeId} is full`);
+    if (request.snapshotId && !this.snapshots.has(request.snapshotId)) {
+      throw new NodeAgentError("refused", `snapshot ${request.snapshotId} is not on ${this.nodeId}`);
+    }
     this.created.push(request);
     const exec = `${this.nodeId}-exec-${++this.execCounter}`;
     this.sandboxes.set(request.sandboxId, { exec, state: "running", request });
@@ -97,6 +101,36 @@ export class FakeNodeAgent implements NodeAgentClient {
     if (!this.sandboxes.has(sandboxId)) throw new NodeAgentError("not_found", `no sandbox ${sandboxId}`);
     if (this.failEgressUpdates) throw new NodeAgentError("failed", "firewall update failed");
     this.egress.set(sandboxId, [...(this.egress.get(sandboxId) ?? []), egress]);
+  }
+
+  /** Snapshots on this node; `snapshotsKeepMemory` plays a driver that keeps memory (a microvm node). */
+  readonly snapshots = new Map<string, SnapshotOnNode & { sourceSandboxId: string }>();
+  readonly deletedSnapshots: string[] = [];
+  snapshotsKeepMemory = false;
+  failSnapshots = false;
+
+  async snapshot(sandboxId: string, snapshotId: string): Promise<SnapshotOnNode> {
+    const sandbox = this.sandboxes.get(sandboxId);
+    if (!sandbox) throw new NodeAgentError("not_found", `no sandbox ${sandboxId}`);
+    if (this.failSnapshots) throw new NodeAgentError("failed", "copying the writable layer failed");
+    const made = {
+      snapshotId,
+      templateId: sandbox.request.templateId,
+      driver: this.snapshotsKeepMemory ? "microvm" : "namespace",
+      memory: this.snapshotsKeepMemory,
+      sizeBytes: 4096,
+      createdAt: new Date(),
+    };
+    this.snapshots.set(snapshotId, { ...made, sourceSandboxId: sandboxId });
+    return made;
+  }
+
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    if (this.snapshots.delete(snapshotId)) this.deletedSnapshots.push(snapshotId);
+  }
+
+  async listSnapshots(): Promise<SnapshotOnNode[]> {
+    return [...this.snapshots.values()];
   }
 }
 

@@ -64,6 +64,13 @@ export function isSandboxId(id: string): boolean {
   return SANDBOX_ID.test(id);
 }
 
+// Snapshot ids name directories on nodes (and E2B template ids): no dots, no slashes.
+const SNAPSHOT_ID = /^[a-z0-9][a-z0-9_-]{0,62}$/;
+
+export function isSnapshotId(id: string): boolean {
+  return SNAPSHOT_ID.test(id);
+}
+
 export function isNodeId(id: string): boolean {
   return NODE_ID.test(id);
 }

@@ -12,6 +12,7 @@ import { internalRoutes } from "./internal.js";
 import type { ApiMetrics } from "./metrics.js";
 import { OPENAPI_DOCUMENT } from "./openapi.js";
 import { sandboxRoutes } from "./sandboxes.js";
+import { snapshotRoutes } from "./snapshots.js";
 
 export interface AppDeps {
   readonly db: Db;
@@ -26,10 +27,6 @@ export interface AppDeps {
 }
 
 const NOT_YET = [
-  "/sandboxes/:sandboxID/network",
-  "/sandboxes/:sandboxID/fork",
-  "/sandboxes/:sandboxID/snapshots",
-  "/snapshots",
   "/templates",
   "/templates/*rest",
   "/v2/templates/*rest",
@@ -97,6 +94,7 @@ export function createApp(deps: AppDeps): express.Express {
     next();
   });
   app.use(sandboxRoutes(deps));
+  app.use(snapshotRoutes(deps));
   app.use(eventRoutes({ db: deps.db, pollMs: deps.ssePollMs ?? 250, streams: deps.streams }));
 
   // E2B paths Warren does not serve yet: 501, not 404, because the SDK reads 404 as "sandbox not found".

@@ -31,7 +31,7 @@ export function team(res: Response): Team {
   return res.locals.team as Team;
 }
 
-function sandboxId(req: Request): string {
+export function sandboxId(req: Request): string {
   const id = req.params.sandboxID;
   if (typeof id !== "string" || !/^[a-z0-9][a-z0-9-]{0,62}$/.test(id)) {
     // An id that cannot exist is answered like an unknown one.
@@ -40,7 +40,7 @@ function sandboxId(req: Request): string {
   return id;
 }
 
-async function master<T>(call: () => Promise<T>): Promise<T> {
+export async function master<T>(call: () => Promise<T>): Promise<T> {
   try {
     return await call();
   } catch (error) {

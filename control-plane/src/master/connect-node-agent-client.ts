@@ -1,11 +1,17 @@
 import { type Client, Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { type CreateResponse, NodeAgentService, SandboxState } from "@warren/proto/nodeagent/v1/node_agent_pb";
+import {
+  type CreateResponse,
+  NodeAgentService,
+  SandboxState,
+  type SnapshotInfo,
+} from "@warren/proto/nodeagent/v1/node_agent_pb";
 import {
   type NodeAgentClient,
   type NodeAgentConnector,
   NodeAgentError,
   type SandboxPlacement,
+  type SnapshotOnNode,
 } from "./node-agent-client.js";
 
 /** Node agent refusals that mean "try another node"; everything else is a failure of this node. */
@@ -47,7 +53,14 @@ function placement(response: CreateResponse | undefined): SandboxPlacement {
 }
 
 /** Upper bounds per call, so a hung node agent cannot hold a transition (or the master's shutdown) forever. */
-const TIMEOUT_MS = { create: 120_000, resume: 120_000, pause: 120_000, kill: 30_000, list: 10_000 } as const;
+const TIMEOUT_MS = {
+  create: 120_000,
+  resume: 120_000,
+  pause: 120_000,
+  snapshot: 300_000,
+  kill: 30_000,
+  list: 10_000,
+} as const;
 
 /** NodeAgentClient over `warren.nodeagent.v1.NodeAgentService` (Connect protocol). */
 export class ConnectNodeAgentClient implements NodeAgentClient {
@@ -80,6 +93,8 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
             metadata: { ...request.metadata },
             allowInternetAccess: request.allowInternetAccess ?? false,
             egress: { allowOut: [...request.egress.allowOut], denyOut: [...request.egress.denyOut] },
+            snapshotId: request.snapshotId ?? "",
+            snapshotEnvdAccessToken: request.snapshotEnvdAccessToken ?? "",
           },
           { timeoutMs: TIMEOUT_MS.create },
         );
@@ -156,6 +171,35 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
         { timeoutMs: TIMEOUT_MS.kill },
       );
     });
+
+  snapshot: NodeAgentClient["snapshot"] = (sandboxId, snapshotId) =>
+    call(async () => {
+      const response = await this.client.snapshot({ sandboxId, snapshotId }, { timeoutMs: TIMEOUT_MS.snapshot });
+      if (!response.snapshot) throw new NodeAgentError("failed", "node agent answered without a snapshot");
+      return snapshotOnNode(response.snapshot);
+    });
+
+  deleteSnapshot: NodeAgentClient["deleteSnapshot"] = (snapshotId) =>
+    call(async () => {
+      await this.client.deleteSnapshot({ snapshotId }, { timeoutMs: TIMEOUT_MS.kill });
+    });
+
+  listSnapshots: NodeAgentClient["listSnapshots"] = () =>
+    call(async () => {
+      const response = await this.client.listSnapshots({}, { timeoutMs: TIMEOUT_MS.list });
+      return response.snapshots.map(snapshotOnNode);
+    });
+}
+
+function snapshotOnNode(info: SnapshotInfo): SnapshotOnNode {
+  return {
+    snapshotId: info.snapshotId,
+    templateId: info.templateId,
+    driver: info.driver,
+    memory: info.memory,
+    sizeBytes: Number(info.sizeBytes),
+    createdAt: new Date(Number(info.createdAt)),
+  };
 }
 
 /** One client per node address, created on first use. */

@@ -6,7 +6,8 @@ import { type Db, type DbClient, withTransaction } from "../store/db.js";
 import { appendEvent } from "../store/events.js";
 import { findTemplate, reservedMemoryByNode } from "../store/nodes.js";
 import { getSandbox, lockSandbox, type SandboxRow, type SandboxState, toSandboxRow } from "../store/sandboxes.js";
-import { getTeam } from "../store/teams.js";
+import { findSnapshot, parseSnapshotRef, type SnapshotRow, teamNamespace } from "../store/snapshots.js";
+import { getTeam, type Team } from "../store/teams.js";
 import { admitSandbox } from "./admission.js";
 import { MasterError, notFound } from "./errors.js";
 import type { Logger } from "./log.js";
@@ -54,6 +55,8 @@ export interface CreateInput {
   readonly volumeMounts: unknown[];
   readonly idempotencyKey?: string;
   readonly requestHash?: string;
+  /** Start from this snapshot (a fork's); otherwise `templateId` may name one of the team's snapshots. */
+  readonly snapshot?: SnapshotRow;
 }
 
 /** What create/connect hand back to the api. */
@@ -111,14 +114,28 @@ export class SandboxLifecycle {
 
   async create(input: CreateInput): Promise<{ sandbox: SandboxView; replayed: boolean }> {
     const { db } = this.deps;
-    const [team, template, nodes, reserved] = await Promise.all([
+    const [team, named, allNodes, reserved] = await Promise.all([
       getTeam(db, input.teamId),
-      findTemplate(db, input.templateId),
+      input.snapshot ? undefined : findTemplate(db, input.templateId),
       this.deps.registry.placeableNodes(),
       reservedMemoryByNode(db),
     ]);
     if (!team) throw new MasterError("not_found", `team '${input.teamId}' not found`);
+    // A template first; else one of the team's snapshots, which starts only on the node that holds it.
+    const snapshot = input.snapshot ?? (named ? undefined : await this.teamSnapshot(team, input.templateId));
+    const template = snapshot ? await findTemplate(db, snapshot.templateId) : named;
     if (!template) throw new MasterError("not_found", `template '${input.templateId}' not found`);
+    const nodes = snapshot ? allNodes.filter((node) => node.nodeId === snapshot.nodeId) : allNodes;
+    if (snapshot && nodes.length === 0) {
+      throw new MasterError(
+        "unavailable",
+        `snapshot '${input.templateId}' is on node ${snapshot.nodeId}, which is not taking sandboxes now; retry later`,
+      );
+    }
+    const resources = snapshot
+      ? { cpuCount: snapshot.cpuCount, memoryMB: snapshot.memoryMB, diskSizeMB: snapshot.diskSizeMB }
+      : { cpuCount: template.cpuCount, memoryMB: template.memoryMB, diskSizeMB: template.diskSizeMB };
+    const admittedInput = snapshot ? { ...input, envVars: { ...snapshot.envVars, ...input.envVars } } : input;
     const timeout = input.timeoutSeconds > 0 ? input.timeoutSeconds : DEFAULT_TIMEOUT_SECONDS;
     if (timeout > team.maxLengthHours * 3600) {
       throw new MasterError("invalid", `Timeout cannot be greater than ${team.maxLengthHours} hours`);
@@ -127,18 +144,22 @@ export class SandboxLifecycle {
     const firstChoice = rankNodes(
       nodes,
       reserved,
-      { templateId: template.id, memoryMB: template.memoryMB },
+      { templateId: template.id, memoryMB: resources.memoryMB },
       this.placementOptions(),
       this.recentPlacements,
     )[0];
+    if (snapshot && !firstChoice) {
+      throw new MasterError(
+        "unavailable",
+        `node ${snapshot.nodeId} (holding the snapshot) has no room now; retry later`,
+      );
+    }
     if (firstChoice) this.recentPlacements.record(firstChoice.nodeId, template.id);
     const admitted = await withTransaction(db, (tx) =>
-      admitSandbox(tx, this.deps.tokens, team, input, {
+      admitSandbox(tx, this.deps.tokens, team, admittedInput, {
         templateId: template.id,
         alias: template.alias,
-        cpuCount: template.cpuCount,
-        memoryMB: template.memoryMB,
-        diskSizeMB: template.diskSizeMB,
+        ...resources,
         envdVersion: template.envdVersion,
         timeout,
         publicTraffic,
@@ -153,8 +174,26 @@ export class SandboxLifecycle {
       if (row.state === "killed" || row.state === "failed") throw notFound(row.id);
       return { sandbox: this.view(row), replayed: true };
     }
-    const row = await this.place(admitted.row, timeout, input.templateId, firstChoice);
+    const row = await this.place(admitted.row, timeout, input.templateId, firstChoice, snapshot);
     return { sandbox: this.view(row), replayed: false };
+  }
+
+  private async teamSnapshot(team: Team, ref: string): Promise<SnapshotRow | undefined> {
+    const parsed = parseSnapshotRef(ref, teamNamespace(team.name));
+    return parsed ? findSnapshot(this.deps.db, team.id, parsed.idOrName) : undefined;
+  }
+
+  /** How a sandbox starts from a snapshot on its node; a memory snapshot's envd holds its source's token. */
+  private async snapshotStart(
+    snapshot: SnapshotRow,
+  ): Promise<{ snapshotId: string; snapshotEnvdAccessToken?: string }> {
+    if (!snapshot.memory) return { snapshotId: snapshot.id };
+    const source = await getSandbox(this.deps.db, snapshot.sourceSandboxId);
+    if (!source) throw new MasterError("internal", `the source of snapshot '${snapshot.id}' is not recorded`);
+    return {
+      snapshotId: snapshot.id,
+      snapshotEnvdAccessToken: this.deps.tokens.envdToken(source.id, source.tokenNonce),
+    };
   }
 
   private placementOptions() {
@@ -183,11 +222,15 @@ export class SandboxLifecycle {
     timeout: number,
     templateRef: string,
     firstChoice: NodeHeartbeat | undefined,
+    snapshot?: SnapshotRow,
   ): Promise<SandboxRow> {
     const { db, nodeAgent, tokens, log, config } = this.deps;
     const tried = new Set<string>();
     const reasons: string[] = [];
-    for (let attempt = 0; attempt < config.placementAttempts; attempt++) {
+    const fromSnapshot = snapshot ? await this.snapshotStart(snapshot) : {};
+    // A snapshot is on one node: no other node can start it.
+    const attempts = snapshot ? 1 : config.placementAttempts;
+    for (let attempt = 0; attempt < attempts; attempt++) {
       // The admitted row already names the first choice; a retry moves the reservation to the next node.
       const node = attempt === 0 && firstChoice ? firstChoice : (await this.rank(row, tried))[0];
       if (!node) break;
@@ -212,6 +255,7 @@ export class SandboxLifecycle {
           network: row.network,
           allowInternetAccess: row.allowInternetAccess,
           egress: row.egress ?? effectiveEgress(row.network, row.allowInternetAccess, "open"),
+          ...fromSnapshot,
         });
       } catch (error) {
         const reason = error instanceof Error ? error.message : String(error);

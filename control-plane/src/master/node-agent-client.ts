@@ -29,6 +29,20 @@ export interface CreateOnNodeRequest {
   readonly allowInternetAccess: boolean | null;
   /** The policy the node enforces (request + team mode). */
   readonly egress: EgressPolicy;
+  /** Start from this snapshot, which is on this node. */
+  readonly snapshotId?: string;
+  /** A memory snapshot's envd holds its source's access token: the node presents it to /init. Never logged. */
+  readonly snapshotEnvdAccessToken?: string;
+}
+
+/** A snapshot as the node made it. */
+export interface SnapshotOnNode {
+  readonly snapshotId: string;
+  readonly templateId: string;
+  readonly driver: string;
+  readonly memory: boolean;
+  readonly sizeBytes: number;
+  readonly createdAt: Date;
 }
 
 /** One line of a sandbox's own log (envd's JSON lines, or plain text PID 1 printed). */
@@ -105,6 +119,11 @@ export interface NodeAgentClient {
   updateEgress(sandboxId: string, egress: EgressPolicy): Promise<void>;
   /** The newest `limit` lines of the sandbox's own log (envd), oldest first; not_found when not on the node. */
   logs(sandboxId: string, limit: number): Promise<SandboxLogLine[]>;
+  /** Captures the sandbox as a snapshot on the node (it runs on, or stays paused); not_found when not there. */
+  snapshot(sandboxId: string, snapshotId: string): Promise<SnapshotOnNode>;
+  /** Deletes a snapshot's files on the node; idempotent. */
+  deleteSnapshot(snapshotId: string): Promise<void>;
+  listSnapshots(): Promise<SnapshotOnNode[]>;
 }
 
 /** Gives the client for a node at `addr` (host:port), reusing connections. */

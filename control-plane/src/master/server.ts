@@ -20,6 +20,7 @@ import type { NodeAgentConnector } from "./node-agent-client.js";
 import { NodeRegistry } from "./node-registry.js";
 import { reconcile } from "./reconciler.js";
 import { masterRoutes } from "./service.js";
+import { SnapshotService } from "./snapshots.js";
 import { TokenIssuer } from "./tokens.js";
 
 export interface MasterOptions {
@@ -31,6 +32,7 @@ export interface MasterOptions {
 /** A master replica: serves MasterService always; runs the evictor and reconciler only while leader. */
 export class Master {
   readonly lifecycle: SandboxLifecycle;
+  readonly snapshots: SnapshotService;
   readonly registry: NodeRegistry;
   readonly metrics: SandboxMetricsSampler;
   private readonly loops: NodeJS.Timeout[] = [];
@@ -68,6 +70,13 @@ export class Master {
         memoryOvercommit: config.memoryOvercommit,
         replayWaitMs: 60_000,
       },
+    });
+    this.snapshots = new SnapshotService({
+      db,
+      registry: this.registry,
+      nodeAgent,
+      lifecycle: this.lifecycle,
+      log,
     });
     const onElected = () => this.startLeaderLoops();
     const onDemoted = () => this.stopLeaderLoops();
@@ -108,7 +117,7 @@ export class Master {
     const master = new Master(config, db, redis, options.nodeAgent, log, kubernetes);
     const metrics = new MasterMetrics(db, () => master.isLeader);
     const handler = connectNodeAdapter({
-      routes: masterRoutes(master.lifecycle, master.metrics),
+      routes: masterRoutes(master.lifecycle, master.metrics, master.snapshots),
       interceptors: [metrics.interceptor(log)],
     });
     const server = http.createServer((req, res) => {
@@ -170,6 +179,7 @@ export class Master {
         nodeDownAfterMs: this.config.nodeDownAfterMs,
       }),
     );
+    this.every(this.config.reconcileIntervalMs, () => this.snapshots.sweepNodes());
   }
 
   /** Runs `task` repeatedly, never overlapping itself. */

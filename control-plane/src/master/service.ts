@@ -3,6 +3,7 @@ import { MasterService } from "@warren/proto/master/v1/master_pb";
 import { MasterError, toConnectError } from "./errors.js";
 import type { SandboxLifecycle } from "./lifecycle.js";
 import type { SandboxMetricsSampler } from "./metrics-sampler.js";
+import { FORK_DEFAULT_TIMEOUT_SECONDS, FORK_MAX_COUNT, type SnapshotService } from "./snapshots.js";
 
 function parseJsonObject(value: string, field: string): Record<string, unknown> | null {
   if (!value) return null;
@@ -27,6 +28,7 @@ async function guarded<T>(fn: () => Promise<T>): Promise<T> {
 export function masterServiceImpl(
   lifecycle: SandboxLifecycle,
   metrics: SandboxMetricsSampler,
+  snapshots: SnapshotService,
 ): ServiceImpl<typeof MasterService> {
   return {
     createSandbox: (req) =>
@@ -99,6 +101,34 @@ export function masterServiceImpl(
         await lifecycle.pause(req.sandboxId, req.teamId, req.memory ?? true);
         return {};
       }),
+    createSnapshot: (req) =>
+      guarded(async () => {
+        const snapshot = await snapshots.createSnapshot(req.teamId, req.sandboxId, req.name || undefined);
+        return { snapshot: { ...snapshot, sizeBytes: BigInt(snapshot.sizeBytes) } };
+      }),
+    deleteSnapshot: (req) =>
+      guarded(async () => {
+        await snapshots.deleteSnapshot(req.teamId, req.snapshotRef);
+        return {};
+      }),
+    forkSandbox: (req) =>
+      guarded(async () => {
+        const count = req.count === 0 ? 1 : req.count;
+        if (count < 1 || count > FORK_MAX_COUNT) {
+          throw new MasterError("invalid", `count must be between 1 and ${FORK_MAX_COUNT}, got ${req.count}`);
+        }
+        if (req.timeoutSeconds < 0) throw new MasterError("invalid", "timeout must not be negative");
+        const timeout = req.timeoutSeconds || FORK_DEFAULT_TIMEOUT_SECONDS;
+        const { results, memory } = await snapshots.fork(req.teamId, req.sandboxId, count, timeout);
+        return {
+          memory,
+          results: results.map((r) =>
+            r.sandbox
+              ? { sandbox: r.sandbox }
+              : { errorCode: r.error?.code ?? 500, errorMessage: r.error?.message ?? "fork failed" },
+          ),
+        };
+      }),
     resumeOnTraffic: (req) =>
       guarded(async () =>
         lifecycle.resumeOnTraffic({
@@ -114,8 +144,9 @@ export function masterServiceImpl(
 export function masterRoutes(
   lifecycle: SandboxLifecycle,
   metrics: SandboxMetricsSampler,
+  snapshots: SnapshotService,
 ): (router: ConnectRouter) => void {
   return (router) => {
-    router.service(MasterService, masterServiceImpl(lifecycle, metrics));
+    router.service(MasterService, masterServiceImpl(lifecycle, metrics, snapshots));
   };
 }

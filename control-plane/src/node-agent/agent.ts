@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { cpus, freemem, totalmem } from "node:os";
-import { isSandboxId, type SandboxRoute } from "@warren/proto/redis";
-import type { Instance, InstanceStats, RuntimeDriver, SandboxResources } from "../runtime/driver.js";
+import { isSandboxId, isSnapshotId, type SandboxRoute } from "@warren/proto/redis";
+import type { Instance, InstanceStats, RuntimeDriver, SandboxResources, SnapshotImage } from "../runtime/driver.js";
 import {
   CLOSED_EGRESS,
   compileEgress,
@@ -37,6 +37,10 @@ export interface CreateSandboxInput {
   readonly command?: readonly string[];
   /** Egress policy (E2B allowOut/denyOut, internet access folded in by the master); default: nothing leaves. */
   readonly egress?: EgressPolicy;
+  /** Start from this snapshot on this node (`templateId` must be its template). */
+  readonly snapshotId?: string;
+  /** The access token envd holds in a memory snapshot (its source's), presented to /init to set the new one. */
+  readonly snapshotEnvdAccessToken?: string;
 }
 
 export interface ResumeSandboxInput {
@@ -238,7 +242,9 @@ export class NodeAgent {
       this.ensureTemplate(input.templateId).catch(() => undefined);
       throw new AgentError("unavailable", `template '${input.templateId}' is being built on this node; retry later`);
     }
-    const resources = this.resolveResources(template, input.resources);
+    const snapshot = input.snapshotId ? await this.findSnapshot(input.snapshotId, input.templateId) : undefined;
+    // A memory snapshot's processes run in the memory they had: the snapshot's resources, not the request's.
+    const resources = snapshot?.memory ? snapshot.resources : this.resolveResources(template, input.resources);
     const egress = this.checkEgress(input.egress ?? CLOSED_EGRESS);
     this.creating.add(input.sandboxId);
     const log = this.log.child({ sandboxId: input.sandboxId, templateId: input.templateId });
@@ -246,6 +252,7 @@ export class NodeAgent {
       const defaults = template.recipe.defaults;
       const poolable =
         !input.command &&
+        !snapshot &&
         resources.cpuCount === defaults.cpuCount &&
         resources.memoryMiB === defaults.memoryMiB &&
         resources.diskMiB === defaults.diskMiB;
@@ -259,16 +266,72 @@ export class NodeAgent {
               resources,
               ...(input.command ? { command: input.command } : {}),
               ...(this.driver.setEgress ? { egress } : {}),
+              ...(snapshot ? { snapshotId: snapshot.snapshotId } : {}),
             }),
           );
         } catch (error) {
           throw new AgentError("internal", `sandbox '${input.sandboxId}' failed to start: ${(error as Error).message}`);
         }
       }
-      return await this.activate(instance, input, egress, pooled, log);
+      const previousToken = snapshot?.memory ? input.snapshotEnvdAccessToken : undefined;
+      return await this.activate(instance, input, egress, pooled, log, previousToken);
     } finally {
       this.creating.delete(input.sandboxId);
     }
+  }
+
+  private async findSnapshot(snapshotId: string, templateId: string): Promise<SnapshotImage> {
+    const snapshot = (await this.driver.listSnapshots()).find((s) => s.snapshotId === snapshotId);
+    if (!snapshot) throw new AgentError("not_found", `snapshot '${snapshotId}' is not on this node`);
+    if (snapshot.templateId !== templateId) {
+      throw new AgentError(
+        "invalid_argument",
+        `snapshot '${snapshotId}' is of template '${snapshot.templateId}', not '${templateId}'`,
+      );
+    }
+    return snapshot;
+  }
+
+  /**
+   * Captures a sandbox as a snapshot on this node (files; processes and memory where the driver keeps them). It
+   * waits for any pause/resume/checkpoint of the sandbox, like those wait for each other; a running sandbox is
+   * still for the copy only (its route stays `running`: requests wait, streams stay open).
+   */
+  async snapshot(sandboxId: string, snapshotId: string): Promise<SnapshotImage> {
+    if (!isSnapshotId(snapshotId)) {
+      throw new AgentError("invalid_argument", `invalid snapshot id '${snapshotId}' (a-z, 0-9, '_', '-'; at most 63)`);
+    }
+    return this.exclusive(sandboxId, async () => {
+      const sandbox = this.requireSandbox(sandboxId);
+      if ((await this.driver.listSnapshots()).some((s) => s.snapshotId === snapshotId)) {
+        throw new AgentError("already_exists", `snapshot '${snapshotId}' already exists on this node`);
+      }
+      const startedAt = performance.now();
+      let image: SnapshotImage;
+      try {
+        image = await this.driver.snapshot(sandbox.instanceId, snapshotId);
+      } catch (error) {
+        throw new AgentError("internal", `snapshot of sandbox '${sandboxId}' failed: ${(error as Error).message}`);
+      }
+      this.log.info("sandbox snapshotted", {
+        sandboxId,
+        snapshotId,
+        memory: image.memory,
+        sizeMiB: round(image.sizeBytes / 2 ** 20),
+        ms: round(performance.now() - startedAt),
+      });
+      return image;
+    });
+  }
+
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    if (!isSnapshotId(snapshotId)) return;
+    await this.driver.deleteSnapshot(snapshotId);
+    this.log.info("snapshot deleted", { snapshotId });
+  }
+
+  listSnapshots(): Promise<SnapshotImage[]> {
+    return this.driver.listSnapshots();
   }
 
   /**
@@ -281,6 +344,7 @@ export class NodeAgent {
     egress: EgressPolicy,
     pooled: boolean,
     log: Logger,
+    currentAccessToken?: string,
   ): Promise<SandboxPlacement> {
     let instance = started;
     const exec = randomBytes(8).toString("hex");
@@ -294,6 +358,7 @@ export class NodeAgent {
           accessToken: input.envdAccessToken ?? "",
           defaultUser: input.defaultUser || "user",
           defaultWorkdir: input.defaultWorkdir || "/home/user",
+          ...(currentAccessToken ? { currentAccessToken } : {}),
         }),
         this.driver.setEgress?.(claimed.instanceId, egress),
       ]);

@@ -5,6 +5,8 @@ export interface EnvdInit {
   readonly accessToken: string;
   readonly defaultUser: string;
   readonly defaultWorkdir: string;
+  /** The token envd already holds (a sandbox started from a memory snapshot keeps its source's): sent to /init. */
+  readonly currentAccessToken?: string;
 }
 
 /**
@@ -12,7 +14,8 @@ export interface EnvdInit {
  * (envd accepts the timestamp; a namespace sandbox shares the host clock anyway). Resolves with envd's version.
  */
 export function initEnvd(envdUrl: string, init: EnvdInit, timeoutMs = 5000): Promise<string> {
-  const body = JSON.stringify({ ...init, timestamp: new Date().toISOString() });
+  const { currentAccessToken, ...fields } = init;
+  const body = JSON.stringify({ ...fields, timestamp: new Date().toISOString() });
   const url = new URL("/init", envdUrl);
   return new Promise((resolve, reject) => {
     const req = request(
@@ -23,7 +26,11 @@ export function initEnvd(envdUrl: string, init: EnvdInit, timeoutMs = 5000): Pro
         method: "POST",
         agent: false,
         timeout: timeoutMs,
-        headers: { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(body) },
+        headers: {
+          "Content-Type": "application/json",
+          "Content-Length": Buffer.byteLength(body),
+          ...(currentAccessToken ? { "X-Access-Token": currentAccessToken } : {}),
+        },
       },
       (res) => {
         let text = "";

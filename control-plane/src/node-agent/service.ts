@@ -6,7 +6,10 @@ import {
   ResourcesSchema,
   SandboxInfoSchema,
   SandboxState,
+  type SnapshotInfo,
+  SnapshotInfoSchema,
 } from "@warren/proto/nodeagent/v1/node_agent_pb";
+import type { SnapshotImage } from "../runtime/driver.js";
 import type { NodeAgent } from "./agent.js";
 import { AgentError, toConnectError } from "./errors.js";
 import type { Logger } from "./log.js";
@@ -49,6 +52,8 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
           defaultUser: req.defaultUser,
           defaultWorkdir: req.defaultWorkdir,
           ...(req.egress ? { egress: { allowOut: req.egress.allowOut, denyOut: req.egress.denyOut } } : {}),
+          ...(req.snapshotId ? { snapshotId: req.snapshotId } : {}),
+          ...(req.snapshotEnvdAccessToken ? { snapshotEnvdAccessToken: req.snapshotEnvdAccessToken } : {}),
         });
         return create(CreateResponseSchema, {
           sandboxId: placement.sandboxId,
@@ -141,6 +146,19 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
           fields: { ...line.fields },
         })),
       })),
+    snapshot: (req) =>
+      guard("Snapshot", { sandboxId: req.sandboxId, snapshotId: req.snapshotId }, async () => ({
+        snapshot: snapshotInfo(await agent.snapshot(req.sandboxId, req.snapshotId)),
+      })),
+    deleteSnapshot: (req) =>
+      guard("DeleteSnapshot", { snapshotId: req.snapshotId }, async () => {
+        await agent.deleteSnapshot(req.snapshotId);
+        return {};
+      }),
+    listSnapshots: () =>
+      guard("ListSnapshots", {}, async () => ({
+        snapshots: (await agent.listSnapshots()).map(snapshotInfo),
+      })),
     info: () =>
       guard("Info", {}, async () => {
         const info = agent.info();
@@ -157,6 +175,22 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
         };
       }),
   };
+}
+
+function snapshotInfo(image: SnapshotImage): SnapshotInfo {
+  return create(SnapshotInfoSchema, {
+    snapshotId: image.snapshotId,
+    templateId: image.templateId,
+    memory: image.memory,
+    sizeBytes: BigInt(image.sizeBytes),
+    resources: create(ResourcesSchema, {
+      cpuCount: image.resources.cpuCount,
+      memoryMb: image.resources.memoryMiB,
+      diskSizeMb: image.resources.diskMiB,
+    }),
+    createdAt: BigInt(image.createdAt),
+    driver: image.driver,
+  });
 }
 
 export function nodeAgentRoutes(agent: NodeAgent, log: Logger): (router: ConnectRouter) => void {

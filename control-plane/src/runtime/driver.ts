@@ -41,6 +41,13 @@ export interface InstanceSpec {
   readonly command?: readonly string[];
   /** Egress policy from the start (default: nothing leaves); `setEgress` changes it later. */
   readonly egress?: EgressPolicy;
+  /**
+   * Start from this snapshot (`RuntimeDriver.snapshot`) instead of the template's pristine root: its files, and
+   * its processes and memory when the snapshot has them (then the instance continues where the source was; the
+   * agent's /init gives it its own identity). `template` must be the snapshot's template (same hash) and
+   * `resources` the snapshot's for a memory snapshot.
+   */
+  readonly snapshotId?: string;
 }
 
 export interface Instance {
@@ -76,6 +83,25 @@ export interface CheckpointResult {
   /** Memory the sandbox's cgroup was charged before and after (the writable layer's tmpfs stays charged). */
   readonly memoryBeforeBytes: number;
   readonly memoryAfterBytes: number;
+}
+
+/** A snapshot of an instance, kept by the driver on the node until `deleteSnapshot`. */
+export interface SnapshotImage {
+  readonly snapshotId: string;
+  /** The driver that made it (`namespace`, `microvm`): only that driver can start instances from it. */
+  readonly driver: string;
+  readonly templateId: string;
+  readonly templateHash: string;
+  /**
+   * Processes and memory are in it: an instance created from it continues them (same pids, in-memory state).
+   * False: files only; an instance created from it boots fresh over them.
+   */
+  readonly memory: boolean;
+  /** The source's resources (a memory snapshot can only start with these). */
+  readonly resources: SandboxResources;
+  /** Bytes on the node's disk. */
+  readonly sizeBytes: number;
+  readonly createdAt: number;
 }
 
 export interface ResumeResult {
@@ -115,6 +141,20 @@ export interface RuntimeDriver {
   /** Starts a paused or stopped instance afresh over its kept disk (new boot id); resolves once envd answers. */
   reboot(instanceId: string): Promise<Instance>;
   list(): Instance[];
+  /** Whether `snapshot` keeps processes and memory (otherwise snapshots hold files only). */
+  readonly snapshotsKeepMemory: boolean;
+  /**
+   * Captures a running or paused instance as snapshot `snapshotId`: its writable disk, and its memory when
+   * `snapshotsKeepMemory` and it has processes (a filesystem-only paused instance has none). A running instance is
+   * paused for the copy and runs on after it (same pids); a paused one stays paused. Instances created from the
+   * snapshot never depend on it being kept (deleteSnapshot may run while they live). On failure nothing of the
+   * snapshot is left and the instance is as it was.
+   */
+  snapshot(instanceId: string, snapshotId: string): Promise<SnapshotImage>;
+  /** Removes a snapshot's files; unknown ids are ignored (idempotent). */
+  deleteSnapshot(snapshotId: string): Promise<void>;
+  /** Every snapshot this driver keeps (after an agent restart, too). */
+  listSnapshots(): Promise<SnapshotImage[]>;
   /**
    * Replaces the instance's egress policy while it runs (or is paused); kept with the instance and restored after
    * an agent restart. Drivers without it keep every sandbox's egress closed (the agent refuses other policies).

@@ -118,7 +118,7 @@ CREATE TABLE sandbox_metrics (
   sandbox_id text NOT NULL,
   team_id text NOT NULL,
   ts timestamptz NOT NULL,
-  cpu_count real NOT NULL,
+  cpu_count integer NOT NULL,
   cpu_used_pct real NOT NULL,
   mem_used bigint NOT NULL,
   mem_total bigint NOT NULL,
@@ -127,6 +127,35 @@ CREATE TABLE sandbox_metrics (
   PRIMARY KEY (sandbox_id, ts)
 );
 CREATE INDEX sandbox_metrics_ts ON sandbox_metrics (ts);
+`,
+  },
+  {
+    version: 4,
+    name: "snapshots: sandbox snapshots (createSnapshot, fork) kept on a node",
+    sql: `
+CREATE TABLE snapshots (
+  id text PRIMARY KEY,
+  team_id text NOT NULL REFERENCES teams(id),
+  -- Unique per team among live snapshots; a new snapshot with a taken name takes it over.
+  name text,
+  -- 'snapshot': createSnapshot (listed, kept until deleted); 'fork': a fork's source (hidden, deleted after).
+  kind text NOT NULL CHECK (kind IN ('snapshot', 'fork')),
+  source_sandbox_id text NOT NULL,
+  node_id text NOT NULL,
+  template_id text NOT NULL,
+  driver text NOT NULL,
+  memory boolean NOT NULL,
+  size_bytes bigint NOT NULL,
+  cpu_count integer NOT NULL,
+  memory_mb integer NOT NULL,
+  disk_size_mb integer NOT NULL,
+  env_vars jsonb NOT NULL DEFAULT '{}',
+  metadata jsonb NOT NULL DEFAULT '{}',
+  created_at timestamptz NOT NULL DEFAULT now(),
+  deleted_at timestamptz
+);
+CREATE UNIQUE INDEX snapshots_team_name ON snapshots (team_id, name) WHERE deleted_at IS NULL AND name IS NOT NULL;
+CREATE INDEX snapshots_team_created ON snapshots (team_id, created_at DESC, id DESC) WHERE deleted_at IS NULL;
 `,
   },
 ];

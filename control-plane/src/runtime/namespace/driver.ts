@@ -16,6 +16,7 @@ import type {
   ResumeResult,
   RuntimeDriver,
   SandboxResources,
+  SnapshotImage,
 } from "../driver.js";
 import { EgressGateway } from "../egress/gateway.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
@@ -23,6 +24,7 @@ import { exec } from "../exec.js";
 import { type CgroupManager, detectCgroupManager } from "./cgroups.js";
 import { probeCriu } from "./criu-probe.js";
 import { type GatewayPorts, sandboxFirewallRules } from "./egress-rules.js";
+import { LayerStore } from "./layer-store.js";
 import { mountPoints, unmountTree } from "./mounts.js";
 import { NetworkPool, type NetworkSlot } from "./network.js";
 import { sandboxSpec } from "./oci-spec.js";
@@ -121,7 +123,10 @@ interface InstanceRecord {
   instanceId: string;
   templateId: string;
   templateHash: string;
+  /** The template's rootfs. */
   lowerDir: string;
+  /** Snapshot layers stacked above it, topmost first (an instance made from a snapshot). */
+  layers?: string[];
   allowSetuid: boolean;
   /** Runs the code gateway next to envd (ready only when both answer). */
   codeGateway?: boolean;
@@ -174,6 +179,9 @@ export class NamespaceDriver implements RuntimeDriver {
   private gatewayPorts: GatewayPorts | undefined;
   /** The configured CRIU, once the start-up probe has seen it dump and restore a process. */
   private criuUsable = false;
+  private readonly snapshots: LayerStore;
+  /** Snapshots keep files only here (see layer-store.ts). */
+  readonly snapshotsKeepMemory = false;
 
   constructor(private readonly options: NamespaceDriverOptions) {
     this.cgroups = detectCgroupManager(`warren/${options.instance}`);
@@ -186,6 +194,7 @@ export class NamespaceDriver implements RuntimeDriver {
     });
     this.instancesDir = join(options.stateDir, "instances");
     this.crunRoot = join(options.stateDir, "crun");
+    this.snapshots = new LayerStore(options.stateDir, options.log.child({ part: "snapshots" }));
     const forbidden = new BlockList();
     const [netAddr, netBits] = options.netCidr.split("/");
     forbidden.addSubnet(netAddr as string, Number(netBits), "ipv4");
@@ -219,6 +228,7 @@ export class NamespaceDriver implements RuntimeDriver {
   async start(): Promise<void> {
     await mkdir(this.instancesDir, { recursive: true });
     await mkdir(this.crunRoot, { recursive: true });
+    await this.snapshots.start();
     await this.cgroups.prepare();
     await this.network.start();
     this.gatewayPorts = await this.gateway.start();
@@ -246,13 +256,20 @@ export class NamespaceDriver implements RuntimeDriver {
     await mkdir(join(dir, "bundle"), { recursive: true });
     let slot: NetworkSlot | undefined;
     let record: InstanceRecord | undefined;
+    const base = spec.snapshotId ? await this.snapshots.pin(spec.snapshotId) : undefined;
     try {
+      if (base && base.snapshot.templateHash !== spec.template.hash) {
+        throw new Error(
+          `snapshot '${spec.snapshotId}' was made from another build of template '${base.snapshot.templateId}'`,
+        );
+      }
       slot = await this.network.acquire();
       record = {
         instanceId,
         templateId: spec.template.templateId,
         templateHash: spec.template.hash,
         lowerDir: spec.template.rootfs,
+        ...(base ? { layers: [...base.snapshot.layers] } : {}),
         allowSetuid: spec.template.allowSetuid,
         codeGateway: spec.template.codeGateway === true,
         slot: slot.index,
@@ -288,7 +305,47 @@ export class NamespaceDriver implements RuntimeDriver {
         await rm(dir, { recursive: true, force: true });
       }
       throw error;
+    } finally {
+      base?.release();
     }
+  }
+
+  /**
+   * Files only (`snapshotsKeepMemory` is false): the writable layer is copied while the sandbox is frozen, so the
+   * copy is consistent; a running sandbox thaws right after (same processes), a paused one stays paused.
+   */
+  async snapshot(instanceId: string, snapshotId: string): Promise<SnapshotImage> {
+    const record = this.require(instanceId);
+    const cgroup = this.cgroups.open(instanceId);
+    const freeze = !record.paused;
+    if (freeze) await cgroup.freeze();
+    try {
+      const { layers: _layers, ...image } = await this.snapshots.capture(snapshotId, {
+        templateId: record.templateId,
+        templateHash: record.templateHash,
+        resources: record.resources,
+        upperDir: join(this.instanceDir(instanceId), "disk", "upper"),
+        layers: record.layers ?? [],
+      });
+      return image;
+    } finally {
+      if (freeze) await cgroup.thaw();
+    }
+  }
+
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    await this.snapshots.delete(snapshotId);
+    await this.collectLayers();
+  }
+
+  async listSnapshots(): Promise<SnapshotImage[]> {
+    return (await this.snapshots.list()).map(({ layers: _layers, ...image }) => image);
+  }
+
+  private async collectLayers(): Promise<void> {
+    await this.snapshots
+      .collect(() => [...this.instances.values()].flatMap((r) => r.layers ?? []))
+      .catch((error) => this.options.log.error("removing unused snapshot layers failed", { error }));
   }
 
   /** The bundle (OCI config), boot id and resolv.conf of an instance: what crun and its bind mounts need. */
@@ -355,7 +412,7 @@ export class NamespaceDriver implements RuntimeDriver {
             PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             DISK_MIB: String(record.resources.diskMiB),
             UID_BASE: String(this.options.uidBase),
-            LOWER: record.lowerDir,
+            LOWER: [...(record.layers ?? []), record.lowerDir].join(":"),
             CGROUP_PROCS: procsFiles.join(" "),
             CRUN_ROOT: this.crunRoot,
             CID: this.containerId(record.instanceId),
@@ -681,6 +738,7 @@ export class NamespaceDriver implements RuntimeDriver {
       if (!this.instances.has(instanceId)) await unmountTree(this.instanceDir(instanceId));
     }
     await this.network.sweep(new Set([...this.instances.values()].map((r) => r.slot)));
+    await this.collectLayers();
     return { adopted, removed };
   }
 
@@ -751,6 +809,7 @@ export class NamespaceDriver implements RuntimeDriver {
     await this.network.release(this.network.slot(record.slot));
     this.instances.delete(record.instanceId);
     await rm(dir, { recursive: true, force: true });
+    if (record.layers?.length) await this.collectLayers();
   }
 
   private require(instanceId: string): InstanceRecord {

@@ -1,0 +1,182 @@
+import { randomBytes } from "node:crypto";
+import { existsSync } from "node:fs";
+import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { isSnapshotId } from "@warren/proto/redis";
+import type { Logger } from "../../node-agent/log.js";
+import type { SandboxResources, SnapshotImage } from "../driver.js";
+import { exec } from "../exec.js";
+
+/** What the namespace driver keeps per snapshot: the public description and the layers an instance stacks. */
+export interface LayeredSnapshot extends SnapshotImage {
+  /** Layer directories, topmost first, that go above the template's rootfs (overlayfs lower dirs). */
+  readonly layers: readonly string[];
+}
+
+export interface CaptureSource {
+  readonly templateId: string;
+  readonly templateHash: string;
+  readonly resources: SandboxResources;
+  /** The instance's overlay upper dir (its writable layer). */
+  readonly upperDir: string;
+  /** The layers the instance already stacks on its template (it may itself come from a snapshot). */
+  readonly layers: readonly string[];
+}
+
+/**
+ * overlayfs takes its lower dirs as one mount option string, which the legacy mount API limits to a page: a
+ * chain of snapshots of snapshots stops well before that (each layer path is about 80 bytes).
+ */
+export const MAX_LAYERS = 32;
+
+/**
+ * Snapshots of namespace sandboxes as overlayfs layers on the node's disk. A snapshot copies the sandbox's
+ * writable layer (a tmpfs) into an immutable layer directory; sandboxes started from it stack that layer, and the
+ * layers it was itself made on, between their own new writable layer and the template's rootfs: O(1) to start,
+ * one copy on disk and in the page cache however many sandboxes use it.
+ *
+ * Layers outlive the snapshot that made them while a sandbox still stacks them (E2B: deleting a snapshot never
+ * breaks the sandboxes made from it): `collect` deletes a layer once neither a snapshot nor a live instance refers
+ * to it. It runs after every delete and kill and at start, so a crash at any point leaves at most garbage that the
+ * next run removes, never a missing layer.
+ *
+ * Memory is not kept: that needs CRIU, which this driver uses only for pause, where it has been verified to work
+ * (RUNTIME-NOTES §2.8); a snapshot here is the filesystem, and its sandboxes boot fresh over it.
+ */
+export class LayerStore {
+  private readonly snapshotsDir: string;
+  private readonly layersDir: string;
+  /** Layers a create is stacking right now (before its instance record exists). */
+  private readonly pinned = new Map<string, number>();
+
+  constructor(
+    stateDir: string,
+    private readonly log: Logger,
+  ) {
+    this.snapshotsDir = join(stateDir, "snapshots");
+    this.layersDir = join(stateDir, "layers");
+  }
+
+  async start(): Promise<void> {
+    await mkdir(this.snapshotsDir, { recursive: true });
+    await mkdir(this.layersDir, { recursive: true });
+    // Half-made snapshots and layers of a crashed capture.
+    for (const dir of [this.snapshotsDir, this.layersDir])
+      for (const name of await readdir(dir)) if (name.startsWith(".")) await rm(join(dir, name), { recursive: true });
+  }
+
+  /**
+   * Copies `source.upperDir` into a new layer and records the snapshot. The caller keeps the sandbox still
+   * (frozen) meanwhile. `cp -a` keeps what overlayfs put there: uid-shifted owners, modes, xattrs (opaque dirs)
+   * and whiteouts (0:0 character devices), which overlayfs honours in lower layers too.
+   */
+  async capture(snapshotId: string, source: CaptureSource): Promise<LayeredSnapshot> {
+    if (!isSnapshotId(snapshotId)) throw new Error(`invalid snapshot id '${snapshotId}'`);
+    if (existsSync(join(this.snapshotsDir, snapshotId))) throw new Error(`snapshot '${snapshotId}' already exists`);
+    if (source.layers.length + 1 > MAX_LAYERS) {
+      throw new Error(`a sandbox made from ${source.layers.length} stacked snapshots cannot be snapshotted again`);
+    }
+    const layerId = `l${randomBytes(8).toString("hex")}`;
+    const tmpLayer = join(this.layersDir, `.${layerId}`);
+    const tmpMeta = join(this.snapshotsDir, `.${snapshotId}-${layerId}`);
+    try {
+      await exec("cp", ["-a", "--", source.upperDir, tmpLayer]);
+      const sizeBytes = Number((await exec("du", ["-sb", "--", tmpLayer])).stdout.split("\t")[0]) || 0;
+      const layer = join(this.layersDir, layerId);
+      const snapshot: LayeredSnapshot = {
+        snapshotId,
+        driver: "namespace",
+        templateId: source.templateId,
+        templateHash: source.templateHash,
+        memory: false,
+        resources: source.resources,
+        sizeBytes,
+        createdAt: Date.now(),
+        layers: [layer, ...source.layers],
+      };
+      await mkdir(tmpMeta);
+      await writeFile(join(tmpMeta, "snapshot.json"), JSON.stringify(snapshot));
+      // Layer first (pinned, so a collect in between keeps it): a crash between the two renames leaves an
+      // unreferenced layer, which the next collect removes.
+      this.hold([layer]);
+      try {
+        await rename(tmpLayer, layer);
+        await rename(tmpMeta, join(this.snapshotsDir, snapshotId));
+      } finally {
+        this.unhold([layer]);
+      }
+      return snapshot;
+    } catch (error) {
+      await rm(tmpLayer, { recursive: true, force: true });
+      await rm(tmpMeta, { recursive: true, force: true });
+      throw error;
+    }
+  }
+
+  async get(snapshotId: string): Promise<LayeredSnapshot | undefined> {
+    if (!isSnapshotId(snapshotId)) return undefined;
+    try {
+      const snapshot = JSON.parse(
+        await readFile(join(this.snapshotsDir, snapshotId, "snapshot.json"), "utf8"),
+      ) as LayeredSnapshot;
+      return snapshot.layers.every((layer) => existsSync(layer)) ? snapshot : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  async list(): Promise<LayeredSnapshot[]> {
+    const names = existsSync(this.snapshotsDir) ? await readdir(this.snapshotsDir) : [];
+    const found = await Promise.all(names.filter((n) => !n.startsWith(".")).map((name) => this.get(name)));
+    return found.filter((s): s is LayeredSnapshot => s !== undefined);
+  }
+
+  /** Holds a snapshot's layers for a create until its instance record refers to them. */
+  async pin(snapshotId: string): Promise<{ snapshot: LayeredSnapshot; release: () => void }> {
+    const snapshot = await this.get(snapshotId);
+    if (!snapshot) throw new Error(`unknown snapshot '${snapshotId}'`);
+    this.hold(snapshot.layers);
+    let released = false;
+    return {
+      snapshot,
+      release: () => {
+        if (released) return;
+        released = true;
+        this.unhold(snapshot.layers);
+      },
+    };
+  }
+
+  private hold(layers: readonly string[]): void {
+    for (const layer of layers) this.pinned.set(layer, (this.pinned.get(layer) ?? 0) + 1);
+  }
+
+  private unhold(layers: readonly string[]): void {
+    for (const layer of layers) {
+      const left = (this.pinned.get(layer) ?? 1) - 1;
+      if (left > 0) this.pinned.set(layer, left);
+      else this.pinned.delete(layer);
+    }
+  }
+
+  async delete(snapshotId: string): Promise<void> {
+    if (!isSnapshotId(snapshotId)) return;
+    await rm(join(this.snapshotsDir, snapshotId), { recursive: true, force: true });
+  }
+
+  /** Deletes every layer that no snapshot, no pinned create and none of `inUse` (live instances' layers) needs. */
+  async collect(inUse: () => Iterable<string>): Promise<void> {
+    // Layers first, references after: a layer that appears in between is not in `names`, and one that appeared
+    // before is pinned by its capture until its snapshot is listed.
+    const names = existsSync(this.layersDir) ? await readdir(this.layersDir) : [];
+    const keep = new Set(inUse());
+    for (const layer of this.pinned.keys()) keep.add(layer);
+    for (const snapshot of await this.list()) for (const layer of snapshot.layers) keep.add(layer);
+    for (const name of names) {
+      const layer = join(this.layersDir, name);
+      if (name.startsWith(".") || keep.has(layer)) continue;
+      this.log.debug("removing an unused snapshot layer", { layer });
+      await rm(layer, { recursive: true, force: true });
+    }
+  }
+}

@@ -1,0 +1,195 @@
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Sandbox } from "e2b";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { LocalCluster } from "../src/cluster.js";
+
+// Snapshots and forks through the whole cluster (one namespace node agent), driven by the official e2b SDK.
+// The namespace driver keeps files in snapshots (overlayfs layers on the node's disk), not memory: sandboxes
+// made from a snapshot boot fresh over its files, which is what these tests assert (the microvm driver's memory
+// snapshots are tested in control-plane/test/microvm-snapshot.test.ts).
+const dataDir = mkdtempSync(join(tmpdir(), "warren-snap-"));
+const agentState = join(dataDir, "agent-ka");
+let cluster: LocalCluster;
+const created: Sandbox[] = [];
+
+beforeAll(async () => {
+  cluster = new LocalCluster({
+    dataDir,
+    nodeAgents: 1,
+    poolSize: 1,
+    instancePrefix: "k",
+    nodeCidr: () => "10.222.0.0/22",
+  });
+  const env = await cluster.start();
+  Object.assign(process.env, {
+    E2B_API_URL: env.E2B_API_URL,
+    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+    E2B_API_KEY: env.E2B_API_KEY,
+  });
+}, 600_000);
+
+afterAll(async () => {
+  await Promise.all(created.map((s) => s.kill().catch(() => undefined)));
+  await cluster?.stop();
+  if (!process.env.WARREN_E2E_KEEP) rmSync(dataDir, { recursive: true, force: true });
+}, 120_000);
+
+async function sandbox(template = "base", opts: Parameters<typeof Sandbox.create>[1] = {}): Promise<Sandbox> {
+  const sbx = await Sandbox.create(template, { timeoutMs: 300_000, ...opts });
+  created.push(sbx);
+  return sbx;
+}
+
+const run = async (sbx: Sandbox, cmd: string) => (await sbx.commands.run(cmd, { user: "root" })).stdout.trim();
+
+/** Writes that exercise every kind of entry an overlay upper layer holds: files, whiteouts, opaque dirs. */
+async function shapeFilesystem(sbx: Sandbox): Promise<void> {
+  await sbx.files.write("/home/user/notes.txt", "written before the snapshot");
+  await run(sbx, "rm /etc/issue && rm -rf /etc/apt && mkdir /etc/apt && echo new > /etc/apt/only");
+  await run(sbx, "dd if=/dev/urandom of=/opt/blob bs=1M count=4 status=none && sha256sum /opt/blob > /opt/blob.sum");
+}
+
+async function assertShaped(sbx: Sandbox): Promise<void> {
+  expect(await sbx.files.read("/home/user/notes.txt")).toBe("written before the snapshot");
+  expect(await run(sbx, "test -e /etc/issue && echo present || echo gone")).toBe("gone");
+  expect(await run(sbx, "ls /etc/apt")).toBe("only");
+  expect(await run(sbx, "sha256sum -c /opt/blob.sum >/dev/null && echo intact")).toBe("intact");
+  // The file's owner is the sandbox's user, as it was written.
+  expect(await run(sbx, "stat -c %U /home/user/notes.txt")).toBe("user");
+}
+
+function layerDirs(): string[] {
+  const dir = join(agentState, "layers");
+  return existsSync(dir) ? readdirSync(dir) : [];
+}
+
+function mountsOf(path: string): string[] {
+  return readFileSync("/proc/mounts", "utf8")
+    .split("\n")
+    .filter((line) => line.includes(path));
+}
+
+describe("snapshots and fork (official e2b SDK, namespace node)", () => {
+  let source: Sandbox;
+  let sleepPid: number;
+  let snapshotId: string;
+
+  beforeAll(async () => {
+    source = await sandbox("base", { envs: { FROM: "source" } });
+    await shapeFilesystem(source);
+    sleepPid = (await source.commands.run("sleep 3600", { background: true })).pid;
+  }, 120_000);
+
+  it("createSnapshot keeps the source running, same processes; a sandbox made from it has its files", async () => {
+    const bootBefore = await run(source, "cat /proc/sys/kernel/random/boot_id");
+    const info = await source.createSnapshot({ name: "shaped" });
+    snapshotId = info.snapshotId;
+    expect(info.names).toEqual([info.snapshotId]);
+    expect(info.snapshotId).toMatch(/\/shaped:default$/);
+    expect((await source.commands.list()).map((p) => p.pid)).toContain(sleepPid);
+    expect(await run(source, "cat /proc/sys/kernel/random/boot_id")).toBe(bootBefore);
+    expect((await source.getInfo()).state).toBe("running");
+
+    const child = await sandbox(info.snapshotId);
+    await assertShaped(child);
+    // Files only: a fresh boot (new boot id, none of the source's processes), with the source's env vars.
+    expect(await run(child, "cat /proc/sys/kernel/random/boot_id")).not.toBe(bootBefore);
+    expect((await child.commands.list()).map((p) => p.cmd)).not.toContain("sleep");
+    expect(await run(child, "echo $FROM")).toBe("source");
+  });
+
+  it("two sandboxes from one snapshot and the source are independent of each other", async () => {
+    const [a, b] = await Promise.all([sandbox(snapshotId), sandbox("shaped")]);
+    if (!a || !b) throw new Error("no sandboxes");
+    await a.files.write("/home/user/only-a", "a");
+    await b.files.write("/home/user/notes.txt", "changed in b");
+    await source.files.write("/home/user/only-source", "s");
+    expect(await run(a, "ls /home/user")).not.toContain("only-source");
+    expect(await run(b, "ls /home/user")).not.toContain("only-a");
+    expect(await a.files.read("/home/user/notes.txt")).toBe("written before the snapshot");
+    expect(await source.files.read("/home/user/notes.txt")).toBe("written before the snapshot");
+    expect(await run(source, "ls /home/user")).not.toContain("only-a");
+  });
+
+  it("listSnapshots finds it globally, by sandbox and by name", async () => {
+    const all = await Sandbox.listSnapshots().nextItems();
+    expect(all.map((s) => s.snapshotId)).toContain(snapshotId);
+    const bySandbox = await Sandbox.listSnapshots({ sandboxId: source.sandboxId }).nextItems();
+    expect(bySandbox.map((s) => s.snapshotId)).toEqual([snapshotId]);
+    const byName = await Sandbox.listSnapshots({ name: "shaped" }).nextItems();
+    expect(byName).toEqual([{ snapshotId, names: [snapshotId] }]);
+    expect(await Sandbox.listSnapshots({ name: "nothing-by-this-name" }).nextItems()).toEqual([]);
+  });
+
+  it("a snapshot of a paused sandbox leaves it paused; resume brings back its processes", async () => {
+    const paused = await sandbox();
+    const pid = (await paused.commands.run("sleep 3600", { background: true })).pid;
+    await paused.files.write("/home/user/paused.txt", "from a paused sandbox");
+    await paused.pause();
+    const info = await Sandbox.createSnapshot(paused.sandboxId);
+    expect(info.names).toEqual([]);
+    expect((await paused.getInfo()).state).toBe("paused");
+    const child = await sandbox(info.snapshotId);
+    expect(await child.files.read("/home/user/paused.txt")).toBe("from a paused sandbox");
+    await paused.connect();
+    expect((await paused.commands.list()).map((p) => p.pid)).toContain(pid);
+  });
+
+  it("fork: count 2 independent copies of the files; the source keeps its id, processes and endAt", async () => {
+    const endAtBefore = (await source.getInfo()).endAt;
+    const forks = await source.fork({ count: 2, timeoutMs: 120_000 });
+    expect(forks).toHaveLength(2);
+    const [f1, f2] = forks.map((f) => {
+      if (!(f instanceof Sandbox)) throw f;
+      created.push(f);
+      return f;
+    });
+    if (!f1 || !f2) throw new Error("no forks");
+    expect(f1.sandboxId).not.toBe(f2.sandboxId);
+    expect(f1.sandboxId).not.toBe(source.sandboxId);
+    await assertShaped(f1);
+    await f1.files.write("/home/user/only-f1", "1");
+    expect(await run(f2, "ls /home/user")).not.toContain("only-f1");
+    expect(await run(source, "ls /home/user")).not.toContain("only-f1");
+    expect(await run(f2, "echo $FROM")).toBe("source");
+    expect((await source.getInfo()).endAt).toEqual(endAtBefore);
+    expect((await source.commands.list()).map((p) => p.pid)).toContain(sleepPid);
+    // A fork's capture is not a listed snapshot.
+    const bySandbox = await Sandbox.listSnapshots({ sandboxId: source.sandboxId }).nextItems();
+    expect(bySandbox.map((s) => s.snapshotId)).toEqual([snapshotId]);
+    // Killed source: fork is 404 → SandboxNotFoundError.
+    const doomed = await sandbox();
+    await doomed.kill();
+    await expect(Sandbox.fork(doomed.sandboxId)).rejects.toThrow(/not found|doesn't exist/i);
+  });
+
+  it("deleteSnapshot: sandboxes made from it keep working; no template by that id; files go with the last user", async () => {
+    const user = await sandbox(snapshotId);
+    expect(await Sandbox.deleteSnapshot(snapshotId)).toBe(true);
+    expect(await Sandbox.deleteSnapshot(snapshotId)).toBe(false);
+    await expect(Sandbox.create(snapshotId)).rejects.toThrow();
+    await assertShaped(user);
+    expect(layerDirs().length).toBeGreaterThan(0);
+
+    await Promise.all(created.splice(0).map((s) => s.kill().catch(() => undefined)));
+    await source.kill().catch(() => undefined);
+    // The last sandbox stacking each layer is gone: so are the layers, and every mount of those sandboxes.
+    const left = await (async () => {
+      const deadline = Date.now() + 30_000;
+      for (;;) {
+        const remaining = layerDirs().filter((name) => !name.startsWith("."));
+        // The "paused" test's snapshot is still listed: its one layer stays.
+        if (remaining.length <= 1 || Date.now() > deadline) return remaining;
+        await new Promise((r) => setTimeout(r, 200));
+      }
+    })();
+    expect(left.length).toBe(1);
+    const remaining = await Sandbox.listSnapshots().nextItems();
+    expect(remaining).toHaveLength(1);
+    expect(await Sandbox.deleteSnapshot(remaining[0]?.snapshotId ?? "")).toBe(true);
+    expect(layerDirs().filter((name) => !name.startsWith("."))).toEqual([]);
+    expect(mountsOf(join(agentState, "layers"))).toEqual([]);
+  });
+});
