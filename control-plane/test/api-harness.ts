@@ -132,6 +132,18 @@ export class FakeNodeAgent implements NodeAgentClient {
   async listSnapshots(): Promise<SnapshotOnNode[]> {
     return [...this.snapshots.values()];
   }
+
+  /** Where imports come from: the test's other fake nodes, by the address their heartbeat gives. */
+  peers: (addr: string, snapshotId: string) => FakeNodeAgent | undefined = () => undefined;
+  failImports = false;
+
+  async importSnapshot(snapshotId: string, sourceAddr: string): Promise<SnapshotOnNode> {
+    if (this.failImports) throw new NodeAgentError("failed", "disk full while unpacking");
+    const made = this.peers(sourceAddr, snapshotId)?.snapshots.get(snapshotId);
+    if (!made) throw new NodeAgentError("not_found", `no snapshot ${snapshotId} at ${sourceAddr}`);
+    this.snapshots.set(snapshotId, { ...made });
+    return made;
+  }
 }
 
 export interface HeartbeatFields {
@@ -210,6 +222,11 @@ export class TestEnv {
   async addNode(nodeId: string, fields: HeartbeatFields = {}): Promise<FakeNodeAgent> {
     const node = this.nodes.get(nodeId) ?? new FakeNodeAgent(nodeId);
     this.nodes.set(nodeId, node);
+    // Fake addresses are not unique (they encode the id's length): the peer is the one at it with the snapshot.
+    node.peers = (addr, snapshotId) =>
+      [...this.nodes.entries()].find(
+        ([id, peer]) => addr === `127.0.0.1:${id.length + 7000}` && peer !== node && peer.snapshots.has(snapshotId),
+      )?.[1];
     await this.heartbeat(nodeId, fields);
     return node;
   }

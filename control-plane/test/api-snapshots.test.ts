@@ -277,4 +277,99 @@ describe("api snapshots and fork", () => {
     const listed = (await env.request("GET", "/snapshots?name=page-1", { apiKey: keyA })).body as unknown[];
     expect(listed).toHaveLength(1);
   });
+
+  describe("resume on another node (operator cordon)", () => {
+    const admin = { "X-Admin-Token": env.adminToken };
+    const cordon = async (nodeId: string, on: boolean) => {
+      await eventually(async () => {
+        const res = await env.request(on ? "POST" : "DELETE", `/warren/v1/admin/nodes/${nodeId}/cordon`, {
+          headers: admin,
+        });
+        return res.status === 204 ? true : undefined;
+      }, `cordon ${nodeId}`);
+    };
+    /** A sandbox on node-a (node-b refuses while it starts). */
+    const onNodeA = async () => {
+      nodeB.refuse = true;
+      try {
+        return await create(keyA, { templateID: "base", envVars: { KEPT: "yes" } });
+      } finally {
+        nodeB.refuse = false;
+      }
+    };
+
+    it("refuses to cordon an unknown node with 404", async () => {
+      const res = await env.request("POST", "/warren/v1/admin/nodes/nope/cordon", { headers: admin });
+      expect(res.status).toBe(404);
+    });
+
+    it("a filesystem-only paused sandbox on a cordoned node resumes on another, with its id and tokens", async () => {
+      const sbx = await onNodeA();
+      expect(nodeOf(sbx.sandboxID)).toBe(nodeA);
+      expect(
+        (await env.request("POST", `/sandboxes/${sbx.sandboxID}/pause`, { apiKey: keyA, body: { memory: false } }))
+          .status,
+      ).toBe(204);
+      await cordon("node-a", true);
+      try {
+        const res = await env.request("POST", `/v2/sandboxes/${sbx.sandboxID}/connect`, {
+          apiKey: keyA,
+          body: { timeout: 60 },
+        });
+        expect(res.status).toBe(201);
+        expect((res.body as { envdAccessToken: string }).envdAccessToken).toBe(sbx.envdAccessToken);
+        const target = nodeOf(sbx.sandboxID);
+        expect(target).not.toBe(nodeA);
+        const request = target.created.find((r) => r.sandboxId === sbx.sandboxID);
+        expect(request?.snapshotId).toMatch(/^m[0-9a-f]{20}$/);
+        expect(request?.envVars).toEqual({ KEPT: "yes" });
+        expect(request?.envdAccessToken).toBe(sbx.envdAccessToken);
+        // Gone from the old node, and the move's snapshot copies are deleted on both.
+        expect(nodeA.sandboxes.has(sbx.sandboxID)).toBe(false);
+        expect(nodeA.snapshots.has(request?.snapshotId ?? "")).toBe(false);
+        expect(target.snapshots.has(request?.snapshotId ?? "")).toBe(false);
+        const events = await env.request("GET", `/warren/v1/sandboxes/${sbx.sandboxID}/events`, { apiKey: keyA });
+        const resumed = (events.body as { events: { type: string; data: Record<string, string> }[] }).events.find(
+          (e) => e.type === "sandbox.resumed",
+        );
+        expect(resumed?.data).toMatchObject({ movedFrom: "node-a", node: target.nodeId });
+        // Later operations go to the new node.
+        expect((await env.request("DELETE", `/sandboxes/${sbx.sandboxID}`, { apiKey: keyA })).status).toBe(204);
+        expect(target.killed).toContain(sbx.sandboxID);
+      } finally {
+        await cordon("node-a", false);
+      }
+    });
+
+    it("a sandbox paused with its memory resumes where the memory is, cordon or not", async () => {
+      const sbx = await onNodeA();
+      await env.request("POST", `/sandboxes/${sbx.sandboxID}/pause`, { apiKey: keyA, body: {} });
+      await cordon("node-a", true);
+      try {
+        const res = await env.request("POST", `/v2/sandboxes/${sbx.sandboxID}/connect`, { apiKey: keyA, body: {} });
+        expect(res.status).toBe(201);
+        expect(nodeOf(sbx.sandboxID)).toBe(nodeA);
+        expect(nodeA.sandboxes.get(sbx.sandboxID)?.state).toBe("running");
+      } finally {
+        await cordon("node-a", false);
+      }
+    });
+
+    it("a move that fails (import) resumes the sandbox on its own node and leaves no copies", async () => {
+      const sbx = await onNodeA();
+      await env.request("POST", `/sandboxes/${sbx.sandboxID}/pause`, { apiKey: keyA, body: { memory: false } });
+      await cordon("node-a", true);
+      for (const node of env.nodes.values()) node.failImports = true;
+      try {
+        const before = nodeA.snapshots.size;
+        const res = await env.request("POST", `/v2/sandboxes/${sbx.sandboxID}/connect`, { apiKey: keyA, body: {} });
+        expect(res.status).toBe(201);
+        expect(nodeOf(sbx.sandboxID)).toBe(nodeA);
+        expect(nodeA.snapshots.size).toBe(before);
+      } finally {
+        for (const node of env.nodes.values()) node.failImports = false;
+        await cordon("node-a", false);
+      }
+    });
+  });
 });

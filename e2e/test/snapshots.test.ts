@@ -2,25 +2,27 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Sandbox } from "e2b";
+import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LocalCluster } from "../src/cluster.js";
 
-// Snapshots and forks through the whole cluster (one namespace node agent), driven by the official e2b SDK.
+// Snapshots, forks and moving a paused sandbox to another node, through the whole cluster (two namespace node
+// agents on this host), driven by the official e2b SDK.
 // The namespace driver keeps files in snapshots (overlayfs layers on the node's disk), not memory: sandboxes
 // made from a snapshot boot fresh over its files, which is what these tests assert (the microvm driver's memory
 // snapshots are tested in control-plane/test/microvm-snapshot.test.ts).
 const dataDir = mkdtempSync(join(tmpdir(), "warren-snap-"));
-const agentState = join(dataDir, "agent-ka");
+const agentStates = [join(dataDir, "agent-ka"), join(dataDir, "agent-kb")];
 let cluster: LocalCluster;
 const created: Sandbox[] = [];
 
 beforeAll(async () => {
   cluster = new LocalCluster({
     dataDir,
-    nodeAgents: 1,
+    nodeAgents: 2,
     poolSize: 1,
     instancePrefix: "k",
-    nodeCidr: () => "10.222.0.0/22",
+    nodeCidr: (i) => `10.222.${i * 4}.0/22`,
   });
   const env = await cluster.start();
   Object.assign(process.env, {
@@ -61,8 +63,28 @@ async function assertShaped(sbx: Sandbox): Promise<void> {
 }
 
 function layerDirs(): string[] {
-  const dir = join(agentState, "layers");
-  return existsSync(dir) ? readdirSync(dir) : [];
+  return agentStates.flatMap((state) => {
+    const dir = join(state, "layers");
+    return existsSync(dir) ? readdirSync(dir).filter((name) => !name.startsWith(".")) : [];
+  });
+}
+
+/** The node a sandbox runs on, as its route in Redis says. */
+async function nodeOf(sandboxId: string): Promise<string> {
+  const redis = new Redis(cluster.redisUrl, { maxRetriesPerRequest: 1 });
+  try {
+    return (await redis.hget(`warren:route:${sandboxId}`, "node")) ?? "";
+  } finally {
+    redis.disconnect();
+  }
+}
+
+async function admin(method: string, path: string): Promise<number> {
+  const res = await fetch(`${cluster.env.WARREN_API_URL}${path}`, {
+    method,
+    headers: { "X-Admin-Token": cluster.env.WARREN_ADMIN_TOKEN },
+  });
+  return res.status;
 }
 
 function mountsOf(path: string): string[] {
@@ -179,7 +201,7 @@ describe("snapshots and fork (official e2b SDK, namespace node)", () => {
     const left = await (async () => {
       const deadline = Date.now() + 30_000;
       for (;;) {
-        const remaining = layerDirs().filter((name) => !name.startsWith("."));
+        const remaining = layerDirs();
         // The "paused" test's snapshot is still listed: its one layer stays.
         if (remaining.length <= 1 || Date.now() > deadline) return remaining;
         await new Promise((r) => setTimeout(r, 200));
@@ -189,7 +211,40 @@ describe("snapshots and fork (official e2b SDK, namespace node)", () => {
     const remaining = await Sandbox.listSnapshots().nextItems();
     expect(remaining).toHaveLength(1);
     expect(await Sandbox.deleteSnapshot(remaining[0]?.snapshotId ?? "")).toBe(true);
-    expect(layerDirs().filter((name) => !name.startsWith("."))).toEqual([]);
-    expect(mountsOf(join(agentState, "layers"))).toEqual([]);
+    expect(layerDirs()).toEqual([]);
+    for (const state of agentStates) expect(mountsOf(join(state, "layers"))).toEqual([]);
+  });
+});
+
+describe("resume on another node (official e2b SDK, two namespace nodes)", () => {
+  it("a filesystem-only paused sandbox on a cordoned node resumes on the other one with its files", async () => {
+    const sbx = await sandbox("base", { envs: { WHO: "mover" } });
+    await shapeFilesystem(sbx);
+    const from = await nodeOf(sbx.sandboxId);
+    expect(from).toMatch(/^node-k[ab]$/);
+    await sbx.pause({ keepMemory: false });
+    expect(await admin("POST", `/warren/v1/admin/nodes/${from}/cordon`)).toBe(204);
+    try {
+      await sbx.connect();
+      const to = await nodeOf(sbx.sandboxId);
+      expect(to).toMatch(/^node-k[ab]$/);
+      expect(to).not.toBe(from);
+      // The same sandbox (id, token: the SDK object keeps working), its files, a fresh boot on the new node.
+      await assertShaped(sbx);
+      expect(await run(sbx, "echo $WHO")).toBe("mover");
+      await sbx.files.write("/home/user/after-move", "ok");
+      expect(await sbx.files.read("/home/user/after-move")).toBe("ok");
+      // Nothing of it is left on the old node: no instance, no layer the move made.
+      const oldState = agentStates.find((state) => state.endsWith(from.slice("node-".length)));
+      const instances = readdirSync(join(oldState ?? "", "instances"));
+      for (const instance of instances) {
+        const record = JSON.parse(readFileSync(join(oldState ?? "", "instances", instance, "instance.json"), "utf8"));
+        expect(record.labels?.sandboxId).not.toBe(sbx.sandboxId);
+      }
+    } finally {
+      expect(await admin("DELETE", `/warren/v1/admin/nodes/${from}/cordon`)).toBe(204);
+    }
+    await sbx.kill();
+    expect(layerDirs()).toEqual([]);
   });
 });

@@ -2,7 +2,7 @@ import { timingSafeEqual } from "node:crypto";
 import { type NextFunction, type Request, type Response, Router } from "express";
 import { TEAM_EGRESS_MODES, type TeamEgressMode } from "../runtime/egress/policy.js";
 import type { Db } from "../store/db.js";
-import { listNodes } from "../store/nodes.js";
+import { listNodes, setNodeCordon } from "../store/nodes.js";
 import {
   createApiKey,
   createTeam,
@@ -88,6 +88,15 @@ export function adminRoutes(db: Db, adminToken: string): Router {
     const nodes = await listNodes(db);
     res.status(200).json(nodes.map((n) => ({ ...n, lastSeenAt: n.lastSeenAt.toISOString() })));
   });
+
+  // An operator's cordon (maintenance without Kubernetes): no new sandboxes there; paused ones resume elsewhere.
+  const cordon = (cordoned: boolean) => async (req: Request, res: Response) => {
+    const nodeId = String(req.params.nodeID);
+    if (!(await setNodeCordon(db, nodeId, cordoned))) throw new ApiError(404, `node '${nodeId}' not found`);
+    res.status(204).end();
+  };
+  router.post("/warren/v1/admin/nodes/:nodeID/cordon", cordon(true));
+  router.delete("/warren/v1/admin/nodes/:nodeID/cordon", cordon(false));
 
   router.delete("/warren/v1/admin/api-keys/:keyID", async (req, res) => {
     if (!(await revokeApiKey(db, String(req.params.keyID)))) {

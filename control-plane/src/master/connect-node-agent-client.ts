@@ -184,6 +184,13 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
       await this.client.deleteSnapshot({ snapshotId }, { timeoutMs: TIMEOUT_MS.kill });
     });
 
+  importSnapshot: NodeAgentClient["importSnapshot"] = (snapshotId, sourceAddr) =>
+    call(async () => {
+      const response = await this.client.importSnapshot({ snapshotId, sourceAddr }, { timeoutMs: TIMEOUT_MS.snapshot });
+      if (!response.snapshot) throw new NodeAgentError("failed", "node agent answered without a snapshot");
+      return snapshotOnNode(response.snapshot);
+    });
+
   listSnapshots: NodeAgentClient["listSnapshots"] = () =>
     call(async () => {
       const response = await this.client.listSnapshots({}, { timeoutMs: TIMEOUT_MS.list });

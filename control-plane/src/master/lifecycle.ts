@@ -19,6 +19,7 @@ import {
 } from "./node-agent-client.js";
 import type { NodeRegistry } from "./node-registry.js";
 import { RecentPlacements, rankNodes } from "./placement.js";
+import { nodeCreateRequest, relocatePaused } from "./relocation.js";
 import { deleteRoute } from "./routes.js";
 import { sha256Hex, type TokenIssuer } from "./tokens.js";
 
@@ -242,19 +243,7 @@ export class SandboxLifecycle {
       let placement: SandboxPlacement;
       try {
         placement = await nodeAgent(node.nodeId, node.addr).create({
-          sandboxId: row.id,
-          teamId: row.teamId,
-          templateId: row.templateId,
-          resources: { cpuCount: row.cpuCount, memoryMB: row.memoryMB, diskSizeMB: row.diskSizeMB },
-          envVars: row.envVars,
-          envdAccessToken: tokens.envdToken(row.id, row.tokenNonce),
-          trafficTokenHash: row.trafficTokenHash ?? "",
-          publicTraffic: row.trafficTokenHash === null,
-          autoResume: row.autoResume,
-          metadata: row.metadata,
-          network: row.network,
-          allowInternetAccess: row.allowInternetAccess,
-          egress: row.egress ?? effectiveEgress(row.network, row.allowInternetAccess, "open"),
+          ...nodeCreateRequest(row, tokens),
           ...fromSnapshot,
         });
       } catch (error) {
@@ -532,11 +521,24 @@ export class SandboxLifecycle {
       return this.setState(tx, current, "resuming", "sandbox.resuming", { memory });
     });
     const { registry, nodeAgent, tokens } = this.deps;
-    let placement: SandboxPlacement;
+    let placement: SandboxPlacement | undefined;
+    let movedTo: NodeHeartbeat | undefined;
     try {
       const node = (await registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
       if (!node) throw new NodeAgentError("unavailable", `node ${row.nodeId} holding the snapshot is down`);
-      placement = await nodeAgent(node.nodeId, node.addr).resume({
+      movedTo = await this.relocationTarget(row, node, memory);
+      if (movedTo) {
+        // A failed move leaves the sandbox paused where it was: resuming it there beats not resuming it.
+        placement = await relocatePaused(this.deps, row, node, movedTo).catch((error) => {
+          this.deps.log.warn("moving a paused sandbox failed; resuming it on its node", {
+            sandboxId: row.id,
+            error: String(error),
+          });
+          movedTo = undefined;
+          return undefined;
+        });
+      }
+      placement ??= await nodeAgent(node.nodeId, node.addr).resume({
         sandboxId: row.id,
         teamId: row.teamId,
         envdAccessToken: tokens.envdToken(row.id, row.tokenNonce),
@@ -555,11 +557,35 @@ export class SandboxLifecycle {
         current,
         "running",
         "sandbox.resumed",
-        { exec: placement.exec },
-        ", exec_id = $3, paused_at = NULL, end_at = now() + make_interval(secs => $4)",
-        [placement.exec, timeout],
+        { exec: placement.exec, ...(movedTo ? { movedFrom: row.nodeId, node: movedTo.nodeId } : {}) },
+        ", exec_id = $3, paused_at = NULL, end_at = now() + make_interval(secs => $4), node_id = $5",
+        [placement.exec, timeout, movedTo?.nodeId ?? row.nodeId],
       ),
     );
+  }
+
+  /**
+   * Where a paused sandbox resumes when its node takes no sandboxes now (cordoned, draining): the best placeable
+   * node with the same driver (snapshots are driver-specific). Undefined means "on its own node": it is placeable,
+   * no other node fits, or the sandbox's memory is kept on that node (only a resume that starts fresh over the
+   * files moves).
+   */
+  private async relocationTarget(
+    row: SandboxRow,
+    holder: NodeHeartbeat,
+    memory: boolean,
+  ): Promise<NodeHeartbeat | undefined> {
+    const placeable = await this.deps.registry.placeableNodes();
+    if (placeable.some((n) => n.nodeId === holder.nodeId)) return undefined;
+    if (memory && (await this.pausedWithMemory(row.id))) return undefined;
+    const reserved = await reservedMemoryByNode(this.deps.db);
+    return rankNodes(
+      placeable.filter((n) => n.driver === holder.driver),
+      reserved,
+      { templateId: row.templateId, memoryMB: row.memoryMB },
+      this.placementOptions(),
+      this.recentPlacements,
+    )[0];
   }
 
   /**

@@ -124,6 +124,8 @@ export interface NodeAgentClient {
   /** Deletes a snapshot's files on the node; idempotent. */
   deleteSnapshot(snapshotId: string): Promise<void>;
   listSnapshots(): Promise<SnapshotOnNode[]>;
+  /** Copies a snapshot from the node agent at `sourceAddr` to this node (moving a paused sandbox). */
+  importSnapshot(snapshotId: string, sourceAddr: string): Promise<SnapshotOnNode>;
 }
 
 /** Gives the client for a node at `addr` (host:port), reusing connections. */

@@ -65,6 +65,8 @@ export class NodeRegistry {
   constructor(
     private readonly redis: Redis,
     private readonly directory?: NodeDirectory,
+    /** Nodes an operator cordoned (admin API, PostgreSQL). */
+    private readonly cordoned?: () => Promise<ReadonlySet<string>>,
   ) {}
 
   async nodes(): Promise<NodeView[]> {
@@ -91,11 +93,11 @@ export class NodeRegistry {
     });
   }
 
-  /** Live nodes that may take new sandboxes: not cordoned, NotReady or draining (with a directory). */
+  /** Live nodes that may take new sandboxes: not cordoned (by an operator or Kubernetes), NotReady or draining. */
   async placeableNodes(): Promise<NodeHeartbeat[]> {
     const directory = this.directory;
-    const live = await this.liveNodes();
-    return directory ? live.filter((heartbeat) => !directory.verdict(heartbeat).unplaceable) : live;
+    const [live, cordoned] = await Promise.all([this.liveNodes(), this.cordoned?.() ?? new Set<string>()]);
+    return live.filter((heartbeat) => !cordoned.has(heartbeat.nodeId) && !directory?.verdict(heartbeat).unplaceable);
   }
 
   /** Live nodes being drained, with the reason (none without a directory). */

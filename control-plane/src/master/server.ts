@@ -5,6 +5,7 @@ import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { Redis } from "ioredis";
 import { createDb, type Db } from "../store/db.js";
 import { migrate } from "../store/migrations.js";
+import { cordonedNodeIds } from "../store/nodes.js";
 import type { MasterConfig } from "./config.js";
 import { evictExpired } from "./evictor.js";
 import { connectKubernetes } from "./kubernetes/api.js";
@@ -55,7 +56,7 @@ export class Master {
       readonly leader: Omit<LeaseElectionOptions, "onElected" | "onDemoted">;
     },
   ) {
-    this.registry = new NodeRegistry(redis, kubernetes?.view);
+    this.registry = new NodeRegistry(redis, kubernetes?.view, () => cordonedNodeIds(db));
     this.metrics = new SandboxMetricsSampler({ db, registry: this.registry, nodeAgent });
     this.lifecycle = new SandboxLifecycle({
       db,

@@ -334,6 +334,43 @@ export class NodeAgent {
     return this.driver.listSnapshots();
   }
 
+  /** The snapshot as a byte stream for another node (ImportSnapshot there). */
+  async exportSnapshot(snapshotId: string): Promise<AsyncIterable<Uint8Array>> {
+    if (!this.driver.exportSnapshot) {
+      throw new AgentError("unimplemented", `the ${this.driver.name} driver cannot move snapshots between nodes`);
+    }
+    if (!(await this.driver.listSnapshots()).some((s) => s.snapshotId === snapshotId)) {
+      throw new AgentError("not_found", `snapshot '${snapshotId}' is not on this node`);
+    }
+    return this.driver.exportSnapshot(snapshotId);
+  }
+
+  /** Stores a snapshot streamed from another node agent; on failure nothing of it is left. */
+  async importSnapshot(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<SnapshotImage> {
+    if (!isSnapshotId(snapshotId)) {
+      throw new AgentError("invalid_argument", `invalid snapshot id '${snapshotId}' (a-z, 0-9, '_', '-'; at most 63)`);
+    }
+    if (!this.driver.importSnapshot) {
+      throw new AgentError("unimplemented", `the ${this.driver.name} driver cannot move snapshots between nodes`);
+    }
+    if ((await this.driver.listSnapshots()).some((s) => s.snapshotId === snapshotId)) {
+      throw new AgentError("already_exists", `snapshot '${snapshotId}' already exists on this node`);
+    }
+    const startedAt = performance.now();
+    let image: SnapshotImage;
+    try {
+      image = await this.driver.importSnapshot(snapshotId, data);
+    } catch (error) {
+      throw new AgentError("internal", `importing snapshot '${snapshotId}' failed: ${(error as Error).message}`);
+    }
+    this.log.info("snapshot imported", {
+      snapshotId,
+      sizeMiB: round(image.sizeBytes / 2 ** 20),
+      ms: round(performance.now() - startedAt),
+    });
+    return image;
+  }
+
   /**
    * Makes a started instance the sandbox: envd /init (token, env vars), egress policy, labels, route. On failure
    * the instance is removed and the route deleted.

@@ -1,5 +1,6 @@
 import { create } from "@bufbuild/protobuf";
-import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
+import { type ConnectRouter, createClient, type ServiceImpl } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
 import {
   CreateResponseSchema,
   NodeAgentService,
@@ -159,6 +160,30 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
       guard("ListSnapshots", {}, async () => ({
         snapshots: (await agent.listSnapshots()).map(snapshotInfo),
       })),
+    async *exportSnapshot(req) {
+      const data = await guard("ExportSnapshot", { snapshotId: req.snapshotId }, () =>
+        agent.exportSnapshot(req.snapshotId),
+      );
+      try {
+        for await (const chunk of data) yield { data: chunk };
+      } catch (error) {
+        throw toConnectError(error);
+      }
+    },
+    importSnapshot: (req) =>
+      guard("ImportSnapshot", { snapshotId: req.snapshotId, sourceAddr: req.sourceAddr }, async () => {
+        if (!/^[A-Za-z0-9.\-[\]:]+:\d+$/.test(req.sourceAddr)) {
+          throw new AgentError("invalid_argument", `source_addr must be host:port, got '${req.sourceAddr}'`);
+        }
+        const source = createClient(
+          NodeAgentService,
+          createConnectTransport({ baseUrl: `http://${req.sourceAddr}`, httpVersion: "1.1" }),
+        );
+        const chunks = async function* () {
+          for await (const chunk of source.exportSnapshot({ snapshotId: req.snapshotId })) yield chunk.data;
+        };
+        return { snapshot: snapshotInfo(await agent.importSnapshot(req.snapshotId, chunks())) };
+      }),
     info: () =>
       guard("Info", {}, async () => {
         const info = agent.info();

@@ -156,6 +156,13 @@ export interface RuntimeDriver {
   /** Every snapshot this driver keeps (after an agent restart, too). */
   listSnapshots(): Promise<SnapshotImage[]>;
   /**
+   * The snapshot as one byte stream (a tar of everything it needs), for `importSnapshot` on another node with the
+   * same driver: how a paused sandbox moves between nodes. Drivers without it keep sandboxes where they are.
+   */
+  exportSnapshot?(snapshotId: string): AsyncIterable<Uint8Array>;
+  /** Stores a stream `exportSnapshot` made (on another node) as snapshot `snapshotId`; on failure nothing is left. */
+  importSnapshot?(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<SnapshotImage>;
+  /**
    * Replaces the instance's egress policy while it runs (or is paused); kept with the instance and restored after
    * an agent restart. Drivers without it keep every sandbox's egress closed (the agent refuses other policies).
    */

@@ -156,6 +156,8 @@ CREATE TABLE snapshots (
 );
 CREATE UNIQUE INDEX snapshots_team_name ON snapshots (team_id, name) WHERE deleted_at IS NULL AND name IS NOT NULL;
 CREATE INDEX snapshots_team_created ON snapshots (team_id, created_at DESC, id DESC) WHERE deleted_at IS NULL;
+-- An operator's cordon (admin API): the node takes no new sandboxes and paused ones resume elsewhere.
+ALTER TABLE nodes ADD COLUMN cordoned_at timestamptz;
 `,
   },
 ];

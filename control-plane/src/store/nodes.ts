@@ -5,11 +5,33 @@ export interface NodeRow {
   readonly addr: string;
   readonly state: "up" | "down";
   readonly lastSeenAt: Date;
+  /** Set while an operator has cordoned the node. */
+  readonly cordonedAt: Date | null;
 }
 
 export async function listNodes(db: Queryable): Promise<NodeRow[]> {
   const result = await db.query("SELECT * FROM nodes ORDER BY id");
-  return result.rows.map((row) => ({ id: row.id, addr: row.addr, state: row.state, lastSeenAt: row.last_seen_at }));
+  return result.rows.map((row) => ({
+    id: row.id,
+    addr: row.addr,
+    state: row.state,
+    lastSeenAt: row.last_seen_at,
+    cordonedAt: row.cordoned_at,
+  }));
+}
+
+/** Cordons (true) or uncordons a known node; false when the node is unknown. */
+export async function setNodeCordon(db: Queryable, id: string, cordoned: boolean): Promise<boolean> {
+  const result = await db.query(
+    `UPDATE nodes SET cordoned_at = CASE WHEN $2 THEN COALESCE(cordoned_at, now()) ELSE NULL END WHERE id = $1`,
+    [id, cordoned],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
+export async function cordonedNodeIds(db: Queryable): Promise<Set<string>> {
+  const result = await db.query<{ id: string }>("SELECT id FROM nodes WHERE cordoned_at IS NOT NULL");
+  return new Set(result.rows.map((row) => row.id));
 }
 
 /** Records a node seen alive; returns true when it was unknown or down before. */

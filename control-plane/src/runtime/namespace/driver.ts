@@ -342,6 +342,15 @@ export class NamespaceDriver implements RuntimeDriver {
     return (await this.snapshots.list()).map(({ layers: _layers, ...image }) => image);
   }
 
+  exportSnapshot(snapshotId: string): AsyncIterable<Uint8Array> {
+    return this.snapshots.export(snapshotId);
+  }
+
+  async importSnapshot(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<SnapshotImage> {
+    const { layers: _layers, ...image } = await this.snapshots.import(snapshotId, data);
+    return image;
+  }
+
   private async collectLayers(): Promise<void> {
     await this.snapshots
       .collect(() => [...this.instances.values()].flatMap((r) => r.layers ?? []))

@@ -1,7 +1,10 @@
+import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
-import { join } from "node:path";
+import { basename, join, relative } from "node:path";
+import { Readable } from "node:stream";
+import { pipeline } from "node:stream/promises";
 import { isSnapshotId } from "@warren/proto/redis";
 import type { Logger } from "../../node-agent/log.js";
 import type { SandboxResources, SnapshotImage } from "../driver.js";
@@ -28,6 +31,10 @@ export interface CaptureSource {
  * chain of snapshots of snapshots stops well before that (each layer path is about 80 bytes).
  */
 export const MAX_LAYERS = 32;
+
+const LAYER_NAME = /^l[0-9a-f]{16}$/;
+/** What tar must keep for a layer to work as one: owners as numbers, modes, xattrs (opaque dirs), devices. */
+const TAR_KEEP = ["--xattrs", "--xattrs-include=*", "--numeric-owner", "--acls"];
 
 /**
  * Snapshots of namespace sandboxes as overlayfs layers on the node's disk. A snapshot copies the sandbox's
@@ -162,6 +169,94 @@ export class LayerStore {
   async delete(snapshotId: string): Promise<void> {
     if (!isSnapshotId(snapshotId)) return;
     await rm(join(this.snapshotsDir, snapshotId), { recursive: true, force: true });
+  }
+
+  /**
+   * The snapshot as a tar stream: `snapshots/<id>/snapshot.json` and each of its layers as `layers/<name>/`
+   * (paths relative to the state dir), for `import` on another node. The layers stay pinned while it streams.
+   */
+  async *export(snapshotId: string): AsyncIterable<Uint8Array> {
+    const { snapshot, release } = await this.pin(snapshotId);
+    try {
+      const root = join(this.layersDir, "..");
+      const members = [
+        relative(root, join(this.snapshotsDir, snapshotId)),
+        ...snapshot.layers.map((layer) => relative(root, layer)),
+      ];
+      const tar = spawn("tar", ["--create", ...TAR_KEEP, "-C", root, "--", ...members], {
+        stdio: ["ignore", "pipe", "pipe"],
+      });
+      let stderr = "";
+      tar.stderr.on("data", (chunk: Buffer) => {
+        stderr += chunk.toString();
+      });
+      const exited = new Promise<number>((resolve) => tar.once("close", (code) => resolve(code ?? 1)));
+      try {
+        for await (const chunk of tar.stdout) yield chunk as Buffer;
+      } finally {
+        if (tar.exitCode === null) tar.kill("SIGKILL");
+      }
+      const code = await exited;
+      if (code !== 0) throw new Error(`tar of snapshot '${snapshotId}' failed (${code}): ${stderr.trim()}`);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Stores a stream `export` made on another node. Its layers keep their names (random, so the same name is the
+   * same content: a layer this node already has is kept and the copy dropped); the description is rewritten to
+   * this node's paths. Extracted into a hidden directory first: a failure leaves nothing.
+   */
+  async import(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<LayeredSnapshot> {
+    if (!isSnapshotId(snapshotId)) throw new Error(`invalid snapshot id '${snapshotId}'`);
+    if (existsSync(join(this.snapshotsDir, snapshotId))) throw new Error(`snapshot '${snapshotId}' already exists`);
+    const tmp = join(this.snapshotsDir, `.import-${snapshotId}-${randomBytes(4).toString("hex")}`);
+    await mkdir(tmp);
+    const moved: string[] = [];
+    try {
+      const tar = spawn("tar", ["--extract", ...TAR_KEEP, "--same-owner", "--same-permissions", "-C", tmp], {
+        stdio: ["pipe", "ignore", "pipe"],
+      });
+      let stderr = "";
+      tar.stderr.on("data", (chunk: Buffer) => {
+        stderr += chunk.toString();
+      });
+      const exited = new Promise<number>((resolve) => tar.once("close", (code) => resolve(code ?? 1)));
+      await pipeline(Readable.from(data), tar.stdin).catch((error) => {
+        tar.kill("SIGKILL");
+        throw error;
+      });
+      const code = await exited;
+      if (code !== 0) throw new Error(`unpacking snapshot '${snapshotId}' failed (${code}): ${stderr.trim()}`);
+      const source = JSON.parse(
+        await readFile(join(tmp, "snapshots", snapshotId, "snapshot.json"), "utf8"),
+      ) as LayeredSnapshot;
+      const names = source.layers.map((layer) => basename(layer));
+      if (source.snapshotId !== snapshotId || names.some((name) => !LAYER_NAME.test(name))) {
+        throw new Error(`the stream does not hold snapshot '${snapshotId}'`);
+      }
+      const snapshot: LayeredSnapshot = { ...source, layers: names.map((name) => join(this.layersDir, name)) };
+      this.hold(snapshot.layers);
+      try {
+        for (const name of names) {
+          const target = join(this.layersDir, name);
+          if (existsSync(target)) continue;
+          await rename(join(tmp, "layers", name), target);
+          moved.push(target);
+        }
+        await writeFile(join(tmp, "snapshots", snapshotId, "snapshot.json"), JSON.stringify(snapshot));
+        await rename(join(tmp, "snapshots", snapshotId), join(this.snapshotsDir, snapshotId));
+      } finally {
+        this.unhold(snapshot.layers);
+      }
+      return snapshot;
+    } catch (error) {
+      for (const layer of moved) await rm(layer, { recursive: true, force: true });
+      throw error;
+    } finally {
+      await rm(tmp, { recursive: true, force: true });
+    }
   }
 
   /** Deletes every layer that no snapshot, no pinned create and none of `inUse` (live instances' layers) needs. */

@@ -1,0 +1,73 @@
+import { randomBytes } from "node:crypto";
+import type { NodeHeartbeat } from "@warren/proto/redis";
+import { effectiveEgress } from "../runtime/egress/policy.js";
+import type { SandboxRow } from "../store/sandboxes.js";
+import type { Logger } from "./log.js";
+import type { CreateOnNodeRequest, NodeAgentConnector, SandboxPlacement } from "./node-agent-client.js";
+import type { TokenIssuer } from "./tokens.js";
+
+/** What a node agent needs to start `row`'s sandbox (a create, or a paused sandbox moved to another node). */
+export function nodeCreateRequest(row: SandboxRow, tokens: TokenIssuer): CreateOnNodeRequest {
+  return {
+    sandboxId: row.id,
+    teamId: row.teamId,
+    templateId: row.templateId,
+    resources: { cpuCount: row.cpuCount, memoryMB: row.memoryMB, diskSizeMB: row.diskSizeMB },
+    envVars: row.envVars,
+    envdAccessToken: tokens.envdToken(row.id, row.tokenNonce),
+    trafficTokenHash: row.trafficTokenHash ?? "",
+    publicTraffic: row.trafficTokenHash === null,
+    autoResume: row.autoResume,
+    metadata: row.metadata,
+    network: row.network,
+    allowInternetAccess: row.allowInternetAccess,
+    egress: row.egress ?? effectiveEgress(row.network, row.allowInternetAccess, "open"),
+  };
+}
+
+/**
+ * Moves a paused sandbox from `from` to `to` and starts it there: a snapshot on `from` (its files), copied by
+ * `to` straight from `from` (ImportSnapshot), a create from it on `to` with the sandbox's own id and tokens, then
+ * the old instance is removed. The snapshot copies go either way. Until the create on `to` succeeds, `from` still
+ * holds the paused sandbox untouched, so any failure leaves it paused where it was.
+ *
+ * Only for resumes that start fresh over the files anyway (a filesystem-only pause, or `memory: false`): a
+ * sandbox paused with its memory resumes where that memory is.
+ */
+export async function relocatePaused(
+  deps: { readonly nodeAgent: NodeAgentConnector; readonly tokens: TokenIssuer; readonly log: Logger },
+  row: SandboxRow,
+  from: NodeHeartbeat,
+  to: NodeHeartbeat,
+): Promise<SandboxPlacement> {
+  const source = deps.nodeAgent(from.nodeId, from.addr);
+  const target = deps.nodeAgent(to.nodeId, to.addr);
+  const snapshotId = `m${randomBytes(10).toString("hex")}`;
+  const startedAt = performance.now();
+  await source.snapshot(row.id, snapshotId);
+  let placement: SandboxPlacement;
+  try {
+    const moved = await target.importSnapshot(snapshotId, from.addr);
+    try {
+      placement = await target.create({ ...nodeCreateRequest(row, deps.tokens), snapshotId });
+    } finally {
+      await target.deleteSnapshot(snapshotId).catch(() => undefined);
+    }
+    deps.log.info("paused sandbox moved to another node", {
+      sandboxId: row.id,
+      from: from.nodeId,
+      to: to.nodeId,
+      sizeBytes: moved.sizeBytes,
+      ms: Math.round(performance.now() - startedAt),
+    });
+  } finally {
+    await source.deleteSnapshot(snapshotId).catch(() => undefined);
+  }
+  // The old instance; if this fails, the reconciler removes it (its row names the new node).
+  await source
+    .kill(row.id)
+    .catch((error) =>
+      deps.log.warn("removing a moved sandbox from its old node failed", { sandboxId: row.id, error: String(error) }),
+    );
+  return placement;
+}
