@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // microvm driver benchmark: template snapshot size, create-from-snapshot → envd ready (+ /init), pause (QMP stop),
-// resume (cont), checkpoint to disk and resume from it, host memory per idle guest, kill. Prints figures; asserts
-// nothing. Run as root after `npm run build`: `node control-plane/bench/microvm.mjs`
+// resume (cont), checkpoint to disk and resume from it, sandbox snapshot of a running guest and create from it
+// (fork), host memory per idle guest, kill. Prints figures; asserts nothing. Run as root after `npm run build`: `node control-plane/bench/microvm.mjs`
 // BENCH_ACCEL=kvm|tcg (default: kvm when the capability probe says a guest boots under KVM here, else tcg),
 // BENCH_N (samples per figure, default 10), BENCH_IDLE (guests for the memory figure, default 3).
 import { readFileSync, statSync } from "node:fs";
@@ -126,6 +126,38 @@ console.log(
 );
 console.log(`resume from disk (new QEMU -incoming + cont + envd): ${fmt(restoreMs)}`);
 console.log(`kill (QEMU, netns, veth, files): ${fmt(killMs)}`);
+
+// Sandbox snapshots: a running guest is stopped for the memory save and disk copy and runs on; a fork restores it
+// into a new QEMU over a qcow2 layer on the snapshot's disk, then gets its own token from /init (presenting the
+// source's, which the restored envd holds).
+const snapMs = [];
+const snapBytes = [];
+const forkMs = [];
+const forkInitMs = [];
+const source = await driver.create({ template, resources });
+const init = { envVars: {}, defaultUser: "user", defaultWorkdir: "/home/user" };
+await initEnvd(source.envdUrl, { ...init, accessToken: "bench" });
+for (let i = 0; i < Math.min(N, 5); i++) {
+  const snapshotId = `bench-${process.pid}-${i}`;
+  const [s, image] = await time(() => driver.snapshot(source.instanceId, snapshotId));
+  snapMs.push(s);
+  snapBytes.push(image.sizeBytes);
+  const [f, fork] = await time(() => driver.create({ template, resources, snapshotId }));
+  const [fi] = await time(() =>
+    initEnvd(fork.envdUrl, { ...init, accessToken: `bench-${i}`, currentAccessToken: "bench" }),
+  );
+  forkMs.push(f + fi);
+  forkInitMs.push(fi);
+  await driver.kill(fork.instanceId);
+  await driver.deleteSnapshot(snapshotId);
+}
+await driver.kill(source.instanceId);
+console.log(
+  `sandbox snapshot of a running guest (memory + disk copy): ${fmt(snapMs)}; ${mib(pct(snapBytes, 50))} median`,
+);
+console.log(
+  `create from a sandbox snapshot → envd ready, /init included: ${fmt(forkMs)} (of which /init ${fmt(forkInitMs)})`,
+);
 
 const idle = [];
 for (let i = 0; i < IDLE; i++) idle.push(await driver.create({ template, resources }));

@@ -14,6 +14,7 @@ import type {
   ResumeResult,
   RuntimeDriver,
   SandboxResources,
+  SnapshotImage,
   TemplateImage,
 } from "../driver.js";
 import { exec } from "../exec.js";
@@ -27,6 +28,7 @@ import {
   launchVm,
   processStartTime,
   processUsage,
+  queryStatus,
   snapshotAndQuit,
   stopGuest,
   syncGuestClock,
@@ -34,6 +36,7 @@ import {
   waitGone,
 } from "./qemu.js";
 import { withQmp } from "./qmp.js";
+import { captureInstance, captureState, SandboxSnapshots, startProblem } from "./snapshots.js";
 
 /**
  * The `microvm` runtime driver: one QEMU `microvm` machine per sandbox (Debian's cloud kernel by PVH, a small
@@ -50,6 +53,10 @@ import { withQmp } from "./qmp.js";
  * VM's memory to `<instance>/memory.snap` and quit QEMU (memory released); `resume` = `cont`, or restore that file
  * into a new QEMU over the same disk and tap (same guest processes and pids; the guest's TCP stack survives).
  * `stop` quits QEMU keeping the disk; `reboot` cold-boots over it.
+ *
+ * Sandbox snapshots (snapshots.ts): memory + a copy of the instance's disk layer, taken in any state; instances
+ * created from one restore it over a qcow2 layer on its disk, so its files outlive `deleteSnapshot` until its
+ * last such instance is gone.
  *
  * `accel: "tcg"` (software emulation) exists so CI machines without real KVM exercise this driver; it is chosen
  * only when asked for (probe.ts). Resource limits: memory and vCPUs are the VM's; the snapshot fixes them, so a
@@ -95,6 +102,13 @@ interface InstanceRecord {
   checkpointed?: boolean;
   /** QEMU ended, disk kept (filesystem-only pause): the next start is a reboot. */
   stopped?: boolean;
+  /**
+   * Paused, and `<dir>/memory.paused` holds exactly its memory: a snapshot taken while paused left QEMU in
+   * `postmigrate`, where QEMU 7.2 cannot migrate again; checkpoint and further snapshots use this file instead.
+   */
+  pausedImage?: boolean;
+  /** The sandbox snapshot this instance was created from: its disk is the instance disk's backing file. */
+  fromSnapshot?: string;
 }
 
 interface TemplateSnapshot {
@@ -110,7 +124,9 @@ const SNAPSHOT_TIMEOUT_MS = 120_000;
 export class MicrovmDriver implements RuntimeDriver {
   readonly name: string;
   readonly canCheckpoint = true;
+  readonly snapshotsKeepMemory = true;
   readonly network: VmNetwork;
+  readonly snapshots: SandboxSnapshots;
   private readonly instances = new Map<string, InstanceRecord>();
   private readonly instancesDir: string;
   private readonly images: GuestImageOptions;
@@ -120,6 +136,7 @@ export class MicrovmDriver implements RuntimeDriver {
     this.name = options.accel === "kvm" ? "microvm" : "microvm-tcg";
     this.network = new VmNetwork(options.instance, options.netCidr);
     this.instancesDir = join(options.stateDir, "instances");
+    this.snapshots = new SandboxSnapshots(options.stateDir, () => this.snapshotReferences(), options.log);
     this.images = {
       dir: options.imageDir,
       linuxDir: options.linuxDir,
@@ -285,15 +302,15 @@ export class MicrovmDriver implements RuntimeDriver {
     try {
       // Snapshots are made with the template's default resources (a BuiltTemplate carries its recipe).
       const defaults = (spec.template as { recipe?: { defaults?: SandboxResources } }).recipe?.defaults;
-      const snapshot = await this.ensureSnapshot(spec.template, defaults ?? spec.resources);
-      const exact = snapshot.memoryMiB === spec.resources.memoryMiB && snapshot.vcpus === this.vcpusOf(spec.resources);
+      const template = spec.snapshotId
+        ? undefined
+        : await this.ensureSnapshot(spec.template, defaults ?? spec.resources);
       await mkdir(dir, { recursive: true });
       slot = await this.network.acquire();
-      record = {
+      const draft: InstanceRecord = {
         instanceId,
         templateId: spec.template.templateId,
         templateHash: spec.template.hash,
-        snapshotDir: snapshot.dir,
         slot: slot.index,
         addr: slot.sandboxAddr,
         resources: spec.resources,
@@ -302,23 +319,38 @@ export class MicrovmDriver implements RuntimeDriver {
         labels: { ...spec.labels },
         paused: false,
       };
-      // On disk before anything else exists, so a crash at any later step is cleaned up by reconcile.
-      await this.persist(record);
-      this.instances.set(instanceId, record);
-      const disk = join(dir, "disk.qcow2");
-      await exec("qemu-img", ["create", "-q", "-f", "qcow2", "-b", snapshot.disk, "-F", "qcow2", disk]);
-      const started = performance.now();
-      if (exact) {
-        await this.restore(record, snapshot.memory);
+      const register = async () => {
+        // On disk before anything else exists, so a crash at any later step is cleaned up by reconcile.
+        await this.persist(draft);
+        this.instances.set(instanceId, draft);
+        record = draft;
+      };
+      let base: { disk: string; memory?: string };
+      if (template) {
+        draft.snapshotDir = template.dir;
+        await register();
+        const exact = template.memoryMiB === spec.resources.memoryMiB && template.vcpus === draft.vcpus;
+        base = { disk: template.disk, ...(exact ? { memory: template.memory } : {}) };
       } else {
-        // Other memory or vCPUs than the snapshot's: a cold boot over the same disk layer (slow path).
-        const booted = await this.coldBoot(this.launchOf(record, await this.guestKernel()), slot, undefined, log);
-        record.pid = booted.pid;
-        record.pidStartTime = booted.startTime;
-        await this.persist(record);
+        base = await this.useSnapshot(spec, draft, register);
       }
-      log.debug("instance started", { fromSnapshot: exact, ms: Math.round(performance.now() - started) });
-      return this.toInstance(record);
+      const disk = join(dir, "disk.qcow2");
+      await exec("qemu-img", ["create", "-q", "-f", "qcow2", "-b", base.disk, "-F", "qcow2", disk]);
+      const started = performance.now();
+      if (base.memory) {
+        await this.restore(draft, base.memory);
+      } else {
+        // Other memory or vCPUs than the snapshot's, or a files-only snapshot: a cold boot over the disk layer.
+        const booted = await this.coldBoot(this.launchOf(draft, await this.guestKernel()), slot, undefined, log);
+        draft.pid = booted.pid;
+        draft.pidStartTime = booted.startTime;
+        await this.persist(draft);
+      }
+      log.debug("instance started", {
+        fromMemory: base.memory !== undefined,
+        ms: Math.round(performance.now() - started),
+      });
+      return this.toInstance(draft);
     } catch (error) {
       log.warn("instance start failed; removing it", { error });
       if (record) await this.teardown(record).catch((e) => log.error("cleanup failed", { error: e }));
@@ -328,6 +360,32 @@ export class MicrovmDriver implements RuntimeDriver {
       }
       throw error;
     }
+  }
+
+  /**
+   * Checks that `spec` can start from its sandbox snapshot and registers the instance as a user of it, both under
+   * the snapshots' lock: a concurrent deleteSnapshot then sees the instance and keeps the files it is layered on.
+   */
+  private useSnapshot(
+    spec: InstanceSpec,
+    draft: InstanceRecord,
+    register: () => Promise<void>,
+  ): Promise<{ disk: string; memory?: string }> {
+    const snapshotId = spec.snapshotId ?? "";
+    return this.snapshots.exclusive(async () => {
+      const meta = await this.snapshots.read(snapshotId);
+      if (!meta) throw new Error(`snapshot '${snapshotId}' does not exist on this node`);
+      const problem = startProblem(meta, this.name, spec.template, spec.resources, draft.vcpus);
+      if (problem) throw new Error(problem);
+      // The disk layer's size is the snapshot's, whatever was asked for.
+      draft.resources = { ...spec.resources, diskMiB: meta.resources.diskMiB };
+      draft.fromSnapshot = snapshotId;
+      await register();
+      return {
+        disk: this.snapshots.disk(snapshotId),
+        ...(meta.memory ? { memory: this.snapshots.memory(snapshotId) } : {}),
+      };
+    });
   }
 
   private launchOf(record: InstanceRecord, kernel: GuestKernel, incoming?: string): VmLaunch {
@@ -372,6 +430,69 @@ export class MicrovmDriver implements RuntimeDriver {
     await this.teardown(this.require(instanceId));
   }
 
+  /**
+   * Memory + disk of a running or paused instance, the disk of a stopped one (see snapshots.ts). A running
+   * instance is stopped only for the memory save and disk copy (a few hundred ms) and continues with the same
+   * processes; a paused one stays paused.
+   */
+  async snapshot(instanceId: string, snapshotId: string): Promise<SnapshotImage> {
+    const record = this.require(instanceId);
+    const state = captureState(record);
+    const meta = await this.snapshots.capture(snapshotId, async (dir) => {
+      const memory = await captureInstance(
+        {
+          dir: this.instanceDir(instanceId),
+          state,
+          timeoutMs: SNAPSHOT_TIMEOUT_MS,
+          onFrozen: async () => {
+            record.pausedImage = true;
+            await this.persist(record);
+          },
+        },
+        dir,
+      );
+      return {
+        driver: this.name,
+        templateId: record.templateId,
+        templateHash: record.templateHash,
+        memory,
+        resources: record.resources,
+        vcpus: record.vcpus,
+        sourceInstanceId: instanceId,
+        ...(record.fromSnapshot ? { parent: record.fromSnapshot } : {}),
+      };
+    });
+    if (state === "running") await this.syncClock(record);
+    this.options.log.info("sandbox snapshot taken", {
+      instanceId,
+      snapshotId,
+      state,
+      memory: meta.memory,
+      sizeBytes: meta.sizeBytes,
+    });
+    const { vcpus: _v, parent: _p, sourceInstanceId: _s, ...image } = meta;
+    return image;
+  }
+
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    await this.snapshots.delete(snapshotId);
+  }
+
+  listSnapshots(): Promise<SnapshotImage[]> {
+    return this.snapshots.list();
+  }
+
+  /** Ids of the sandbox snapshots instance disks are layered on: live instances and every record on disk. */
+  private async snapshotReferences(): Promise<Set<string>> {
+    const refs = new Set<string>();
+    for (const record of this.instances.values()) if (record.fromSnapshot) refs.add(record.fromSnapshot);
+    for (const name of existsSync(this.instancesDir) ? await readdir(this.instancesDir) : []) {
+      const record = await this.load(name);
+      if (record?.fromSnapshot) refs.add(record.fromSnapshot);
+    }
+    return refs;
+  }
+
   async pause(instanceId: string): Promise<void> {
     const record = this.require(instanceId);
     await withQmp(this.qmpPath(record), (qmp) => qmp.execute("stop"));
@@ -387,16 +508,23 @@ export class MicrovmDriver implements RuntimeDriver {
     const memoryBeforeBytes = (await processUsage(record.pid)).rssBytes;
     const path = join(this.instanceDir(instanceId), "memory.snap");
     const tmp = `${path}.tmp`;
-    try {
-      await snapshotAndQuit(this.qmpPath(record), tmp, SNAPSHOT_TIMEOUT_MS);
-    } catch (error) {
-      await rm(tmp, { force: true });
-      // QEMU is still there with stopped vCPUs (a failed migration leaves the source as it was): still paused.
-      throw error;
+    if (record.pausedImage) {
+      // The memory is saved already (a snapshot while paused); QEMU, in `postmigrate`, could not save it again.
+      await rename(join(this.instanceDir(instanceId), "memory.paused"), tmp);
+      await killVm(record.pid, record.pidStartTime);
+    } else {
+      try {
+        await snapshotAndQuit(this.qmpPath(record), tmp, SNAPSHOT_TIMEOUT_MS);
+      } catch (error) {
+        await rm(tmp, { force: true });
+        // QEMU is still there with stopped vCPUs (a failed migration leaves the source as it was): still paused.
+        throw error;
+      }
+      await waitGone(record.pid, record.pidStartTime ?? "", 10_000);
+      await killVm(record.pid, record.pidStartTime);
     }
-    await waitGone(record.pid, record.pidStartTime ?? "", 10_000);
-    await killVm(record.pid, record.pidStartTime);
     await rename(tmp, path);
+    record.pausedImage = false;
     record.checkpointed = true;
     record.pid = undefined;
     record.pidStartTime = undefined;
@@ -420,7 +548,7 @@ export class MicrovmDriver implements RuntimeDriver {
     await withQmp(this.qmpPath(record), (qmp) => qmp.execute("cont"));
     await this.syncClock(record);
     record.paused = false;
-    await this.persist(record);
+    await this.forgetPausedImage(record);
     return { tier: "freezer" };
   }
 
@@ -446,7 +574,14 @@ export class MicrovmDriver implements RuntimeDriver {
     record.checkpointed = false;
     record.stopped = true;
     record.paused = true;
+    await this.forgetPausedImage(record);
+  }
+
+  /** The guest ran on (or ended): `memory.paused` no longer holds its memory. Persists the record. */
+  private async forgetPausedImage(record: InstanceRecord): Promise<void> {
+    record.pausedImage = false;
     await this.persist(record);
+    await rm(join(this.instanceDir(record.instanceId), "memory.paused"), { force: true });
   }
 
   async reboot(instanceId: string): Promise<Instance> {
@@ -508,10 +643,9 @@ export class MicrovmDriver implements RuntimeDriver {
         continue;
       }
       const netns = existsSync(this.network.slot(record.slot).netnsPath);
-      const running =
-        record.pid !== undefined &&
-        (await processStartTime(record.pid)) === record.pidStartTime &&
-        (record.paused || (await healthyOnce(record.addr, 2000)));
+      const alive = record.pid !== undefined && (await processStartTime(record.pid)) === record.pidStartTime;
+      if (alive && !record.paused) await this.continueInterruptedSnapshot(record);
+      const running = alive && (record.paused || (await healthyOnce(record.addr, 2000)));
       const checkpointed = record.checkpointed === true && existsSync(join(this.instanceDir(name), "memory.snap"));
       const stopped = record.stopped === true;
       if (netns && (running || checkpointed || stopped)) {
@@ -525,10 +659,20 @@ export class MicrovmDriver implements RuntimeDriver {
       }
     }
     await this.network.sweep(new Set([...this.instances.values()].map((r) => r.slot)));
+    // Deleted snapshots whose last user was removed above (or killed while the agent was down).
+    await this.snapshots.sweep({ tmp: true });
     return { adopted, removed };
   }
 
   async close(): Promise<void> {}
+
+  /** An agent that died while snapshotting a running instance left its vCPUs stopped: they run on. */
+  private async continueInterruptedSnapshot(record: InstanceRecord): Promise<void> {
+    await withQmp(this.qmpPath(record), async (qmp) => {
+      const status = await queryStatus(qmp);
+      if (status === "paused" || status === "postmigrate" || status === "finish-migrate") await qmp.execute("cont");
+    }).catch(() => undefined);
+  }
 
   /** A directory without a readable record may still have a QEMU (crash between launch and persist). */
   private async killStray(instanceId: string): Promise<void> {
@@ -539,13 +683,17 @@ export class MicrovmDriver implements RuntimeDriver {
     if (cmdline.includes(this.instanceDir(instanceId))) await killVm(pid, await processStartTime(pid));
   }
 
-  /** Removes everything an instance has, from any partial state: QEMU, network namespace, veth, files. */
+  /**
+   * Removes everything an instance has, from any partial state: QEMU, network namespace, veth, files; then a
+   * deleted snapshot it was the last user of.
+   */
   private async teardown(record: InstanceRecord): Promise<void> {
     await killVm(record.pid, record.pidStartTime);
     await this.killStray(record.instanceId);
     await this.network.release(this.network.slot(record.slot));
     this.instances.delete(record.instanceId);
     await rm(this.instanceDir(record.instanceId), { recursive: true, force: true });
+    if (record.fromSnapshot) await this.snapshots.sweep();
   }
 
   /** The guest's wall clock := the host's, before anyone uses the sandbox (see guest-image.ts for why). */

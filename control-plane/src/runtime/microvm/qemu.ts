@@ -164,24 +164,36 @@ export async function finishRestore(qmpPath: string, timeoutMs: number): Promise
 
 /**
  * Stops the vCPUs (if running) and writes guest memory and device state to `path` (RUNTIME-NOTES §3.5: raise
- * max-bandwidth first, QEMU 7.2 defaults to 32 MiB/s), then quits QEMU. The disk is left consistent with the
- * snapshot: QEMU flushes it when migration completes and nothing runs afterwards.
+ * max-bandwidth first, QEMU 7.2 defaults to 32 MiB/s). QEMU stays, in state `postmigrate`: its disk is flushed and
+ * released to a would-be destination (QEMU takes it back on `cont`), and QEMU 7.2 refuses a second migration from
+ * that state ("Can't migrate the vm that was paused due to previous migration") until a `cont`.
+ */
+export async function saveMemory(qmp: QmpClient, path: string, timeoutMs: number): Promise<void> {
+  await qmp.execute("migrate-set-parameters", { "max-bandwidth": 100 * 1024 ** 3 });
+  await qmp.execute("stop");
+  await qmp.execute("migrate", { uri: `exec:cat > ${shellSafe(path)}` });
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const info = await qmp.execute<{ status?: string; "error-desc"?: string }>("query-migrate");
+    if (info.status === "completed") return;
+    if (info.status === "failed" || info.status === "cancelled") {
+      throw new Error(`snapshot ${info.status}: ${info["error-desc"] ?? "no detail"}`);
+    }
+    if (Date.now() > deadline) {
+      await qmp.execute("migrate_cancel").catch(() => undefined);
+      throw new Error(`snapshot did not complete within ${timeoutMs} ms`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
+
+/**
+ * `saveMemory`, then quits QEMU. The disk is left consistent with the snapshot: QEMU flushes it when migration
+ * completes and nothing runs afterwards.
  */
 export async function snapshotAndQuit(qmpPath: string, path: string, timeoutMs: number): Promise<void> {
   await withQmp(qmpPath, async (qmp) => {
-    await qmp.execute("migrate-set-parameters", { "max-bandwidth": 100 * 1024 ** 3 });
-    await qmp.execute("stop");
-    await qmp.execute("migrate", { uri: `exec:cat > ${shellSafe(path)}` });
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      const info = await qmp.execute<{ status?: string; "error-desc"?: string }>("query-migrate");
-      if (info.status === "completed") break;
-      if (info.status === "failed" || info.status === "cancelled") {
-        throw new Error(`snapshot ${info.status}: ${info["error-desc"] ?? "no detail"}`);
-      }
-      if (Date.now() > deadline) throw new Error(`snapshot did not complete within ${timeoutMs} ms`);
-      await new Promise((resolve) => setTimeout(resolve, 10));
-    }
+    await saveMemory(qmp, path, timeoutMs);
     await qmp.execute("quit").catch(() => undefined);
   });
 }
