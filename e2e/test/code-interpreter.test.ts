@@ -223,4 +223,32 @@ describe("the official @e2b/code-interpreter SDK against a whole Warren cluster"
       await sandbox.kill();
     }
   }, 120_000);
+
+  it("fork copies a code sandbox: with its kernels' variables where CRIU works, else its files (fresh kernels)", async () => {
+    const deep = checkpointTier();
+    const source = await Sandbox.create("code-interpreter-v1");
+    const forks: Sandbox[] = [];
+    try {
+      expect((await source.runCode("shared = 41")).error).toBeUndefined();
+      await source.files.write("/home/user/data.txt", "from the source");
+      for (const fork of await source.fork({ count: 2, timeoutMs: 120_000 })) {
+        if (!(fork instanceof Sandbox)) throw fork;
+        forks.push(fork);
+      }
+      const [a, b] = forks;
+      if (!a || !b) throw new Error("no forks");
+      for (const fork of forks) expect(await fork.files.read("/home/user/data.txt")).toBe("from the source");
+      if (deep.usable) {
+        // The kernels went along: each fork goes on from the source's state, independently.
+        expect((await a.runCode("shared + 1")).text).toBe("42");
+        expect((await a.runCode("shared = 100; shared")).text).toBe("100");
+        expect((await b.runCode("shared")).text).toBe("41");
+      } else {
+        expect((await a.runCode("shared")).error?.name).toBe("NameError");
+      }
+      expect((await source.runCode("shared")).text).toBe("41");
+    } finally {
+      await Promise.all([source, ...forks].map((s) => s.kill().catch(() => false)));
+    }
+  }, 180_000);
 });

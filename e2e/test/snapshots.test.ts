@@ -5,12 +5,13 @@ import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LocalCluster } from "../src/cluster.js";
+import { checkpointTier } from "../src/host-capabilities.js";
 
 // Snapshots, forks and moving a paused sandbox to another node, through the whole cluster (two namespace node
 // agents on this host), driven by the official e2b SDK.
-// The namespace driver keeps files in snapshots (overlayfs layers on the node's disk), not memory: sandboxes
-// made from a snapshot boot fresh over its files, which is what these tests assert (the microvm driver's memory
-// snapshots are tested in control-plane/test/microvm-snapshot.test.ts).
+// The namespace driver keeps a snapshot's files as overlayfs layers on the node's disk, and its processes as a
+// CRIU dump where CRIU works on the host (the checkpoint tier): then sandboxes made from it continue the source's
+// processes; elsewhere they boot fresh over its files. The tests assert whichever the host does.
 const dataDir = mkdtempSync(join(tmpdir(), "warren-snap-"));
 const agentStates = [join(dataDir, "agent-ka"), join(dataDir, "agent-kb")];
 let cluster: LocalCluster;
@@ -116,10 +117,18 @@ describe("snapshots and fork (official e2b SDK, namespace node)", () => {
 
     const child = await sandbox(info.snapshotId);
     await assertShaped(child);
-    // Files only: a fresh boot (new boot id, none of the source's processes), with the source's env vars.
-    expect(await run(child, "cat /proc/sys/kernel/random/boot_id")).not.toBe(bootBefore);
-    expect((await child.commands.list()).map((p) => p.cmd)).not.toContain("sleep");
     expect(await run(child, "echo $FROM")).toBe("source");
+    if (checkpointTier().usable) {
+      // With memory: the source's processes continue in the child (same pid, same boot), under its own token.
+      expect(await run(child, "cat /proc/sys/kernel/random/boot_id")).toBe(bootBefore);
+      expect((await child.commands.list()).map((p) => p.pid)).toContain(sleepPid);
+      expect(await run(child, `cat /proc/${sleepPid}/cmdline | tr '\\0' ' '`)).toBe("sleep 3600");
+      expect(child.sandboxId).not.toBe(source.sandboxId);
+    } else {
+      // Files only: a fresh boot (new boot id, none of the source's processes).
+      expect(await run(child, "cat /proc/sys/kernel/random/boot_id")).not.toBe(bootBefore);
+      expect((await child.commands.list()).map((p) => p.cmd)).not.toContain("sleep");
+    }
   });
 
   it("two sandboxes from one snapshot and the source are independent of each other", async () => {
@@ -176,6 +185,9 @@ describe("snapshots and fork (official e2b SDK, namespace node)", () => {
     expect(await run(f2, "ls /home/user")).not.toContain("only-f1");
     expect(await run(source, "ls /home/user")).not.toContain("only-f1");
     expect(await run(f2, "echo $FROM")).toBe("source");
+    if (checkpointTier().usable) {
+      for (const f of [f1, f2]) expect((await f.commands.list()).map((p) => p.pid)).toContain(sleepPid);
+    }
     expect((await source.getInfo()).endAt).toEqual(endAtBefore);
     expect((await source.commands.list()).map((p) => p.pid)).toContain(sleepPid);
     // A fork's capture is not a listed snapshot.

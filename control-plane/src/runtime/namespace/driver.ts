@@ -22,9 +22,10 @@ import { EgressGateway } from "../egress/gateway.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { exec } from "../exec.js";
 import { type CgroupManager, detectCgroupManager } from "./cgroups.js";
+import { criuDump, criuRestore, directorySize, externalFileKey } from "./criu.js";
 import { probeCriu } from "./criu-probe.js";
 import { type GatewayPorts, sandboxFirewallRules } from "./egress-rules.js";
-import { LayerStore } from "./layer-store.js";
+import { LayerStore, type MemoryImage } from "./layer-store.js";
 import { mountPoints, unmountTree } from "./mounts.js";
 import { NetworkPool, type NetworkSlot } from "./network.js";
 import { sandboxSpec } from "./oci-spec.js";
@@ -104,16 +105,6 @@ const SANDBOX_INIT = `env CODE_GATEWAY_HOST=0.0.0.0 CODE_GATEWAY_PORT=${CODE_GAT
 exec "$@"
 `;
 
-/** CRIU options of both dump and restore (see checkpoint()). */
-const CRIU_COMMON = [
-  "--ext-mount-map",
-  "auto",
-  "--enable-external-sharing",
-  "--enable-external-masters",
-  "--tcp-close",
-  "--file-locks",
-  "--manage-cgroups=ignore",
-];
 const ID_COUNT = 65536;
 /** Per-instance files bind-mounted into the sandbox. */
 const RESOLV_CONF = "/etc/resolv.conf";
@@ -149,7 +140,8 @@ interface InstanceRecord {
   };
 }
 
-const LAUNCHER = `set -e
+/** The writable layer (a size-limited tmpfs) and the overlay root over the template (and snapshot layers). */
+const MOUNT_ROOT = `set -e
 D="$1"
 mkdir -p "$D/disk" "$D/rootfs"
 mount -t tmpfs -o "size=\${DISK_MIB}m,mode=0755,nodev" warren-disk "$D/disk"
@@ -157,16 +149,18 @@ mkdir "$D/disk/upper" "$D/disk/work"
 chown "$UID_BASE:$UID_BASE" "$D/disk/upper"
 chmod 0755 "$D/disk/upper"
 mount -t overlay -o "lowerdir=$LOWER,upperdir=$D/disk/upper,workdir=$D/disk/work" warren-root "$D/rootfs"
-for f in $CGROUP_PROCS; do echo $$ > "$f"; done
+`;
+
+const START_CONTAINER = `for f in $CGROUP_PROCS; do echo $$ > "$f"; done
 exec crun --root "$CRUN_ROOT" --cgroup-manager=disabled run --detach --bundle "$D/bundle" --pid-file "$D/pid" "$CID"
 `;
+
+const LAUNCHER = MOUNT_ROOT + START_CONTAINER;
 
 /** A reboot: the disk and overlay are still mounted; only the container starts again. */
 const RELAUNCHER = `set -e
 D="$1"
-for f in $CGROUP_PROCS; do echo $$ > "$f"; done
-exec crun --root "$CRUN_ROOT" --cgroup-manager=disabled run --detach --bundle "$D/bundle" --pid-file "$D/pid" "$CID"
-`;
+${START_CONTAINER}`;
 
 export class NamespaceDriver implements RuntimeDriver {
   readonly name = "namespace";
@@ -180,8 +174,6 @@ export class NamespaceDriver implements RuntimeDriver {
   /** The configured CRIU, once the start-up probe has seen it dump and restore a process. */
   private criuUsable = false;
   private readonly snapshots: LayerStore;
-  /** Snapshots keep files only here (see layer-store.ts). */
-  readonly snapshotsKeepMemory = false;
 
   constructor(private readonly options: NamespaceDriverOptions) {
     this.cgroups = detectCgroupManager(`warren/${options.instance}`);
@@ -287,9 +279,17 @@ export class NamespaceDriver implements RuntimeDriver {
       await this.writeInstanceFiles(record, slot, spec.command);
       await this.applyEgress(record);
       const launchAt = performance.now();
-      await this.launch(record, cgroup.procsFiles);
+      const memory = base?.snapshot.criu;
+      if (memory && spec.snapshotId) {
+        // The snapshot's processes continue here: same boot, this instance's root, network and cgroups.
+        await writeFile(join(dir, "boot_id"), `${memory.bootId}\n`);
+        await this.runLauncher(record, cgroup.procsFiles, MOUNT_ROOT);
+        await this.restoreFrom(record, this.snapshots.memoryDir(spec.snapshotId), memory.logFileKey);
+      } else {
+        await this.launch(record, cgroup.procsFiles);
+      }
       const readyAt = performance.now();
-      await this.waitReady(record, log);
+      if (!memory) await this.waitReady(record, log);
       log.debug("instance ready", {
         addr: record.addr,
         launchMs: Math.round(readyAt - launchAt),
@@ -311,26 +311,60 @@ export class NamespaceDriver implements RuntimeDriver {
   }
 
   /**
-   * Files only (`snapshotsKeepMemory` is false): the writable layer is copied while the sandbox is frozen, so the
-   * copy is consistent; a running sandbox thaws right after (same processes), a paused one stays paused.
+   * The writable layer is copied while the sandbox is frozen, then (where CRIU works and it has processes) its
+   * processes are dumped from that same frozen moment, left in place: a running sandbox thaws right after (same
+   * processes), a paused one stays paused, a checkpointed one lends its checkpoint.
    */
   async snapshot(instanceId: string, snapshotId: string): Promise<SnapshotImage> {
     const record = this.require(instanceId);
     const cgroup = this.cgroups.open(instanceId);
     const freeze = !record.paused;
     if (freeze) await cgroup.freeze();
+    const withMemory = this.canCheckpoint && !record.stopped && (record.checkpoint || record.pid !== undefined);
     try {
-      const { layers: _layers, ...image } = await this.snapshots.capture(snapshotId, {
-        templateId: record.templateId,
-        templateHash: record.templateHash,
-        resources: record.resources,
-        upperDir: join(this.instanceDir(instanceId), "disk", "upper"),
-        layers: record.layers ?? [],
-      });
+      const {
+        layers: _layers,
+        criu: _criu,
+        ...image
+      } = await this.snapshots.capture(
+        snapshotId,
+        {
+          templateId: record.templateId,
+          templateHash: record.templateHash,
+          resources: record.resources,
+          upperDir: join(this.instanceDir(instanceId), "disk", "upper"),
+          layers: record.layers ?? [],
+        },
+        withMemory ? (imagesDir) => this.dumpForSnapshot(record, imagesDir) : undefined,
+      );
       return image;
     } finally {
+      // Frozen again whatever CRIU did to the freezer (a paused sandbox stays paused), then thawed if it ran.
+      if (withMemory && !record.checkpoint) await cgroup.freeze().catch(() => undefined);
       if (freeze) await cgroup.thaw();
     }
+  }
+
+  private async dumpForSnapshot(record: InstanceRecord, imagesDir: string): Promise<MemoryImage> {
+    const dir = this.instanceDir(record.instanceId);
+    const bootId = (await readFile(join(dir, "boot_id"), "utf8")).trim();
+    if (record.checkpoint) {
+      await exec("cp", ["-a", "--", join(dir, "checkpoint"), imagesDir]);
+      return { logFileKey: record.checkpoint.logFileKey, bootId };
+    }
+    const criu = this.options.criu;
+    if (!criu || record.pid === undefined) throw new Error(`instance '${record.instanceId}' has no processes to dump`);
+    const logFileKey = await externalFileKey(record.pid, join(dir, "envd.log"));
+    await criuDump({
+      criu,
+      netnsPath: this.network.slot(record.slot).netnsPath,
+      pid: record.pid,
+      imagesDir,
+      freezerDir: this.cgroups.open(record.instanceId).freezerDir,
+      logFileKey,
+      leaveRunning: true,
+    });
+    return { logFileKey, bootId };
   }
 
   async deleteSnapshot(snapshotId: string): Promise<void> {
@@ -412,6 +446,14 @@ export class NamespaceDriver implements RuntimeDriver {
   }
 
   private async launch(record: InstanceRecord, procsFiles: readonly string[], script = LAUNCHER): Promise<void> {
+    await this.runLauncher(record, procsFiles, script);
+    const pid = Number((await readFile(join(this.instanceDir(record.instanceId), "pid"), "utf8")).trim());
+    record.pid = pid;
+    record.pidStartTime = await processStartTime(pid);
+    await this.persist(record);
+  }
+
+  private async runLauncher(record: InstanceRecord, procsFiles: readonly string[], script: string): Promise<void> {
     const dir = this.instanceDir(record.instanceId);
     const logFile = await open(join(dir, "envd.log"), "a");
     try {
@@ -438,10 +480,6 @@ export class NamespaceDriver implements RuntimeDriver {
     } finally {
       await logFile.close();
     }
-    const pid = Number((await readFile(join(dir, "pid"), "utf8")).trim());
-    record.pid = pid;
-    record.pidStartTime = await processStartTime(pid);
-    await this.persist(record);
   }
 
   private async waitReady(record: InstanceRecord, log: Logger): Promise<void> {
@@ -489,16 +527,12 @@ export class NamespaceDriver implements RuntimeDriver {
     return this.options.criu !== undefined && this.criuUsable;
   }
 
-  /**
-   * CRIU dump of a frozen sandbox (RUNTIME-NOTES §2.8), with what this host needed beyond the notes:
-   * - criu runs inside the sandbox's network namespace (nsenter): that namespace is owned by the host's user
-   *   namespace (so sandbox root cannot reconfigure it), which CRIU refuses to dump from the sandbox's user
-   *   namespace; shared with criu it is neither checked nor dumped, and the restore joins it the same way.
-   * - `--tcp-close`: established connections come back closed (the proxy dropped them at pause anyway);
-   *   listening sockets are kept.
-   * - the sandbox's stdout/stderr (envd.log on the host) is an external file, re-attached at restore.
-   * - `--freeze-cgroup`: criu seizes the tree from the frozen state, nothing runs in between.
-   */
+  /** Memory goes into snapshots where CRIU works (the same dump as a checkpoint, leaving the sandbox running). */
+  get snapshotsKeepMemory(): boolean {
+    return this.canCheckpoint;
+  }
+
+  /** CRIU dump of a frozen sandbox (criu.ts): its processes end, their memory is released. */
   async checkpoint(instanceId: string): Promise<CheckpointResult> {
     const record = this.require(instanceId);
     const criu = this.options.criu;
@@ -510,38 +544,20 @@ export class NamespaceDriver implements RuntimeDriver {
     const images = join(dir, "checkpoint");
     const cgroup = this.cgroups.open(instanceId);
     const memoryBeforeBytes = (await cgroup.usage()).memoryBytes;
-    await rm(images, { recursive: true, force: true });
-    // The restore opens images with the sandbox's credentials (inside its user namespace): they must be readable
-    // by the sandbox's host uids, like the rest of the instance directory (no sandbox can see host paths).
-    await mkdir(images, { mode: 0o755 });
     const logFileKey = await externalFileKey(record.pid, join(dir, "envd.log"));
-    const netns = this.network.slot(record.slot).netnsPath;
-    const result = await exec(
-      "nsenter",
-      [
-        `--net=${netns}`,
+    try {
+      await criuDump({
         criu,
-        "dump",
-        "-t",
-        String(record.pid),
-        "-D",
-        images,
-        "-o",
-        "dump.log",
-        ...CRIU_COMMON,
-        "--freeze-cgroup",
-        cgroup.freezerDir,
-        "--external",
+        netnsPath: this.network.slot(record.slot).netnsPath,
+        pid: record.pid,
+        imagesDir: images,
+        freezerDir: cgroup.freezerDir,
         logFileKey,
-      ],
-      { allowFailure: true },
-    );
-    if (result.code !== 0) {
-      const log = await criuLog(join(images, "dump.log"));
-      await rm(images, { recursive: true, force: true });
+      });
+    } catch (error) {
       // A failed dump leaves the tree running or frozen: make it frozen again, as the caller expects.
       await cgroup.freeze().catch(() => undefined);
-      throw new Error(`criu dump failed (${result.code}): ${log}`);
+      throw error;
     }
     record.checkpoint = { logFileKey };
     await this.persist(record);
@@ -597,75 +613,46 @@ export class NamespaceDriver implements RuntimeDriver {
     return { tier: "freezer" };
   }
 
-  /**
-   * CRIU restore into the instance's cgroups (the launcher shell joins them first; criu and the restored tree
-   * inherit them), its network namespace (nsenter) and its still-mounted overlay root. The restored PID 1 is
-   * detached (`-d`) like crun's. On failure the images stay: the sandbox is still paused and can be retried.
-   */
+  /** Restores the instance's own checkpoint (same pids, same address). On failure the images stay: still paused. */
   private async restore(record: InstanceRecord): Promise<void> {
+    if (!record.checkpoint) throw new Error("no checkpoint to restore");
+    const images = join(this.instanceDir(record.instanceId), "checkpoint");
+    await this.restoreFrom(record, images, record.checkpoint.logFileKey);
+    record.checkpoint = undefined;
+    await this.persist(record);
+    await rm(images, { recursive: true, force: true });
+  }
+
+  /**
+   * CRIU restore of `images` into this instance (criu.ts): its cgroups, network and mounted root; its own
+   * resolv.conf and boot id. Ready when envd (and the gateway) answer; a tree that does not is ended again.
+   */
+  private async restoreFrom(record: InstanceRecord, images: string, logFileKey: string): Promise<void> {
     const criu = this.options.criu;
-    if (!criu || !record.checkpoint) throw new Error("no checkpoint to restore");
+    if (!criu || !this.criuUsable) throw new Error("no working CRIU on this node");
     const dir = this.instanceDir(record.instanceId);
-    const images = join(dir, "checkpoint");
-    const pidFile = join(images, "restored.pid");
-    await rm(pidFile, { force: true });
-    const logFile = await open(join(dir, "envd.log"), "a");
-    let code: number;
-    try {
-      code = await new Promise<number>((resolve, reject) => {
-        const child = spawn(
-          "sh",
-          [
-            "-c",
-            'for f in $CGROUP_PROCS; do echo $$ > "$f"; done; exec nsenter --net="$NETNS" "$@"',
-            "restore",
-            criu,
-            "restore",
-            "-d",
-            "-D",
-            images,
-            "-o",
-            "restore.log",
-            "--root",
-            join(dir, "rootfs"),
-            ...CRIU_COMMON,
-            "--inherit-fd",
-            `fd[3]:${record.checkpoint?.logFileKey}`,
-            "--pidfile",
-            pidFile,
-          ],
-          {
-            env: {
-              PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-              CGROUP_PROCS: this.cgroups.open(record.instanceId).procsFiles.join(" "),
-              NETNS: this.network.slot(record.slot).netnsPath,
-            },
-            stdio: ["ignore", "ignore", "ignore", logFile.fd],
-          },
-        );
-        child.once("error", reject);
-        child.once("exit", (exitCode) => resolve(exitCode ?? 1));
-      });
-    } finally {
-      await logFile.close();
-    }
-    if (code !== 0) {
-      throw new Error(`criu restore failed (${code}): ${await criuLog(join(images, "restore.log"))}`);
-    }
-    const pid = Number((await readFile(pidFile, "utf8")).trim());
+    const pid = await criuRestore({
+      criu,
+      netnsPath: this.network.slot(record.slot).netnsPath,
+      procsFiles: this.cgroups.open(record.instanceId).procsFiles,
+      imagesDir: images,
+      workDir: join(dir, "criu"),
+      rootfs: join(dir, "rootfs"),
+      logPath: join(dir, "envd.log"),
+      logFileKey,
+      uid: this.options.uidBase,
+      instanceFiles: { [RESOLV_CONF]: join(dir, "resolv.conf"), [BOOT_ID]: join(dir, "boot_id") },
+    });
     record.pid = pid;
     record.pidStartTime = await processStartTime(pid);
     try {
       await this.waitReady(record, this.options.log.child({ instanceId: record.instanceId }));
     } catch (error) {
-      // Restored but not answering: end it and keep the checkpoint, so the sandbox is still paused, not lost.
       await this.cgroups.open(record.instanceId).killAll();
       await this.persist(record);
       throw error;
     }
-    record.checkpoint = undefined;
     await this.persist(record);
-    await rm(images, { recursive: true, force: true });
   }
 
   list(): Instance[] {
@@ -859,34 +846,6 @@ export class NamespaceDriver implements RuntimeDriver {
       return undefined;
     }
   }
-}
-
-/**
- * CRIU's key for a host file a sandbox process holds open (`file[<mnt_id>:<inode>]`, hex), found on PID 1's
- * stdout, which the launcher pointed at `path`.
- */
-async function externalFileKey(pid: number, path: string): Promise<string> {
-  const fdinfo = await readFile(`/proc/${pid}/fdinfo/1`, "utf8");
-  const mntId = Number(/^mnt_id:\s*(\d+)/m.exec(fdinfo)?.[1]);
-  if (!Number.isInteger(mntId)) throw new Error(`no mnt_id for fd 1 of pid ${pid}`);
-  const inode = (await stat(path, { bigint: true })).ino;
-  return `file[${mntId.toString(16)}:${inode.toString(16)}]`;
-}
-
-/** The error lines of a CRIU log (without the harmless RLIMIT_NOFILE one), for error messages. */
-async function criuLog(path: string): Promise<string> {
-  const text = await readFile(path, "utf8").catch(() => "");
-  const errors = text
-    .split("\n")
-    .filter((line) => line.includes("Error") && !line.includes("RLIMIT_NOFILE"))
-    .slice(-5);
-  return errors.join("; ") || text.trim().split("\n").slice(-3).join("; ") || "(no log)";
-}
-
-async function directorySize(dir: string): Promise<number> {
-  let total = 0;
-  for (const name of await readdir(dir)) total += (await stat(join(dir, name))).size;
-  return total;
 }
 
 /** Field 22 of /proc/<pid>/stat: tells a live process from a recycled pid. */

@@ -10,10 +10,20 @@ import type { Logger } from "../../node-agent/log.js";
 import type { SandboxResources, SnapshotImage } from "../driver.js";
 import { exec } from "../exec.js";
 
+/** A CRIU dump kept with a snapshot (`snapshots/<id>/memory/`): what a restore into a new instance needs. */
+export interface MemoryImage {
+  /** CRIU's key of the source's envd.log (stdout/stderr of PID 1), re-attached to the new instance's. */
+  readonly logFileKey: string;
+  /** The source's boot id: a memory copy continues the same boot. */
+  readonly bootId: string;
+}
+
 /** What the namespace driver keeps per snapshot: the public description and the layers an instance stacks. */
 export interface LayeredSnapshot extends SnapshotImage {
   /** Layer directories, topmost first, that go above the template's rootfs (overlayfs lower dirs). */
   readonly layers: readonly string[];
+  /** Set when the snapshot holds the processes too (`memory`). */
+  readonly criu?: MemoryImage;
 }
 
 export interface CaptureSource {
@@ -75,9 +85,14 @@ export class LayerStore {
   /**
    * Copies `source.upperDir` into a new layer and records the snapshot. The caller keeps the sandbox still
    * (frozen) meanwhile. `cp -a` keeps what overlayfs put there: uid-shifted owners, modes, xattrs (opaque dirs)
-   * and whiteouts (0:0 character devices), which overlayfs honours in lower layers too.
+   * and whiteouts (0:0 character devices), which overlayfs honours in lower layers too. With `dumpMemory`, the
+   * processes are dumped next to it (after the files, from the same frozen moment).
    */
-  async capture(snapshotId: string, source: CaptureSource): Promise<LayeredSnapshot> {
+  async capture(
+    snapshotId: string,
+    source: CaptureSource,
+    dumpMemory?: (imagesDir: string) => Promise<MemoryImage>,
+  ): Promise<LayeredSnapshot> {
     if (!isSnapshotId(snapshotId)) throw new Error(`invalid snapshot id '${snapshotId}'`);
     if (existsSync(join(this.snapshotsDir, snapshotId))) throw new Error(`snapshot '${snapshotId}' already exists`);
     if (source.layers.length + 1 > MAX_LAYERS) {
@@ -88,20 +103,27 @@ export class LayerStore {
     const tmpMeta = join(this.snapshotsDir, `.${snapshotId}-${layerId}`);
     try {
       await exec("cp", ["-a", "--", source.upperDir, tmpLayer]);
-      const sizeBytes = Number((await exec("du", ["-sb", "--", tmpLayer])).stdout.split("\t")[0]) || 0;
+      await mkdir(tmpMeta, { mode: 0o755 });
+      const criu = dumpMemory ? await dumpMemory(join(tmpMeta, "memory")) : undefined;
+      const sizeBytes = Number(
+        (await exec("du", ["-sb", "--", tmpLayer, tmpMeta])).stdout
+          .split("\n")
+          .map((line) => Number(line.split("\t")[0]) || 0)
+          .reduce((a, b) => a + b, 0),
+      );
       const layer = join(this.layersDir, layerId);
       const snapshot: LayeredSnapshot = {
         snapshotId,
         driver: "namespace",
         templateId: source.templateId,
         templateHash: source.templateHash,
-        memory: false,
+        memory: criu !== undefined,
         resources: source.resources,
         sizeBytes,
         createdAt: Date.now(),
         layers: [layer, ...source.layers],
+        ...(criu ? { criu } : {}),
       };
-      await mkdir(tmpMeta);
       await writeFile(join(tmpMeta, "snapshot.json"), JSON.stringify(snapshot));
       // Layer first (pinned, so a collect in between keeps it): a crash between the two renames leaves an
       // unreferenced layer, which the next collect removes.
@@ -164,6 +186,11 @@ export class LayerStore {
       if (left > 0) this.pinned.set(layer, left);
       else this.pinned.delete(layer);
     }
+  }
+
+  /** Where a memory snapshot's CRIU images are. */
+  memoryDir(snapshotId: string): string {
+    return join(this.snapshotsDir, snapshotId, "memory");
   }
 
   async delete(snapshotId: string): Promise<void> {

@@ -1,0 +1,178 @@
+import { spawn } from "node:child_process";
+import { chown, mkdir, open, readdir, readFile, rm, stat } from "node:fs/promises";
+import { join } from "node:path";
+import { exec } from "../exec.js";
+
+/**
+ * CRIU for namespace sandboxes (RUNTIME-NOTES §2.8), with what our hosts needed beyond the notes:
+ * - criu runs inside the sandbox's network namespace (nsenter): that namespace is owned by the host's user
+ *   namespace (so sandbox root cannot reconfigure it), which CRIU refuses to dump from the sandbox's user
+ *   namespace; shared with criu it is neither checked nor dumped, and a restore joins the target's the same way
+ *   (a sandbox restored into another instance gets that instance's network).
+ * - `--tcp-close`: established connections come back closed (the proxy dropped them at pause anyway);
+ *   listening sockets are kept.
+ * - the sandbox's stdout/stderr (envd.log on the host) is an external file, re-attached at restore.
+ * - `--freeze-cgroup`: criu seizes the tree from the frozen state, nothing runs in between; a cgroup that was
+ *   frozen before the dump is frozen after it (with --leave-running too).
+ */
+const CRIU_COMMON = [
+  "--ext-mount-map",
+  "auto",
+  "--enable-external-sharing",
+  "--enable-external-masters",
+  "--tcp-close",
+  "--file-locks",
+  "--manage-cgroups=ignore",
+];
+
+export interface DumpOptions {
+  readonly criu: string;
+  readonly netnsPath: string;
+  /** The sandbox's PID 1 (host pid). */
+  readonly pid: number;
+  readonly imagesDir: string;
+  readonly freezerDir: string;
+  /** CRIU's key of envd.log, the external file PID 1's stdout/stderr point to (externalFileKey). */
+  readonly logFileKey: string;
+  /** Keep the tree (frozen, as it was) after the dump: a snapshot, not a checkpoint that ends it. */
+  readonly leaveRunning?: boolean;
+}
+
+/** Dumps a frozen sandbox's process tree into `imagesDir` (created; removed again on failure). */
+export async function criuDump(o: DumpOptions): Promise<void> {
+  await rm(o.imagesDir, { recursive: true, force: true });
+  // A restore opens images with the sandbox's credentials (inside its user namespace): they must be readable by
+  // the sandbox's host uids, like the rest of the instance directory (no sandbox can see host paths).
+  await mkdir(o.imagesDir, { mode: 0o755 });
+  const result = await exec(
+    "nsenter",
+    [
+      `--net=${o.netnsPath}`,
+      o.criu,
+      "dump",
+      "-t",
+      String(o.pid),
+      "-D",
+      o.imagesDir,
+      "-o",
+      "dump.log",
+      ...CRIU_COMMON,
+      "--freeze-cgroup",
+      o.freezerDir,
+      "--external",
+      o.logFileKey,
+      ...(o.leaveRunning ? ["--leave-running"] : []),
+    ],
+    { allowFailure: true },
+  );
+  if (result.code !== 0) {
+    const log = await criuLog(join(o.imagesDir, "dump.log"));
+    await rm(o.imagesDir, { recursive: true, force: true });
+    throw new Error(`criu dump failed (${result.code}): ${log}`);
+  }
+}
+
+export interface RestoreOptions {
+  readonly criu: string;
+  readonly netnsPath: string;
+  /** cgroup.procs files of the target instance's cgroups (the restored tree joins them). */
+  readonly procsFiles: readonly string[];
+  /** Read only: several instances may restore from the same images (forks of one snapshot). */
+  readonly imagesDir: string;
+  /** Where criu writes its log and the pid file (the target instance's). */
+  readonly workDir: string;
+  /** The target instance's mounted overlay root. */
+  readonly rootfs: string;
+  /** The target instance's envd.log, handed to the restored tree as its stdout/stderr. */
+  readonly logPath: string;
+  readonly logFileKey: string;
+  /** Host uid of the sandbox's root: the log is reopened through /proc/self/fd with the restored tree's creds. */
+  readonly uid: number;
+  /** Sandbox path → host file (the target instance's resolv.conf and boot id, bind-mounted into the sandbox). */
+  readonly instanceFiles: Readonly<Record<string, string>>;
+}
+
+/**
+ * Restores a dumped tree into an instance's cgroups (the launcher shell joins them first; criu and the restored
+ * tree inherit them), its network namespace (nsenter) and its mounted overlay root. The restored PID 1 is
+ * detached (`-d`) like crun's. Resolves with its host pid.
+ */
+export async function criuRestore(o: RestoreOptions): Promise<number> {
+  await mkdir(o.workDir, { recursive: true, mode: 0o755 });
+  const pidFile = join(o.workDir, "restored.pid");
+  await rm(pidFile, { force: true });
+  const logFile = await open(o.logPath, "a");
+  await chown(o.logPath, o.uid, o.uid);
+  let code: number;
+  try {
+    code = await new Promise<number>((resolve, reject) => {
+      const child = spawn(
+        "sh",
+        [
+          "-c",
+          'for f in $CGROUP_PROCS; do echo $$ > "$f"; done; exec nsenter --net="$NETNS" "$@"',
+          "restore",
+          o.criu,
+          "restore",
+          "-d",
+          "-D",
+          o.imagesDir,
+          "-W",
+          o.workDir,
+          "-o",
+          "restore.log",
+          "--root",
+          o.rootfs,
+          ...Object.entries(o.instanceFiles).flatMap(([inside, host]) => ["--ext-mount-map", `${inside}:${host}`]),
+          ...CRIU_COMMON,
+          "--inherit-fd",
+          `fd[3]:${o.logFileKey}`,
+          "--pidfile",
+          pidFile,
+        ],
+        {
+          env: {
+            PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            CGROUP_PROCS: o.procsFiles.join(" "),
+            NETNS: o.netnsPath,
+          },
+          stdio: ["ignore", "ignore", "ignore", logFile.fd],
+        },
+      );
+      child.once("error", reject);
+      child.once("exit", (exitCode) => resolve(exitCode ?? 1));
+    });
+  } finally {
+    await logFile.close();
+  }
+  if (code !== 0) throw new Error(`criu restore failed (${code}): ${await criuLog(join(o.workDir, "restore.log"))}`);
+  return Number((await readFile(pidFile, "utf8")).trim());
+}
+
+/**
+ * CRIU's key for a host file a sandbox process holds open (`file[<mnt_id>:<inode>]`, hex), found on PID 1's
+ * stdout, which the launcher pointed at `path`.
+ */
+export async function externalFileKey(pid: number, path: string): Promise<string> {
+  const fdinfo = await readFile(`/proc/${pid}/fdinfo/1`, "utf8");
+  const mntId = Number(/^mnt_id:\s*(\d+)/m.exec(fdinfo)?.[1]);
+  if (!Number.isInteger(mntId)) throw new Error(`no mnt_id for fd 1 of pid ${pid}`);
+  const inode = (await stat(path, { bigint: true })).ino;
+  return `file[${mntId.toString(16)}:${inode.toString(16)}]`;
+}
+
+/** The error lines of a CRIU log (without the harmless RLIMIT_NOFILE one), for error messages. */
+export async function criuLog(path: string): Promise<string> {
+  const text = await readFile(path, "utf8").catch(() => "");
+  const errors = text
+    .split("\n")
+    .filter((line) => line.includes("Error") && !line.includes("RLIMIT_NOFILE"))
+    .slice(-5);
+  return errors.join("; ") || text.trim().split("\n").slice(-3).join("; ") || "(no log)";
+}
+
+export async function directorySize(dir: string): Promise<number> {
+  let total = 0;
+  for (const name of await readdir(dir)) total += (await stat(join(dir, name))).size;
+  return total;
+}
