@@ -341,7 +341,31 @@ describe("api snapshots and fork", () => {
       }
     });
 
-    it("a sandbox paused with its memory resumes where the memory is, cordon or not", async () => {
+    it("a sandbox paused with its memory moves only with its memory (a node whose snapshots keep it)", async () => {
+      nodeA.snapshotsKeepMemory = true;
+      for (const node of env.nodes.values()) node.snapshotsKeepMemory = true;
+      try {
+        const sbx = await onNodeA();
+        await env.request("POST", `/sandboxes/${sbx.sandboxID}/pause`, { apiKey: keyA, body: {} });
+        await cordon("node-a", true);
+        try {
+          const res = await env.request("POST", `/v2/sandboxes/${sbx.sandboxID}/connect`, { apiKey: keyA, body: {} });
+          expect(res.status).toBe(201);
+          const target = nodeOf(sbx.sandboxID);
+          expect(target).not.toBe(nodeA);
+          const request = target.created.find((r) => r.sandboxId === sbx.sandboxID);
+          // Its envd holds its own token already: presented and kept.
+          expect(request?.snapshotEnvdAccessToken).toBe(sbx.envdAccessToken);
+          expect(request?.envdAccessToken).toBe(sbx.envdAccessToken);
+        } finally {
+          await cordon("node-a", false);
+        }
+      } finally {
+        for (const node of env.nodes.values()) node.snapshotsKeepMemory = false;
+      }
+    });
+
+    it("a sandbox paused with its memory resumes where the memory is when its node cannot snapshot memory", async () => {
       const sbx = await onNodeA();
       await env.request("POST", `/sandboxes/${sbx.sandboxID}/pause`, { apiKey: keyA, body: {} });
       await cordon("node-a", true);

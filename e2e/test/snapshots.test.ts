@@ -259,4 +259,24 @@ describe("resume on another node (official e2b SDK, two namespace nodes)", () =>
     await sbx.kill();
     expect(layerDirs()).toEqual([]);
   });
+
+  it("a sandbox paused with its memory moves with its processes where CRIU works, else resumes in place", async () => {
+    const sbx = await sandbox();
+    const pid = (await sbx.commands.run("sleep 3600", { background: true })).pid;
+    await sbx.files.write("/home/user/kept", "yes");
+    const from = await nodeOf(sbx.sandboxId);
+    await sbx.pause();
+    expect(await admin("POST", `/warren/v1/admin/nodes/${from}/cordon`)).toBe(204);
+    try {
+      await sbx.connect();
+      const to = await nodeOf(sbx.sandboxId);
+      if (checkpointTier().usable) expect(to).not.toBe(from);
+      else expect(to).toBe(from);
+      expect((await sbx.commands.list()).map((p) => p.pid)).toContain(pid);
+      expect(await sbx.files.read("/home/user/kept")).toBe("yes");
+    } finally {
+      expect(await admin("DELETE", `/warren/v1/admin/nodes/${from}/cordon`)).toBe(204);
+    }
+    await sbx.kill();
+  });
 });

@@ -526,10 +526,11 @@ export class SandboxLifecycle {
     try {
       const node = (await registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
       if (!node) throw new NodeAgentError("unavailable", `node ${row.nodeId} holding the snapshot is down`);
-      movedTo = await this.relocationTarget(row, node, memory);
+      movedTo = await this.relocationTarget(row, node);
       if (movedTo) {
+        const keepMemory = memory && (await this.pausedWithMemory(row.id));
         // A failed move leaves the sandbox paused where it was: resuming it there beats not resuming it.
-        placement = await relocatePaused(this.deps, row, node, movedTo).catch((error) => {
+        placement = await relocatePaused(this.deps, row, node, movedTo, keepMemory).catch((error) => {
           this.deps.log.warn("moving a paused sandbox failed; resuming it on its node", {
             sandboxId: row.id,
             error: String(error),
@@ -566,18 +567,12 @@ export class SandboxLifecycle {
 
   /**
    * Where a paused sandbox resumes when its node takes no sandboxes now (cordoned, draining): the best placeable
-   * node with the same driver (snapshots are driver-specific). Undefined means "on its own node": it is placeable,
-   * no other node fits, or the sandbox's memory is kept on that node (only a resume that starts fresh over the
-   * files moves).
+   * node with the same driver (snapshots are driver-specific). Undefined means "on its own node": it is
+   * placeable, or no other node fits.
    */
-  private async relocationTarget(
-    row: SandboxRow,
-    holder: NodeHeartbeat,
-    memory: boolean,
-  ): Promise<NodeHeartbeat | undefined> {
+  private async relocationTarget(row: SandboxRow, holder: NodeHeartbeat): Promise<NodeHeartbeat | undefined> {
     const placeable = await this.deps.registry.placeableNodes();
     if (placeable.some((n) => n.nodeId === holder.nodeId)) return undefined;
-    if (memory && (await this.pausedWithMemory(row.id))) return undefined;
     const reserved = await reservedMemoryByNode(this.deps.db);
     return rankNodes(
       placeable.filter((n) => n.driver === holder.driver),

@@ -26,30 +26,39 @@ export function nodeCreateRequest(row: SandboxRow, tokens: TokenIssuer): CreateO
 }
 
 /**
- * Moves a paused sandbox from `from` to `to` and starts it there: a snapshot on `from` (its files), copied by
- * `to` straight from `from` (ImportSnapshot), a create from it on `to` with the sandbox's own id and tokens, then
- * the old instance is removed. The snapshot copies go either way. Until the create on `to` succeeds, `from` still
- * holds the paused sandbox untouched, so any failure leaves it paused where it was.
+ * Moves a paused sandbox from `from` to `to` and starts it there: a snapshot on `from` (its files, and its
+ * processes where that node's driver keeps memory in snapshots), copied by `to` straight from `from`
+ * (ImportSnapshot), a create from it on `to` with the sandbox's own id and tokens, then the old instance is
+ * removed. The snapshot copies go either way. Until the create on `to` succeeds, `from` still holds the paused
+ * sandbox untouched, so any failure leaves it paused where it was.
  *
- * Only for resumes that start fresh over the files anyway (a filesystem-only pause, or `memory: false`): a
- * sandbox paused with its memory resumes where that memory is.
+ * `keepMemory`: the resume must continue the sandbox's processes; when the snapshot could not take them, the
+ * move is abandoned (the caller resumes it where it is).
  */
 export async function relocatePaused(
   deps: { readonly nodeAgent: NodeAgentConnector; readonly tokens: TokenIssuer; readonly log: Logger },
   row: SandboxRow,
   from: NodeHeartbeat,
   to: NodeHeartbeat,
+  keepMemory: boolean,
 ): Promise<SandboxPlacement> {
   const source = deps.nodeAgent(from.nodeId, from.addr);
   const target = deps.nodeAgent(to.nodeId, to.addr);
   const snapshotId = `m${randomBytes(10).toString("hex")}`;
   const startedAt = performance.now();
-  await source.snapshot(row.id, snapshotId);
+  const made = await source.snapshot(row.id, snapshotId);
   let placement: SandboxPlacement;
   try {
+    if (keepMemory && !made.memory) throw new Error(`node ${from.nodeId} cannot snapshot the sandbox's memory`);
     const moved = await target.importSnapshot(snapshotId, from.addr);
+    const token = deps.tokens.envdToken(row.id, row.tokenNonce);
     try {
-      placement = await target.create({ ...nodeCreateRequest(row, deps.tokens), snapshotId });
+      placement = await target.create({
+        ...nodeCreateRequest(row, deps.tokens),
+        snapshotId,
+        // A memory snapshot's envd already holds the sandbox's token: /init presents it and keeps it.
+        ...(moved.memory ? { snapshotEnvdAccessToken: token } : {}),
+      });
     } finally {
       await target.deleteSnapshot(snapshotId).catch(() => undefined);
     }
@@ -58,6 +67,7 @@ export async function relocatePaused(
       from: from.nodeId,
       to: to.nodeId,
       sizeBytes: moved.sizeBytes,
+      memory: moved.memory,
       ms: Math.round(performance.now() - startedAt),
     });
   } finally {
