@@ -203,7 +203,7 @@ export const OPENAPI_DOCUMENT = {
     version: "1.0.0",
     description:
       "E2B-compatible sandbox REST API (e2b SDK 2.51.0 and 2.45) plus Warren extras under /warren/v1. E2B paths not " +
-      "served yet (fork, snapshots, templates, volumes, secrets) answer 501 with E2B's error body.",
+      "served yet (templates, volumes, secrets) answer 501 with E2B's error body.",
   },
   components: {
     securitySchemes: {
@@ -289,6 +289,78 @@ export const OPENAPI_DOCUMENT = {
         parameters: [id],
         requestBody: json({ type: "object", properties: { memory: { type: "boolean" } } }),
         responses: { ...noContent, ...stdErrors, 409: error("Already paused") },
+      },
+    },
+    "/sandboxes/{sandboxID}/snapshots": {
+      post: {
+        summary: "Snapshot the sandbox (it runs on, or stays paused); usable as a templateID until deleted",
+        parameters: [id],
+        requestBody: json({
+          type: "object",
+          properties: { name: { type: "string", pattern: "^[a-z0-9][a-z0-9_-]{0,62}$" } },
+        }),
+        responses: {
+          201: json({
+            type: "object",
+            description: "E2B SnapshotInfo plus Warren's memory (processes kept) and sizeBytes",
+            properties: {
+              snapshotID: { type: "string" },
+              names: { type: "array", items: { type: "string" } },
+              memory: { type: "boolean" },
+              sizeBytes: { type: "integer" },
+            },
+          }),
+          400: error("Invalid name"),
+          ...stdErrors,
+          503: error("The sandbox's node is unreachable or the capture failed (nothing recorded)"),
+        },
+      },
+    },
+    "/snapshots": {
+      get: {
+        summary: "The team's snapshots, newest first",
+        parameters: [
+          { name: "sandboxID", in: "query", schema: { type: "string" } },
+          {
+            name: "name",
+            in: "query",
+            schema: { type: "string" },
+            description: "id or name, optionally namespace/ and :default",
+          },
+          { name: "limit", in: "query", schema: { type: "integer", minimum: 1, maximum: 100, default: 100 } },
+          { name: "nextToken", in: "query", schema: { type: "string" } },
+        ],
+        responses: {
+          200: {
+            description: "A page; X-Next-Token when more remain",
+            ...json({ type: "array", items: { type: "object" } }),
+          },
+        },
+      },
+    },
+    "/templates/{templateID}": {
+      delete: {
+        summary: "Delete a snapshot (sandboxes made from it keep running); built-in templates are not deletable",
+        parameters: [{ name: "templateID", in: "path", required: true, schema: { type: "string" } }],
+        responses: { ...noContent, ...stdErrors },
+      },
+    },
+    "/sandboxes/{sandboxID}/fork": {
+      post: {
+        summary: "Fork: one capture of the sandbox, then count sandboxes from it (each admitted like a create)",
+        parameters: [id],
+        requestBody: json({
+          type: "object",
+          properties: { count: { type: "integer", minimum: 1, maximum: 20 }, timeout: { type: "integer" } },
+        }),
+        responses: {
+          201: {
+            description: "One entry per fork: {sandbox} or {error: {code, message}}; header X-Warren-Fork-Memory",
+            ...json({ type: "array", items: { type: "object" } }),
+          },
+          400: error("Invalid count or timeout"),
+          ...stdErrors,
+        },
       },
     },
     "/sandboxes/{sandboxID}/resume": {
@@ -387,6 +459,20 @@ export const OPENAPI_DOCUMENT = {
         summary: "Nodes as last reconciled (id, addr, state up|down, lastSeenAt)",
         security: [{ AdminToken: [] }],
         responses: { 200: json({ type: "array", items: { type: "object" } }) },
+      },
+    },
+    "/warren/v1/admin/nodes/{nodeID}/cordon": {
+      post: {
+        summary: "Cordon a node: no new sandboxes; its paused sandboxes resume on other nodes",
+        security: [{ AdminToken: [] }],
+        parameters: [{ name: "nodeID", in: "path", required: true, schema: { type: "string" } }],
+        responses: { ...noContent, 404: error("Unknown node") },
+      },
+      delete: {
+        summary: "Uncordon a node",
+        security: [{ AdminToken: [] }],
+        parameters: [{ name: "nodeID", in: "path", required: true, schema: { type: "string" } }],
+        responses: { ...noContent, 404: error("Unknown node") },
       },
     },
     "/warren/v1/admin/api-keys/{keyID}": {
