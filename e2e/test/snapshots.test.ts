@@ -279,4 +279,24 @@ describe("resume on another node (official e2b SDK, two namespace nodes)", () =>
     }
     await sbx.kill();
   });
+
+  it("a snapshot survives its node agent's crash: the restarted agent starts sandboxes from it", async () => {
+    const sbx = await sandbox();
+    await sbx.files.write("/home/user/survivor.txt", "still here");
+    const info = await sbx.createSnapshot({ name: "survivor" });
+    const index = (await nodeOf(sbx.sandboxId)) === "node-ka" ? 0 : 1;
+    await cluster.killNodeAgent(index);
+    cluster.startNodeAgent(index);
+    const deadline = Date.now() + 120_000;
+    let child: Sandbox | undefined;
+    while (!child) {
+      child = await sandbox(info.snapshotId).catch((error) => {
+        if (Date.now() > deadline) throw error;
+        return undefined;
+      });
+      if (!child) await new Promise((r) => setTimeout(r, 500));
+    }
+    expect(await child.files.read("/home/user/survivor.txt")).toBe("still here");
+    expect(await Sandbox.deleteSnapshot(info.snapshotId)).toBe(true);
+  }, 180_000);
 });
