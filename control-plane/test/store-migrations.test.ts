@@ -39,6 +39,7 @@ describe("schema migrations", () => {
       "sandbox_metrics",
       "sandboxes",
       "schema_migrations",
+      "snapshots",
       "teams",
       "templates",
     ]);
