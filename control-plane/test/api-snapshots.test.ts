@@ -273,6 +273,28 @@ describe("api snapshots and fork", () => {
       "orphan snapshot deleted",
     );
     expect(nodeA.snapshots.has("sfresh0000000000000000")).toBe(true);
+    // A fork's capture whose master stopped mid-fork (the row stays live): expired after the grace period.
+    const { rows } = await env.db.query<{ id: string }>("SELECT id FROM teams ORDER BY created_at LIMIT 1");
+    await env.db.query(
+      `INSERT INTO snapshots (id, team_id, kind, source_sandbox_id, node_id, template_id, driver, memory, size_bytes,
+         cpu_count, memory_mb, disk_size_mb, created_at)
+       VALUES ('fstale000000000000000', $1, 'fork', 'gone', 'node-a', 'base', 'namespace', false, 1, 1, 512, 1024,
+         now() - interval '1 hour')`,
+      [rows[0]?.id],
+    );
+    nodeA.snapshots.set("fstale000000000000000", {
+      snapshotId: "fstale000000000000000",
+      templateId: "base",
+      driver: "namespace",
+      memory: false,
+      sizeBytes: 1,
+      createdAt: new Date(Date.now() - 3600_000),
+      sourceSandboxId: "gone",
+    });
+    await eventually(
+      async () => (nodeA.deletedSnapshots.includes("fstale000000000000000") ? true : undefined),
+      "stale fork capture deleted",
+    );
     // Live snapshots stay.
     const listed = (await env.request("GET", "/snapshots?name=page-1", { apiKey: keyA })).body as unknown[];
     expect(listed).toHaveLength(1);

@@ -3,6 +3,7 @@ import { type Db, withTransaction } from "../store/db.js";
 import { appendEvent } from "../store/events.js";
 import { lockSandbox, type SandboxRow } from "../store/sandboxes.js";
 import {
+  expireForkCaptures,
   findSnapshot,
   insertSnapshot,
   liveSnapshotIds,
@@ -216,11 +217,13 @@ export class SnapshotService {
 
   /**
    * Leader loop: deletes snapshot files on live nodes that no live row refers to — deleted while their node was
-   * down, or captured by a create whose row never committed. A snapshot younger than SWEEP_GRACE_MS may still be
+   * down, captured by a create whose row never committed, or a fork's capture its master did not live to delete. A snapshot younger than SWEEP_GRACE_MS may still be
    * waiting for its row (a capture in progress), so it is left for a later pass.
    */
   async sweepNodes(): Promise<void> {
     const { db, registry, nodeAgent, log } = this.deps;
+    const expired = await expireForkCaptures(db, SWEEP_GRACE_MS);
+    if (expired > 0) log.warn("fork captures left by an interrupted fork expired", { count: expired });
     for (const node of await registry.liveNodes()) {
       const client = nodeAgent(node.nodeId, node.addr);
       const onNode = await client.listSnapshots().catch(() => undefined);

@@ -212,6 +212,16 @@ function decodeSnapshotCursor(token: string): { createdAt: Date; id: string } | 
   }
 }
 
+/** Fork captures a master never got to delete (it stopped mid-fork), older than `graceMs`: marked deleted now. */
+export async function expireForkCaptures(db: Queryable, graceMs: number): Promise<number> {
+  const result = await db.query(
+    `UPDATE snapshots SET deleted_at = now()
+     WHERE kind = 'fork' AND deleted_at IS NULL AND created_at < now() - make_interval(secs => $1)`,
+    [graceMs / 1000],
+  );
+  return result.rowCount ?? 0;
+}
+
 /** Which of `ids` are live snapshots (recorded and not deleted). */
 export async function liveSnapshotIds(db: Queryable, ids: readonly string[]): Promise<Set<string>> {
   if (ids.length === 0) return new Set();
