@@ -1,10 +1,8 @@
-import { createHash, randomBytes } from "node:crypto";
+import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
-import { request } from "node:http";
+import { mkdir, readFile, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "../../node-agent/log.js";
-import { withFileLock } from "../../templates/lock.js";
 import type {
   CheckpointResult,
   Instance,
@@ -17,26 +15,17 @@ import type {
   SnapshotImage,
   TemplateImage,
 } from "../driver.js";
+import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { exec } from "../exec.js";
-import { ENVD_PORT, ensureKernel, ensureRootImage, type GuestImageOptions, type GuestKernel } from "./guest-image.js";
+import { bootLimits, healthyOnce } from "./boot.js";
+import { VmEgress } from "./egress.js";
+import { type InstanceRecord, InstanceRecords, toInstance } from "./instance-records.js";
+import { InstanceVms } from "./instance-vm.js";
 import { VmNetwork, type VmNetworkSlot } from "./network.js";
-import {
-  type Accel,
-  finishRestore,
-  kernelCmdline,
-  killVm,
-  launchVm,
-  processStartTime,
-  processUsage,
-  queryStatus,
-  snapshotAndQuit,
-  stopGuest,
-  syncGuestClock,
-  type VmLaunch,
-  waitGone,
-} from "./qemu.js";
-import { withQmp } from "./qmp.js";
+import { PauseTiers } from "./pause-tiers.js";
+import { type Accel, killVm, processStartTime, processUsage } from "./qemu.js";
 import { captureInstance, captureState, SandboxSnapshots, startProblem } from "./snapshots.js";
+import { SNAPSHOT_TIMEOUT_MS, type TemplateSnapshot, TemplateSnapshots, vcpusOf } from "./template-snapshots.js";
 
 /**
  * The `microvm` runtime driver: one QEMU `microvm` machine per sandbox (Debian's cloud kernel by PVH, a small
@@ -49,10 +38,9 @@ import { captureInstance, captureState, SandboxSnapshots, startProblem } from ".
  * create restores it (`-incoming`, then `cont`) over a fresh qcow2 layer and gets its identity from envd's /init,
  * as in the namespace driver. All sandboxes share the snapshot's guest state from before /init (no token, no env).
  *
- * Pause tiers: `pause` = QMP `stop` (instant; memory stays resident in QEMU); `checkpoint` = migrate the stopped
- * VM's memory to `<instance>/memory.snap` and quit QEMU (memory released); `resume` = `cont`, or restore that file
- * into a new QEMU over the same disk and tap (same guest processes and pids; the guest's TCP stack survives).
- * `stop` quits QEMU keeping the disk; `reboot` cold-boots over it.
+ * Pause tiers (pause-tiers.ts): QMP `stop`; memory to disk and QEMU ends; `cont` or a restore from that file;
+ * filesystem-only `stop` and `reboot`. Egress (egress.ts): the namespace driver's policy model, enforced in the
+ * sandbox's network namespace in front of the guest, with the node's egress gateway.
  *
  * Sandbox snapshots (snapshots.ts): memory + a copy of the instance's disk layer, taken in any state; instances
  * created from one restore it over a qcow2 layer on its disk, so its files outlive `deleteSnapshot` until its
@@ -80,46 +68,12 @@ export interface MicrovmDriverOptions {
   /** One cold boot attempt (kernel + envd); TCG needs minutes on a loaded machine. */
   readonly bootTimeoutMs?: number;
   readonly bootAttempts?: number;
+  /** Upstream DNS server (`ip` or `ip:port`) of the egress gateway; default: the node's resolv.conf. */
+  readonly dnsUpstream?: string;
+  /** See VmNetworkOptions.uplinkForwarding (default on). */
+  readonly uplinkForwarding?: boolean;
   readonly log: Logger;
 }
-
-interface InstanceRecord {
-  instanceId: string;
-  templateId: string;
-  templateHash: string;
-  /** Template snapshot this instance was restored from (its disk is the instance disk's backing file). */
-  snapshotDir?: string;
-  slot: number;
-  addr: string;
-  resources: SandboxResources;
-  vcpus: number;
-  createdAt: number;
-  labels: Record<string, string>;
-  pid?: number;
-  pidStartTime?: string;
-  paused: boolean;
-  /** Memory saved to `<dir>/memory.snap`, no QEMU running. */
-  checkpointed?: boolean;
-  /** QEMU ended, disk kept (filesystem-only pause): the next start is a reboot. */
-  stopped?: boolean;
-  /**
-   * Paused, and `<dir>/memory.paused` holds exactly its memory: a snapshot taken while paused left QEMU in
-   * `postmigrate`, where QEMU 7.2 cannot migrate again; checkpoint and further snapshots use this file instead.
-   */
-  pausedImage?: boolean;
-  /** The sandbox snapshot this instance was created from: its disk is the instance disk's backing file. */
-  fromSnapshot?: string;
-}
-
-interface TemplateSnapshot {
-  readonly dir: string;
-  readonly disk: string;
-  readonly memory: string;
-  readonly memoryMiB: number;
-  readonly vcpus: number;
-}
-
-const SNAPSHOT_TIMEOUT_MS = 120_000;
 
 export class MicrovmDriver implements RuntimeDriver {
   readonly name: string;
@@ -128,168 +82,67 @@ export class MicrovmDriver implements RuntimeDriver {
   readonly network: VmNetwork;
   readonly snapshots: SandboxSnapshots;
   private readonly instances = new Map<string, InstanceRecord>();
-  private readonly instancesDir: string;
-  private readonly images: GuestImageOptions;
-  private kernel: Promise<GuestKernel> | undefined;
+  private readonly records: InstanceRecords;
+  private readonly templates: TemplateSnapshots;
+  private readonly vms: InstanceVms;
+  private readonly tiers: PauseTiers;
+  private readonly egress: VmEgress;
 
   constructor(private readonly options: MicrovmDriverOptions) {
     this.name = options.accel === "kvm" ? "microvm" : "microvm-tcg";
-    this.network = new VmNetwork(options.instance, options.netCidr);
-    this.instancesDir = join(options.stateDir, "instances");
+    this.network = new VmNetwork({
+      instance: options.instance,
+      cidr: options.netCidr,
+      log: options.log,
+      ...(options.uplinkForwarding === false ? { uplinkForwarding: false } : {}),
+    });
+    this.egress = new VmEgress(this.network, {
+      netCidr: options.netCidr,
+      log: options.log,
+      ...(options.dnsUpstream ? { dnsUpstream: options.dnsUpstream } : {}),
+    });
+    this.records = new InstanceRecords(join(options.stateDir, "instances"));
     this.snapshots = new SandboxSnapshots(options.stateDir, () => this.snapshotReferences(), options.log);
-    this.images = {
-      dir: options.imageDir,
-      linuxDir: options.linuxDir,
-      busybox: options.busybox ?? "/bin/busybox",
-      nodeBinary: options.nodeBinary,
-      envdRoot: options.envdRoot,
-      uidBase: options.uidBase,
-    };
+    const limits = bootLimits(options.accel, options.bootTimeoutMs, options.bootAttempts);
+    this.templates = new TemplateSnapshots({
+      images: {
+        dir: options.imageDir,
+        linuxDir: options.linuxDir,
+        busybox: options.busybox ?? "/bin/busybox",
+        nodeBinary: options.nodeBinary,
+        envdRoot: options.envdRoot,
+        uidBase: options.uidBase,
+      },
+      accel: options.accel,
+      limits,
+      network: this.network,
+      log: options.log,
+    });
+    this.vms = new InstanceVms({
+      instance: options.instance,
+      accel: options.accel,
+      records: this.records,
+      network: this.network,
+      kernel: () => this.templates.guestKernel(),
+      limits,
+      readyTimeoutMs: options.readyTimeoutMs,
+      log: options.log,
+    });
+    this.tiers = new PauseTiers(this.records, this.vms, options.log);
   }
 
   instanceDir(instanceId: string): string {
-    return join(this.instancesDir, instanceId);
-  }
-
-  private get bootTimeoutMs(): number {
-    return this.options.bootTimeoutMs ?? (this.options.accel === "kvm" ? 30_000 : 120_000);
-  }
-
-  /** Kernel + initramfs until the guest init prints its marker (a healthy TCG boot here: 2–20 s). */
-  private get initTimeoutMs(): number {
-    return Math.min(this.bootTimeoutMs, this.options.accel === "kvm" ? 10_000 : 45_000);
+    return this.records.dir(instanceId);
   }
 
   async start(): Promise<void> {
-    await mkdir(this.instancesDir, { recursive: true });
-    await this.network.start();
+    await mkdir(this.records.root, { recursive: true });
+    await this.egress.start();
   }
 
-  private guestKernel(): Promise<GuestKernel> {
-    if (!this.kernel) {
-      this.kernel = ensureKernel(this.images);
-      this.kernel.catch(() => {
-        this.kernel = undefined;
-      });
-    }
-    return this.kernel;
-  }
-
-  private vcpusOf(resources: SandboxResources): number {
-    return Math.max(1, Math.ceil(resources.cpuCount));
-  }
-
-  /**
-   * The template's snapshot for these resources, built once (shared by the agents of a host, file-locked): boot,
-   * wait for envd, save memory and disk state.
-   */
-  async ensureSnapshot(template: TemplateImage, resources: SandboxResources): Promise<TemplateSnapshot> {
-    const kernel = await this.guestKernel();
-    const root = await ensureRootImage(this.images, template, resources.diskMiB);
-    const vcpus = this.vcpusOf(resources);
-    const cmdline = createHash("sha256").update(kernelCmdline(this.options.accel)).digest("hex").slice(0, 8);
-    const name = `${template.templateId}-${root.key}-${kernel.version}-${cmdline}-${this.options.accel}-m${resources.memoryMiB}-c${vcpus}`;
-    const dir = join(this.options.imageDir, "snapshots", name);
-    const snapshot = {
-      dir,
-      disk: join(dir, "disk.qcow2"),
-      memory: join(dir, "memory.snap"),
-      memoryMiB: resources.memoryMiB,
-      vcpus,
-    };
-    if (existsSync(join(dir, "READY"))) return snapshot;
-    return withFileLock(join(this.options.imageDir, "locks", `snapshot-${template.templateId}.lock`), async () => {
-      if (existsSync(join(dir, "READY"))) return snapshot;
-      const log = this.options.log.child({ templateId: template.templateId, snapshot: name });
-      // A short build directory: QEMU's unix sockets live in it (108-byte limit on socket paths).
-      const tmp = join(this.options.imageDir, "snapshots", `.build-${process.pid}`);
-      const started = Date.now();
-      const slot = await this.network.acquire();
-      try {
-        await rm(tmp, { recursive: true, force: true });
-        await mkdir(tmp, { recursive: true });
-        const launch: VmLaunch = {
-          name: `warren-snapshot-${template.templateId}`,
-          dir: tmp,
-          netnsPath: slot.netnsPath,
-          kernel,
-          disk: join(tmp, "disk.qcow2"),
-          memoryMiB: resources.memoryMiB,
-          vcpus,
-          accel: this.options.accel,
-        };
-        const { pid, startTime } = await this.coldBoot(launch, slot, root.path, log);
-        try {
-          // envd warms itself up right after listening (one `bash -l -c true`); let that finish before saving.
-          await new Promise((resolve) => setTimeout(resolve, 2000));
-          await snapshotAndQuit(join(tmp, "qmp.sock"), join(tmp, "memory.snap"), SNAPSHOT_TIMEOUT_MS);
-          await waitGone(pid, startTime, 10_000);
-        } finally {
-          await killVm(pid, startTime);
-        }
-        await rm(join(tmp, "qmp.sock"), { force: true });
-        await writeFile(join(tmp, "READY"), new Date().toISOString());
-        await rm(dir, { recursive: true, force: true });
-        await rename(tmp, dir);
-        log.info("template snapshot built", {
-          seconds: Math.round((Date.now() - started) / 100) / 10,
-          memoryMiB: Math.round((await stat(snapshot.memory)).size / 2 ** 20),
-        });
-        return snapshot;
-      } catch (error) {
-        await rm(tmp, { recursive: true, force: true });
-        throw error;
-      } finally {
-        await this.network.release(slot);
-      }
-    });
-  }
-
-  /**
-   * Boots a VM from scratch with a deadline per attempt; a hung boot (TCG, RUNTIME-NOTES §3.4; see qemu.ts kernelCmdline) is killed and retried
-   * over a fresh disk layer. `base` given: the disk is (re)made as a qcow2 over it; absent: the disk is kept.
-   */
-  private async coldBoot(
-    launch: VmLaunch,
-    slot: VmNetworkSlot,
-    base: string | undefined,
-    log: Logger,
-  ): Promise<{ pid: number; startTime: string }> {
-    const attempts = this.options.bootAttempts ?? (this.options.accel === "kvm" ? 3 : 4);
-    let lastError: Error | undefined;
-    for (let attempt = 1; attempt <= attempts; attempt++) {
-      if (base) {
-        await rm(launch.disk, { force: true });
-        await exec("qemu-img", ["create", "-q", "-f", "qcow2", "-b", base, "-F", "raw", launch.disk]);
-      }
-      const started = Date.now();
-      const consoleLog = join(launch.dir, "console.log");
-      const consoleFrom = await stat(consoleLog).then(
-        (st) => st.size,
-        () => 0,
-      );
-      const pid = await launchVm(launch);
-      const startTime = (await processStartTime(pid)) ?? "";
-      try {
-        // Two deadlines: a boot that hangs in the kernel (TCG here: no guest output at all) is given up on once
-        // the guest init has not started within the first; a slow envd start still has the whole boot deadline.
-        await waitGuestInit(consoleLog, consoleFrom, this.initTimeoutMs, pid, startTime);
-        await waitHealthy(
-          slot.sandboxAddr,
-          Math.max(1000, this.bootTimeoutMs - (Date.now() - started)),
-          pid,
-          startTime,
-        );
-        log.info("microVM booted", { attempt, ms: Date.now() - started, accel: this.options.accel });
-        return { pid, startTime };
-      } catch (error) {
-        lastError = error as Error;
-        const console = (await readFile(join(launch.dir, "console.log"), "utf8").catch(() => "")).slice(-300);
-        log.warn("microVM boot failed; retrying", { attempt, error: lastError.message, console });
-        await killVm(pid, startTime);
-      }
-    }
-    throw new Error(`microVM did not boot in ${attempts} attempts: ${lastError?.message}`);
+  /** The template's snapshot for these resources (template-snapshots.ts), built on first use. */
+  ensureSnapshot(template: TemplateImage, resources: SandboxResources): Promise<TemplateSnapshot> {
+    return this.templates.ensure(template, resources);
   }
 
   async create(spec: InstanceSpec): Promise<Instance> {
@@ -314,9 +167,11 @@ export class MicrovmDriver implements RuntimeDriver {
         slot: slot.index,
         addr: slot.sandboxAddr,
         resources: spec.resources,
-        vcpus: this.vcpusOf(spec.resources),
+        vcpus: vcpusOf(spec.resources),
+        ...(spec.template.codeGateway ? { codeGateway: true } : {}),
         createdAt: Date.now(),
         labels: { ...spec.labels },
+        egress: spec.egress ?? CLOSED_EGRESS,
         paused: false,
       };
       const register = async () => {
@@ -334,16 +189,16 @@ export class MicrovmDriver implements RuntimeDriver {
       } else {
         base = await this.useSnapshot(spec, draft, register);
       }
+      // Before the guest runs: a restored guest continues at once, with the network it had.
+      await this.egress.apply(slot, draft.egress);
       const disk = join(dir, "disk.qcow2");
       await exec("qemu-img", ["create", "-q", "-f", "qcow2", "-b", base.disk, "-F", "qcow2", disk]);
       const started = performance.now();
       if (base.memory) {
-        await this.restore(draft, base.memory);
+        await this.vms.restore(draft, base.memory);
       } else {
         // Other memory or vCPUs than the snapshot's, or a files-only snapshot: a cold boot over the disk layer.
-        const booted = await this.coldBoot(this.launchOf(draft, await this.guestKernel()), slot, undefined, log);
-        draft.pid = booted.pid;
-        draft.pidStartTime = booted.startTime;
+        await this.vms.boot(draft, log);
         await this.persist(draft);
       }
       log.debug("instance started", {
@@ -386,37 +241,6 @@ export class MicrovmDriver implements RuntimeDriver {
         ...(meta.memory ? { memory: this.snapshots.memory(snapshotId) } : {}),
       };
     });
-  }
-
-  private launchOf(record: InstanceRecord, kernel: GuestKernel, incoming?: string): VmLaunch {
-    return {
-      name: `warren-${this.options.instance}-${record.instanceId}`,
-      dir: this.instanceDir(record.instanceId),
-      netnsPath: this.network.slot(record.slot).netnsPath,
-      kernel,
-      disk: join(this.instanceDir(record.instanceId), "disk.qcow2"),
-      memoryMiB: record.resources.memoryMiB,
-      vcpus: record.vcpus,
-      accel: this.options.accel,
-      ...(incoming ? { incoming } : {}),
-    };
-  }
-
-  /** New QEMU loading `memory` (a template snapshot or the instance's checkpoint), resumed, envd answering. */
-  private async restore(record: InstanceRecord, memory: string): Promise<void> {
-    const kernel = await this.guestKernel();
-    const pid = await launchVm(this.launchOf(record, kernel, memory));
-    record.pid = pid;
-    record.pidStartTime = await processStartTime(pid);
-    await this.persist(record);
-    try {
-      await finishRestore(join(this.instanceDir(record.instanceId), "qmp.sock"), this.options.readyTimeoutMs);
-      await this.syncClock(record);
-      await waitHealthy(record.addr, this.options.readyTimeoutMs, pid, record.pidStartTime ?? "");
-    } catch (error) {
-      await killVm(pid, record.pidStartTime);
-      throw error;
-    }
   }
 
   async label(instanceId: string, labels: Readonly<Record<string, string>>): Promise<Instance> {
@@ -462,7 +286,7 @@ export class MicrovmDriver implements RuntimeDriver {
         ...(record.fromSnapshot ? { parent: record.fromSnapshot } : {}),
       };
     });
-    if (state === "running") await this.syncClock(record);
+    if (state === "running") await this.vms.syncClock(record);
     this.options.log.info("sandbox snapshot taken", {
       instanceId,
       snapshotId,
@@ -486,119 +310,32 @@ export class MicrovmDriver implements RuntimeDriver {
   private async snapshotReferences(): Promise<Set<string>> {
     const refs = new Set<string>();
     for (const record of this.instances.values()) if (record.fromSnapshot) refs.add(record.fromSnapshot);
-    for (const name of existsSync(this.instancesDir) ? await readdir(this.instancesDir) : []) {
-      const record = await this.load(name);
+    for (const name of await this.records.names()) {
+      const record = await this.records.load(name);
       if (record?.fromSnapshot) refs.add(record.fromSnapshot);
     }
     return refs;
   }
 
   async pause(instanceId: string): Promise<void> {
-    const record = this.require(instanceId);
-    await withQmp(this.qmpPath(record), (qmp) => qmp.execute("stop"));
-    record.paused = true;
-    await this.persist(record);
+    await this.tiers.pause(this.require(instanceId));
   }
 
-  async checkpoint(instanceId: string): Promise<CheckpointResult> {
-    const record = this.require(instanceId);
-    if (!record.paused || record.checkpointed || record.stopped || record.pid === undefined) {
-      throw new Error(`instance '${instanceId}' is not paused in memory`);
-    }
-    const memoryBeforeBytes = (await processUsage(record.pid)).rssBytes;
-    const path = join(this.instanceDir(instanceId), "memory.snap");
-    const tmp = `${path}.tmp`;
-    if (record.pausedImage) {
-      // The memory is saved already (a snapshot while paused); QEMU, in `postmigrate`, could not save it again.
-      await rename(join(this.instanceDir(instanceId), "memory.paused"), tmp);
-      await killVm(record.pid, record.pidStartTime);
-    } else {
-      try {
-        await snapshotAndQuit(this.qmpPath(record), tmp, SNAPSHOT_TIMEOUT_MS);
-      } catch (error) {
-        await rm(tmp, { force: true });
-        // QEMU is still there with stopped vCPUs (a failed migration leaves the source as it was): still paused.
-        throw error;
-      }
-      await waitGone(record.pid, record.pidStartTime ?? "", 10_000);
-      await killVm(record.pid, record.pidStartTime);
-    }
-    await rename(tmp, path);
-    record.pausedImage = false;
-    record.checkpointed = true;
-    record.pid = undefined;
-    record.pidStartTime = undefined;
-    await this.persist(record);
-    return { imageBytes: (await stat(path)).size, memoryBeforeBytes, memoryAfterBytes: 0 };
+  checkpoint(instanceId: string): Promise<CheckpointResult> {
+    return this.tiers.checkpoint(this.require(instanceId));
   }
 
-  async resume(instanceId: string): Promise<ResumeResult> {
-    const record = this.require(instanceId);
-    if (record.stopped) throw new Error(`instance '${instanceId}' was stopped (filesystem-only pause): reboot it`);
-    if (record.checkpointed) {
-      const path = join(this.instanceDir(instanceId), "memory.snap");
-      // On failure the checkpoint stays: the sandbox is still paused and the resume can be retried.
-      await this.restore(record, path);
-      record.checkpointed = false;
-      record.paused = false;
-      await this.persist(record);
-      await rm(path, { force: true });
-      return { tier: "checkpoint" };
-    }
-    await withQmp(this.qmpPath(record), (qmp) => qmp.execute("cont"));
-    await this.syncClock(record);
-    record.paused = false;
-    await this.forgetPausedImage(record);
-    return { tier: "freezer" };
+  resume(instanceId: string): Promise<ResumeResult> {
+    return this.tiers.resume(this.require(instanceId));
   }
 
-  /**
-   * Filesystem-only pause: QEMU ends, the disk stays. The guest first ends its processes and flushes its page
-   * cache (vCPUs run for that moment if the VM was paused): files written just before the pause are on the disk
-   * a reboot mounts, and clients see their connections closed rather than silently dead.
-   */
   async stop(instanceId: string): Promise<void> {
-    const record = this.require(instanceId);
-    if (record.pid !== undefined && (await processStartTime(record.pid)) === record.pidStartTime) {
-      const synced = await withQmp(this.qmpPath(record), (qmp) => qmp.execute("cont"))
-        .then(() => stopGuest(join(this.instanceDir(instanceId), "console.sock"), 10_000))
-        .catch(() => false);
-      if (!synced) this.options.log.warn("the guest did not confirm its shutdown before stop", { instanceId });
-      // QEMU exits by itself once PID 1 has gone (see guest-image.ts); SIGKILL below only if it has not.
-      else await waitGone(record.pid, record.pidStartTime ?? "", 5_000);
-    }
-    await killVm(record.pid, record.pidStartTime);
-    await rm(join(this.instanceDir(instanceId), "memory.snap"), { force: true });
-    record.pid = undefined;
-    record.pidStartTime = undefined;
-    record.checkpointed = false;
-    record.stopped = true;
-    record.paused = true;
-    await this.forgetPausedImage(record);
-  }
-
-  /** The guest ran on (or ended): `memory.paused` no longer holds its memory. Persists the record. */
-  private async forgetPausedImage(record: InstanceRecord): Promise<void> {
-    record.pausedImage = false;
-    await this.persist(record);
-    await rm(join(this.instanceDir(record.instanceId), "memory.paused"), { force: true });
+    await this.tiers.stop(this.require(instanceId));
   }
 
   async reboot(instanceId: string): Promise<Instance> {
     const record = this.require(instanceId);
-    await this.stop(instanceId);
-    const kernel = await this.guestKernel();
-    const { pid, startTime } = await this.coldBoot(
-      this.launchOf(record, kernel),
-      this.network.slot(record.slot),
-      undefined,
-      this.options.log.child({ instanceId }),
-    );
-    record.pid = pid;
-    record.pidStartTime = startTime;
-    record.stopped = false;
-    record.paused = false;
-    await this.persist(record);
+    await this.tiers.reboot(record);
     return this.toInstance(record);
   }
 
@@ -634,23 +371,28 @@ export class MicrovmDriver implements RuntimeDriver {
   async reconcile(): Promise<ReconcileResult> {
     const adopted: Instance[] = [];
     const removed: { instanceId: string; labels: Record<string, string> }[] = [];
-    const names = existsSync(this.instancesDir) ? await readdir(this.instancesDir) : [];
-    for (const name of names) {
-      const record = await this.load(name);
+    for (const name of await this.records.names()) {
+      const record = await this.records.load(name);
       if (!record) {
-        await this.killStray(name);
+        await this.vms.killStray(name);
         await rm(this.instanceDir(name), { recursive: true, force: true });
         continue;
       }
       const netns = existsSync(this.network.slot(record.slot).netnsPath);
       const alive = record.pid !== undefined && (await processStartTime(record.pid)) === record.pidStartTime;
-      if (alive && !record.paused) await this.continueInterruptedSnapshot(record);
+      if (alive && !record.paused) await this.vms.continueInterruptedSnapshot(record);
       const running = alive && (record.paused || (await healthyOnce(record.addr, 2000)));
       const checkpointed = record.checkpointed === true && existsSync(join(this.instanceDir(name), "memory.snap"));
       const stopped = record.stopped === true;
       if (netns && (running || checkpointed || stopped)) {
         this.instances.set(name, record);
         this.network.reserve(record.slot);
+        // The gateway listens on new ports after a restart: rewrite the namespace's rules to match.
+        await this.egress
+          .apply(this.network.slot(record.slot), record.egress)
+          .catch((error) =>
+            this.options.log.error("restoring an adopted sandbox's egress policy failed", { instanceId: name, error }),
+          );
         adopted.push(this.toInstance(record));
       } else {
         this.options.log.warn("removing dead microVM instance found at start", { instanceId: name });
@@ -664,23 +406,30 @@ export class MicrovmDriver implements RuntimeDriver {
     return { adopted, removed };
   }
 
-  async close(): Promise<void> {}
-
-  /** An agent that died while snapshotting a running instance left its vCPUs stopped: they run on. */
-  private async continueInterruptedSnapshot(record: InstanceRecord): Promise<void> {
-    await withQmp(this.qmpPath(record), async (qmp) => {
-      const status = await queryStatus(qmp);
-      if (status === "paused" || status === "postmigrate" || status === "finish-migrate") await qmp.execute("cont");
-    }).catch(() => undefined);
+  async close(): Promise<void> {
+    await this.egress.close();
   }
 
-  /** A directory without a readable record may still have a QEMU (crash between launch and persist). */
-  private async killStray(instanceId: string): Promise<void> {
-    const pidText = await readFile(join(this.instanceDir(instanceId), "qemu.pid"), "utf8").catch(() => "");
-    const pid = Number(pidText.trim());
-    if (!Number.isInteger(pid) || pid <= 0) return;
-    const cmdline = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
-    if (cmdline.includes(this.instanceDir(instanceId))) await killVm(pid, await processStartTime(pid));
+  /** Replaces the instance's egress policy: its namespace's firewall and the gateway's view, atomically each. */
+  async setEgress(instanceId: string, policy: EgressPolicy): Promise<void> {
+    const record = this.require(instanceId);
+    const before = record.egress ?? CLOSED_EGRESS;
+    if (compileEgress(before).key === compileEgress(policy).key) return;
+    const slot = this.network.slot(record.slot);
+    record.egress = policy;
+    try {
+      await this.egress.apply(slot, policy);
+    } catch (error) {
+      record.egress = before;
+      await this.egress.apply(slot, before).catch(() => undefined);
+      throw error;
+    }
+    await this.persist(record);
+  }
+
+  /** The egress policy an instance has (tests and `getInfo` checks). */
+  egressOf(instanceId: string): EgressPolicy {
+    return this.require(instanceId).egress ?? CLOSED_EGRESS;
   }
 
   /**
@@ -689,23 +438,12 @@ export class MicrovmDriver implements RuntimeDriver {
    */
   private async teardown(record: InstanceRecord): Promise<void> {
     await killVm(record.pid, record.pidStartTime);
-    await this.killStray(record.instanceId);
+    await this.vms.killStray(record.instanceId);
+    this.egress.forget(this.network.slot(record.slot));
     await this.network.release(this.network.slot(record.slot));
     this.instances.delete(record.instanceId);
     await rm(this.instanceDir(record.instanceId), { recursive: true, force: true });
     if (record.fromSnapshot) await this.snapshots.sweep();
-  }
-
-  /** The guest's wall clock := the host's, before anyone uses the sandbox (see guest-image.ts for why). */
-  private async syncClock(record: InstanceRecord): Promise<void> {
-    const console = join(this.instanceDir(record.instanceId), "console.sock");
-    if (!(await syncGuestClock(console, this.options.accel === "kvm" ? 2000 : 10_000))) {
-      this.options.log.warn("the guest did not confirm its clock", { instanceId: record.instanceId });
-    }
-  }
-
-  private qmpPath(record: InstanceRecord): string {
-    return join(this.instanceDir(record.instanceId), "qmp.sock");
   }
 
   private require(instanceId: string): InstanceRecord {
@@ -715,76 +453,10 @@ export class MicrovmDriver implements RuntimeDriver {
   }
 
   private toInstance(record: InstanceRecord): Instance {
-    return {
-      instanceId: record.instanceId,
-      templateId: record.templateId,
-      templateHash: record.templateHash,
-      addr: record.addr,
-      envdUrl: `http://${record.addr}:${ENVD_PORT}`,
-      resources: record.resources,
-      createdAt: record.createdAt,
-      labels: { ...record.labels },
-      paused: record.paused,
-      checkpointed: record.checkpointed === true,
-      stopped: record.stopped === true,
-    };
+    return toInstance(record);
   }
 
-  private async persist(record: InstanceRecord): Promise<void> {
-    const path = join(this.instanceDir(record.instanceId), "instance.json");
-    await writeFile(`${path}.tmp`, JSON.stringify(record));
-    await rename(`${path}.tmp`, path);
-  }
-
-  private async load(instanceId: string): Promise<InstanceRecord | undefined> {
-    try {
-      const record = JSON.parse(
-        await readFile(join(this.instanceDir(instanceId), "instance.json"), "utf8"),
-      ) as InstanceRecord;
-      return record.instanceId === instanceId ? record : undefined;
-    } catch {
-      return undefined;
-    }
-  }
-}
-
-function healthyOnce(addr: string, timeoutMs: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const req = request(
-      { host: addr, port: ENVD_PORT, path: "/health", method: "GET", agent: false, timeout: timeoutMs },
-      (res) => {
-        res.resume();
-        resolve((res.statusCode ?? 500) < 300);
-      },
-    );
-    req.once("timeout", () => req.destroy());
-    req.once("error", () => resolve(false));
-    req.end();
-  });
-}
-
-/** Polls envd's /health until it answers, QEMU dies, or the deadline passes. */
-async function waitHealthy(addr: string, timeoutMs: number, pid: number, startTime: string): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (let attempt = 0; ; attempt++) {
-    if (await healthyOnce(addr, 1000)) return;
-    if ((await processStartTime(pid)) !== startTime) throw new Error("QEMU exited before envd answered");
-    if (Date.now() > deadline) throw new Error(`envd did not answer within ${timeoutMs} ms`);
-    await new Promise((resolve) => setTimeout(resolve, attempt < 50 ? 10 : 100));
-  }
-}
-
-/** Waits until the guest init's marker appears in the console log past `from` (this boot's output). */
-async function waitGuestInit(path: string, from: number, timeoutMs: number, pid: number, startTime: string) {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const text = await readFile(path).then(
-      (b) => b.subarray(from).toString("utf8"),
-      () => "",
-    );
-    if (text.includes("WARREN-GUEST-INIT")) return;
-    if ((await processStartTime(pid)) !== startTime) throw new Error(`QEMU exited during boot: ${text.slice(-200)}`);
-    if (Date.now() > deadline) throw new Error(`the guest init did not start within ${timeoutMs} ms (boot hung)`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
+  private persist(record: InstanceRecord): Promise<void> {
+    return this.records.persist(record);
   }
 }

@@ -36,6 +36,7 @@ export const GUEST_GATEWAY = "192.168.127.1";
 export const GUEST_MAC = "02:00:00:00:00:02";
 export const TAP_MAC = "02:00:00:00:00:01";
 export const ENVD_PORT = 49983;
+export const CODE_GATEWAY_PORT = 49999;
 
 const MODULES = [
   "drivers/virtio/virtio_ring",
@@ -70,8 +71,9 @@ exec $B switch_root /newroot "$rinit"
 `;
 
 /**
- * The guest's init (PID 1 until it execs tini): mounts, hostname, the fixed guest address, the clock listener,
- * then tini → envd. A guest restored from a snapshot (or continued after a pause) wakes up with the wall time of
+ * The guest's init (PID 1 until it execs tini): mounts, hostname, the fixed guest address with a default route
+ * via the tap (what may leave is the namespace's to decide, egress.ts) and a resolv.conf naming the tap (the
+ * namespace sends DNS to the node's gateway whatever it names), the clock listener, then tini → envd. A guest restored from a snapshot (or continued after a pause) wakes up with the wall time of
  * the moment it stopped: QEMU keeps guest time continuous. Left alone, the clock would jump later, and a jump
  * under a running request breaks deadlines computed from wall time (connect-es computes a handler's remaining
  * timeout from Date.now(): a forward jump made envd kill a fresh command at once). So the driver sets the clock
@@ -82,7 +84,7 @@ exec $B switch_root /newroot "$rinit"
  * reusing them after the reboot, where they would meet a RST). envd's exit ends tini, PID 1, and the kernel
  * panics ("Attempted to kill init", in the console log) and QEMU exits (`panic=1`, `-no-reboot`).
  */
-function guestInit(): string {
+function guestInit(codeGateway: boolean): string {
   return `#!/opt/warren/busybox sh
 B=/opt/warren/busybox
 $B mount -t proc proc /proc
@@ -95,6 +97,9 @@ $B hostname sandbox
 $B ip link set lo up
 $B ip addr add ${GUEST_ADDR}/30 dev eth0
 $B ip link set eth0 up
+$B ip route add default via ${GUEST_GATEWAY} dev eth0
+$B rm -f /etc/resolv.conf
+printf 'nameserver ${GUEST_GATEWAY}\noptions timeout:2 attempts:2\n' > /etc/resolv.conf
 $B hwclock -s -u 2>/dev/null
 $B stty -F /dev/ttyS0 -echo
 (
@@ -107,12 +112,29 @@ $B stty -F /dev/ttyS0 -echo
   done
 ) </dev/ttyS0 >/dev/null 2>&1 &
 mem=$($B awk '/MemTotal/ {print int($2/2048)}' /proc/meminfo)
-echo "WARREN-GUEST-INIT envd starting"
+${codeGateway ? CODE_GATEWAY_START : ""}echo "WARREN-GUEST-INIT envd starting"
 exec /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \\
   /usr/bin/tini -g -- /usr/local/bin/node --max-old-space-size=$mem --max-semi-space-size=1 \\
   /opt/warren/envd/dist/envd.mjs --host 0.0.0.0 --port ${ENVD_PORT} --default-user user
 `;
 }
+
+/**
+ * Code templates: the code gateway (port 49999) next to envd, as the namespace driver runs it (SANDBOX_INIT in
+ * ../namespace/driver.ts: same settings, same restart loop), started by the guest init before it becomes tini: in
+ * a session of its own (tini's signals to envd's process group do not reach it), re-parented to tini, which reaps
+ * it. Its settings go to its environment only; envd and what envd starts never see them. Deadlines on envd's
+ * token check and a kernel's start are wider than the gateway's defaults: under TCG (software emulation) Node's
+ * first `fetch` and a Python kernel's imports take many times longer than on a real CPU.
+ */
+const CODE_GATEWAY_START = `$B setsid /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
+  HOME=/root LANG=C.UTF-8 CODE_GATEWAY_HOST=0.0.0.0 CODE_GATEWAY_PORT=${CODE_GATEWAY_PORT} \\
+  CODE_GATEWAY_ENVD_URL=http://127.0.0.1:${ENVD_PORT} CODE_GATEWAY_AUTH=envd \\
+  CODE_GATEWAY_NODE=/usr/local/bin/node CODE_GATEWAY_PYTHON=/usr/bin/python3 \\
+  CODE_GATEWAY_ENVD_TIMEOUT_MS=15000 CODE_GATEWAY_KERNEL_START_TIMEOUT_MS=180000 \\
+  /bin/sh -c 'while :; do /usr/local/bin/node --max-semi-space-size=1 /opt/warren/code-gateway/dist/main.js; sleep 1; done' \\
+  </dev/null &
+`;
 
 export interface GuestKernel {
   readonly vmlinux: string;
@@ -133,6 +155,8 @@ export interface GuestImageOptions {
 }
 
 const ADDONS = ["@lydell/node-pty", "@lydell/node-pty-linux-x64", "fs-xattr"];
+/** What of code-gateway/ a code template's guest needs (the namespace driver bind-mounts the same). */
+const CODE_GATEWAY_FILES = ["dist", "python", "package.json"];
 
 function sha(...parts: (string | Buffer)[]): string {
   const hash = createHash("sha256");
@@ -222,12 +246,15 @@ export async function ensureRootImage(
 ): Promise<RootImage> {
   const envd = join(options.envdRoot, "envd", "dist", "envd.mjs");
   const node = await stat(options.nodeBinary);
+  const codeGateway = template.codeGateway === true;
+  const gatewayDir = join(options.envdRoot, "code-gateway");
   const key = sha(
     template.templateId,
     template.hash,
     await readFile(envd),
     `${options.nodeBinary}:${node.size}:${node.mtimeMs}`,
-    guestInit(),
+    guestInit(codeGateway),
+    codeGateway ? await treeDigest(CODE_GATEWAY_FILES.map((name) => join(gatewayDir, name))) : "",
     String(diskMiB),
     String(options.uidBase),
   );
@@ -248,16 +275,28 @@ export async function ensureRootImage(
       await chmod(join(root, "usr", "local", "bin", "node"), 0o755);
       await mkdir(join(root, "opt", "warren", "envd", "dist"), { recursive: true });
       await copyFile(envd, join(root, "opt", "warren", "envd", "dist", "envd.mjs"));
-      for (const addon of ADDONS) {
-        const source = join(options.envdRoot, "node_modules", addon);
+      const packages = [
+        ...ADDONS,
+        ...(codeGateway ? await packageClosure(options.envdRoot, join(gatewayDir, "package.json")) : []),
+      ];
+      for (const name of packages) {
+        const source = join(options.envdRoot, "node_modules", name);
         if (!existsSync(source)) continue;
-        const target = join(root, "opt", "warren", "node_modules", addon);
+        const target = join(root, "opt", "warren", "node_modules", name);
         await mkdir(join(target, ".."), { recursive: true });
         await exec("cp", ["-a", "-L", source, target]);
       }
+      if (codeGateway) {
+        // The gateway's imports resolve from /opt/warren/node_modules above, as in the namespace driver.
+        const target = join(root, "opt", "warren", "code-gateway");
+        await rm(target, { recursive: true, force: true });
+        await mkdir(target, { recursive: true });
+        for (const name of CODE_GATEWAY_FILES)
+          await exec("cp", ["-a", "-L", join(gatewayDir, name), join(target, name)]);
+      }
       await copyFile(options.busybox, join(root, "opt", "warren", "busybox"));
       await chmod(join(root, "opt", "warren", "busybox"), 0o755);
-      await writeFile(join(root, "opt", "warren", "init"), guestInit(), { mode: 0o755 });
+      await writeFile(join(root, "opt", "warren", "init"), guestInit(codeGateway), { mode: 0o755 });
       const used = await exec("du", ["-sm", root]);
       const sizeMiB = Number(used.stdout.split(/\s/)[0]) + diskMiB;
       await exec("mkfs.ext4", ["-q", "-F", "-L", "root", "-d", root, join(tmp, "rootfs.ext4"), `${sizeMiB}M`]);
@@ -294,4 +333,35 @@ async function unshiftOwners(root: string, base: number): Promise<void> {
     }
   };
   await visit(root);
+}
+
+/** The packages a package.json depends on, with theirs, as hoisted in `<root>/node_modules` (nested ones come along). */
+async function packageClosure(root: string, packageJson: string): Promise<string[]> {
+  const depsOf = async (file: string): Promise<string[]> => {
+    const manifest = JSON.parse(await readFile(file, "utf8")) as Record<string, Record<string, string> | undefined>;
+    return Object.keys({ ...manifest.dependencies, ...manifest.optionalDependencies });
+  };
+  const seen = new Set<string>();
+  const queue = await depsOf(packageJson);
+  for (let name = queue.shift(); name !== undefined; name = queue.shift()) {
+    const manifest = join(root, "node_modules", name, "package.json");
+    if (seen.has(name) || !existsSync(manifest)) continue;
+    seen.add(name);
+    queue.push(...(await depsOf(manifest)));
+  }
+  return [...seen].sort();
+}
+
+/** A content hash of files and directory trees (paths and bytes), so a changed code gateway makes a new image. */
+async function treeDigest(paths: readonly string[]): Promise<string> {
+  const hash = createHash("sha256");
+  const visit = async (path: string): Promise<void> => {
+    const st = await stat(path).catch(() => undefined);
+    if (!st) return;
+    hash.update(`${path}\0`);
+    if (st.isDirectory()) for (const name of (await readdir(path)).sort()) await visit(join(path, name));
+    else hash.update(await readFile(path));
+  };
+  for (const path of paths) await visit(path);
+  return hash.digest("hex").slice(0, 16);
 }

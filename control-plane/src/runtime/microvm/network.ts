@@ -1,7 +1,12 @@
 import { existsSync } from "node:fs";
 import { readdir } from "node:fs/promises";
+import type { Logger } from "../../node-agent/log.js";
+import { CLOSED_EGRESS, type CompiledEgress, compileEgress } from "../egress/policy.js";
+import type { GatewayPorts } from "../egress/rules.js";
+import { enableUplinkForwarding } from "../egress/uplink.js";
 import { exec, SerialQueue } from "../exec.js";
 import { ipString, mac, parseCidr } from "../net-addr.js";
+import { vmNamespaceRules } from "./egress.js";
 import { GUEST_ADDR, GUEST_GATEWAY, GUEST_MAC, TAP_MAC } from "./guest-image.js";
 
 /**
@@ -11,17 +16,18 @@ import { GUEST_ADDR, GUEST_GATEWAY, GUEST_MAC, TAP_MAC } from "./guest-image.js"
  * Why NAT inside the namespace: every sandbox is restored from one template snapshot, and the guest's IP
  * configuration is part of that snapshot, so every guest has the same fixed address (192.168.127.2 behind tap0,
  * MACs fixed too so the guest's neighbour cache stays valid after a restore). The namespace translates its
- * per-sandbox address to the guest: DNAT of everything arriving on eth0 for .2 (so any port a guest process
- * listens on is reachable at `<sandbox address>:<port>`), SNAT to the tap's address on the way in, so the guest
- * needs no route beyond its own /30. A restored VM re-opens the same tap in the same namespace: its TCP stack
- * survives (clients may need to reconnect after a checkpoint, processes do not die).
+ * per-sandbox address to the guest and back (egress.ts): any port a guest process listens on is reachable at
+ * `<sandbox address>:<port>`, and what the guest sends out leaves with the sandbox address. A restored VM re-opens
+ * the same tap in the same namespace: its TCP stack survives (clients may need to reconnect after a checkpoint,
+ * processes do not die).
  *
- * Isolation, in two layers (the guest has no route out; these hold even if guest root adds one):
- * - inside the namespace: FORWARD DROP except node → guest and replies; INPUT from the tap DROP except replies
- *   (nothing of the namespace itself is reachable from the guest); IPv6 off;
- * - on the host: this agent's chains drop everything arriving from its microVM veths except replies to the node's
- *   own connections (INPUT), and all forwarding from or to them (FORWARD), so no other sandbox, host service,
- *   link-local address or outside network is reachable.
+ * Isolation, in two layers (the guest's routes are its own; these hold whatever guest root does):
+ * - inside the namespace (egress.ts): the sandbox's egress policy with Warren's floor, forwarding only what
+ *   carries the guest's address; nothing of the namespace itself answers the guest; IPv6 off;
+ * - on the host: this agent's chains accept from its microVM veths only replies and the egress gateway's ports
+ *   (INPUT), and forward from them only with their sandbox addresses (strict reverse-path filter on each veth),
+ *   never to another sandbox's veth (any agent's, either driver) or link-local addresses; towards them only
+ *   replies. Egress leaves the node masqueraded with its address.
  * Slots are created per sandbox and deleted with it; no pool yet (13 ms of `ip` calls per create).
  */
 export interface VmNetworkSlot {
@@ -33,29 +39,10 @@ export interface VmNetworkSlot {
   readonly sandboxAddr: string;
 }
 
-const NETNS_RULES = `*nat
-:PREROUTING ACCEPT [0:0]
-:INPUT ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
-:POSTROUTING ACCEPT [0:0]
--A PREROUTING -i eth0 -d SANDBOX_ADDR -j DNAT --to-destination ${GUEST_ADDR}
--A POSTROUTING -o tap0 -j SNAT --to-source ${GUEST_GATEWAY}
-COMMIT
-*filter
-:INPUT ACCEPT [0:0]
-:FORWARD DROP [0:0]
-:OUTPUT ACCEPT [0:0]
--A INPUT -i tap0 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
--A INPUT -i tap0 -j DROP
--A FORWARD -i eth0 -o tap0 -d ${GUEST_ADDR} -j ACCEPT
--A FORWARD -i tap0 -o eth0 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
-COMMIT
-`;
-
 const SLOT_SCRIPT = `set -e
 ip netns add "$NS"
 ip link add "$HV" address "$HMAC" type veth peer name eth0 address "$SMAC" netns "$NS"
-sysctl -qw "net.ipv6.conf.$HV.disable_ipv6=1"
+sysctl -qw "net.ipv6.conf.$HV.disable_ipv6=1" "net.ipv4.conf.$HV.forwarding=1" "net.ipv4.conf.$HV.rp_filter=1"
 ip addr add "$HIP/30" dev "$HV"
 ip link set "$HV" up
 ip neigh replace "$SIP" lladdr "$SMAC" dev "$HV" nud permanent
@@ -66,14 +53,25 @@ ip link set lo up
 ip addr add "$SIP/30" dev eth0
 ip link set eth0 up
 ip neigh replace "$HIP" lladdr "$HMAC" dev eth0 nud permanent
+ip route add default via "$HIP" dev eth0
 ip tuntap add tap0 mode tap
 ip link set tap0 address "$TMAC"
 ip addr add "$GW/30" dev tap0
 ip link set tap0 up
 ip neigh replace "$GA" lladdr "$GMAC" dev tap0 nud permanent
-printf "%s" "$RULES" | iptables-restore
+printf "%s" "$RULES" | iptables-restore -w
 '
 `;
+
+export interface VmNetworkOptions {
+  /** Short tag separating this agent's names from another agent's on the same host ([a-z0-9]{1,4}). */
+  readonly instance: string;
+  /** IPv4 network carved into one /30 per sandbox. */
+  readonly cidr: string;
+  readonly log: Logger;
+  /** See NetworkPoolOptions.uplinkForwarding (default on). */
+  readonly uplinkForwarding?: boolean;
+}
 
 export class VmNetwork {
   private readonly base: number;
@@ -84,18 +82,29 @@ export class VmNetwork {
   private readonly firewall = new SerialQueue();
   readonly inputChain: string;
   readonly forwardChain: string;
+  readonly natChain: string;
+  private readonly instance: string;
+  /** The egress gateway's ports, written into every slot's rules (set by `start`). */
+  private gateway: GatewayPorts | undefined;
 
-  constructor(
-    private readonly instance: string,
-    cidr: string,
-  ) {
-    if (!/^[a-z0-9]{1,4}$/.test(instance)) throw new Error(`invalid instance tag '${instance}'`);
-    const { base, slots } = parseCidr(cidr);
+  constructor(private readonly options: VmNetworkOptions) {
+    this.instance = options.instance;
+    if (!/^[a-z0-9]{1,4}$/.test(this.instance)) throw new Error(`invalid instance tag '${this.instance}'`);
+    const { base, slots } = parseCidr(options.cidr);
     this.base = base;
     this.capacity = slots;
-    const tag = instance.toUpperCase();
+    const tag = this.instance.toUpperCase();
     this.inputChain = `WARREN-${tag}-VMIN`;
     this.forwardChain = `WARREN-${tag}-VMFWD`;
+    this.natChain = `WARREN-${tag}-VMNAT`;
+  }
+
+  get cidr(): string {
+    return this.options.cidr;
+  }
+
+  private get uplinkTag(): string {
+    return `warren:${this.instance}:vmuplink`;
   }
 
   get netnsPrefix(): string {
@@ -118,36 +127,82 @@ export class VmNetwork {
     };
   }
 
-  /** This agent's host chains: replies only from its microVM veths, no forwarding from or to them; idempotent. */
-  async start(): Promise<void> {
+  /**
+   * This agent's host chains, each replaced atomically (idempotent): INPUT from its microVM veths only replies and,
+   * with `gateway`, the egress gateway's ports; forwarding from them only from sandbox addresses to anything but
+   * sandboxes and link-local; towards them only replies; egress masqueraded. Without `gateway` (agent stopping)
+   * nothing of the node answers the guests any more.
+   */
+  async start(gateway?: GatewayPorts): Promise<void> {
+    this.gateway = gateway;
     await this.firewall.run(async () => {
       const veths = `${this.vethPrefix}+`;
-      const rules: [string, string, string[][]][] = [
-        [
-          this.inputChain,
-          "INPUT",
-          [
-            ["-i", veths, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
-            ["-i", veths, "-j", "DROP"],
-          ],
-        ],
-        [
-          this.forwardChain,
-          "FORWARD",
-          [
-            ["-i", veths, "-j", "DROP"],
-            ["-o", veths, "-j", "DROP"],
-          ],
-        ],
+      // The uplink rule (added once, when this agent turned uplink forwarding on) survives the rewrite.
+      const kept = (await exec("iptables", ["-w", "-S", this.forwardChain], { allowFailure: true })).stdout
+        .split("\n")
+        .filter((line) => line.startsWith("-A ") && line.includes(this.uplinkTag));
+      const input = [
+        `-A ${this.inputChain} -i ${veths} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT`,
+        ...(gateway
+          ? [
+              `-A ${this.inputChain} -i ${veths} -p udp --dport ${gateway.dns} -j ACCEPT`,
+              `-A ${this.inputChain} -i ${veths} -p tcp -m multiport --dports ${gateway.http},${gateway.tls} -j ACCEPT`,
+            ]
+          : []),
+        `-A ${this.inputChain} -i ${veths} -j DROP`,
       ];
-      for (const [chain, parent, body] of rules) {
-        await exec("iptables", ["-w", "-N", chain], { allowFailure: true });
-        await exec("iptables", ["-w", "-F", chain]);
-        for (const rule of body) await exec("iptables", ["-w", "-A", chain, ...rule]);
-        const present = await exec("iptables", ["-w", "-C", parent, "-j", chain], { allowFailure: true });
-        if (present.code !== 0) await exec("iptables", ["-w", "-I", parent, "1", "-j", chain]);
+      const forward = [
+        `-A ${this.forwardChain} -i ${veths} -o wv-+ -j DROP`,
+        `-A ${this.forwardChain} -i ${veths} -o wr-+ -j DROP`,
+        `-A ${this.forwardChain} -i ${veths} -d 169.254.0.0/16 -j DROP`,
+        `-A ${this.forwardChain} -i ${veths} -s ${this.options.cidr} -j ACCEPT`,
+        `-A ${this.forwardChain} -i ${veths} -j DROP`,
+        `-A ${this.forwardChain} -o ${veths} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT`,
+        `-A ${this.forwardChain} -o ${veths} -j DROP`,
+        ...kept,
+      ];
+      const rules = [
+        "*filter",
+        `:${this.inputChain} - [0:0]`,
+        `:${this.forwardChain} - [0:0]`,
+        ...input,
+        ...forward,
+        "COMMIT",
+        "*nat",
+        `:${this.natChain} - [0:0]`,
+        `-A ${this.natChain} -s ${this.options.cidr} ! -o wv-+ -j MASQUERADE`,
+        "COMMIT",
+        "",
+      ].join("\n");
+      const result = await exec("iptables-restore", ["-w", "--noflush"], { input: rules, allowFailure: true });
+      if (result.code !== 0) throw new Error(`microVM host firewall failed: ${result.stderr.trim()}`);
+      for (const [table, chain, parent] of [
+        ["filter", this.inputChain, "INPUT"],
+        ["filter", this.forwardChain, "FORWARD"],
+        ["nat", this.natChain, "POSTROUTING"],
+      ] as const) {
+        const jump = ["-w", "-t", table];
+        const present = await exec("iptables", [...jump, "-C", parent, "-j", chain], { allowFailure: true });
+        if (present.code !== 0) await exec("iptables", [...jump, "-I", parent, "1", "-j", chain]);
       }
+      if (this.options.uplinkForwarding !== false)
+        await enableUplinkForwarding(this.forwardChain, "wv-+", this.uplinkTag, this.options.log);
     });
+  }
+
+  /** The namespace firewall of a slot for a policy (egress.ts), with this node's gateway ports. */
+  rules(slot: VmNetworkSlot, policy: CompiledEgress): string {
+    return vmNamespaceRules(slot.sandboxAddr, slot.hostAddr, policy, this.options.cidr, this.gateway);
+  }
+
+  /** Replaces the firewall (nat and filter tables) inside the slot's namespace, atomically; the way out is the host. */
+  async applyRules(slot: VmNetworkSlot, policy: CompiledEgress): Promise<void> {
+    const result = await exec(
+      "nsenter",
+      [`--net=${slot.netnsPath}`, "sh", "-c", 'ip route replace default via "$HIP" dev eth0 && iptables-restore -w'],
+      { env: { HIP: slot.hostAddr }, input: this.rules(slot, policy), allowFailure: true },
+    );
+    if (result.code !== 0) throw new Error(`microVM namespace firewall update failed: ${result.stderr.trim()}`);
   }
 
   /** Marks slots in use (re-adopted instances) before new ones are handed out. */
@@ -194,7 +249,8 @@ export class VmNetwork {
         GMAC: GUEST_MAC,
         GW: GUEST_GATEWAY,
         GA: GUEST_ADDR,
-        RULES: NETNS_RULES.replace("SANDBOX_ADDR", slot.sandboxAddr),
+        // Closed until the driver applies the instance's policy.
+        RULES: this.rules(slot, compileEgress(CLOSED_EGRESS)),
       },
     });
   }

@@ -42,6 +42,8 @@ export async function selectRuntime(config: NodeAgentConfig, log: Logger): Promi
     // A restore under TCG on a busy machine takes seconds, not the namespace driver's milliseconds.
     readyTimeoutMs: probe.driver === "microvm" ? config.readyTimeoutMs : Math.max(config.readyTimeoutMs, 120_000),
     ...(config.microvmBootTimeoutMs > 0 ? { bootTimeoutMs: config.microvmBootTimeoutMs } : {}),
+    ...(config.dnsUpstream ? { dnsUpstream: config.dnsUpstream } : {}),
+    uplinkForwarding: config.uplinkForwarding,
     log: log.child({ part: "driver" }),
   });
   return { probe, microvm };

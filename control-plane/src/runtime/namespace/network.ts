@@ -1,6 +1,7 @@
 import { existsSync } from "node:fs";
 import { readdir } from "node:fs/promises";
 import type { Logger } from "../../node-agent/log.js";
+import { enableUplinkForwarding } from "../egress/uplink.js";
 import { exec, SerialQueue } from "../exec.js";
 import { ipString, mac, parseCidr } from "../net-addr.js";
 
@@ -171,35 +172,14 @@ export class NetworkPool {
     );
   }
 
-  private async enableUplinkForwarding(): Promise<void> {
-    const route = await exec("ip", ["-4", "route", "show", "default"], { allowFailure: true });
-    const uplink = /\bdev (\S+)/.exec(route.stdout)?.[1];
-    if (!uplink) {
-      this.options.log.warn("no default route: sandboxes have no way out beyond this node's own links");
-      return;
-    }
-    const key = `net.ipv4.conf.${uplink}.forwarding`;
-    const current = await exec("sysctl", ["-n", key], { allowFailure: true });
-    if (current.stdout.trim() === "1") return;
+  private enableUplinkForwarding(): Promise<void> {
     // The node forwarded nothing arriving on its uplink before; keep it so for everything but sandbox traffic.
-    const keep = [
-      "-i",
-      uplink,
-      "!",
-      "-o",
+    return enableUplinkForwarding(
+      this.forwardChain,
       "wr-+",
-      "-m",
-      "comment",
-      "--comment",
       `warren:${this.options.instance}:uplink`,
-    ];
-    if (
-      (await exec("iptables", ["-w", "-C", this.forwardChain, ...keep, "-j", "DROP"], { allowFailure: true })).code !==
-      0
-    )
-      await exec("iptables", ["-w", "-A", this.forwardChain, ...keep, "-j", "DROP"]);
-    await exec("sysctl", ["-qw", `${key}=1`]);
-    this.options.log.info("enabled IPv4 forwarding on the uplink for sandbox egress replies only", { uplink });
+      this.options.log,
+    );
   }
 
   /**

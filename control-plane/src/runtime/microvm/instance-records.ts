@@ -1,0 +1,84 @@
+import { existsSync } from "node:fs";
+import { readdir, readFile, rename, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { Instance, SandboxResources } from "../driver.js";
+import type { EgressPolicy } from "../egress/policy.js";
+import { ENVD_PORT } from "./guest-image.js";
+
+/** What the driver keeps of an instance, in `<stateDir>/instances/<id>/instance.json` (reconcile reads it back). */
+export interface InstanceRecord {
+  instanceId: string;
+  templateId: string;
+  templateHash: string;
+  /** Template snapshot this instance was restored from (its disk is the instance disk's backing file). */
+  snapshotDir?: string;
+  /** Runs the code gateway next to envd (ready only when both answer). */
+  codeGateway?: boolean;
+  slot: number;
+  addr: string;
+  resources: SandboxResources;
+  vcpus: number;
+  createdAt: number;
+  labels: Record<string, string>;
+  /** Egress policy in force (re-applied after an agent restart: the gateway's ports change). */
+  egress?: EgressPolicy;
+  pid?: number;
+  pidStartTime?: string;
+  paused: boolean;
+  /** Memory saved to `<dir>/memory.snap`, no QEMU running. */
+  checkpointed?: boolean;
+  /** QEMU ended, disk kept (filesystem-only pause): the next start is a reboot. */
+  stopped?: boolean;
+  /**
+   * Paused, and `<dir>/memory.paused` holds exactly its memory: a snapshot taken while paused left QEMU in
+   * `postmigrate`, where QEMU 7.2 cannot migrate again; checkpoint and further snapshots use this file instead.
+   */
+  pausedImage?: boolean;
+  /** The sandbox snapshot this instance was created from: its disk is the instance disk's backing file. */
+  fromSnapshot?: string;
+}
+
+/** The instance directories and their records (written atomically: a crash leaves the old or the new one). */
+export class InstanceRecords {
+  constructor(readonly root: string) {}
+
+  dir(instanceId: string): string {
+    return join(this.root, instanceId);
+  }
+
+  /** Names of every instance directory, records or not. */
+  async names(): Promise<string[]> {
+    return existsSync(this.root) ? await readdir(this.root) : [];
+  }
+
+  async persist(record: InstanceRecord): Promise<void> {
+    const path = join(this.dir(record.instanceId), "instance.json");
+    await writeFile(`${path}.tmp`, JSON.stringify(record));
+    await rename(`${path}.tmp`, path);
+  }
+
+  async load(instanceId: string): Promise<InstanceRecord | undefined> {
+    try {
+      const record = JSON.parse(await readFile(join(this.dir(instanceId), "instance.json"), "utf8")) as InstanceRecord;
+      return record.instanceId === instanceId ? record : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+}
+
+export function toInstance(record: InstanceRecord): Instance {
+  return {
+    instanceId: record.instanceId,
+    templateId: record.templateId,
+    templateHash: record.templateHash,
+    addr: record.addr,
+    envdUrl: `http://${record.addr}:${ENVD_PORT}`,
+    resources: record.resources,
+    createdAt: record.createdAt,
+    labels: { ...record.labels },
+    paused: record.paused,
+    checkpointed: record.checkpointed === true,
+    stopped: record.stopped === true,
+  };
+}

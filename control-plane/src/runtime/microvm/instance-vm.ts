@@ -1,0 +1,127 @@
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { Logger } from "../../node-agent/log.js";
+import { type BootLimits, coldBoot, readyPorts, waitReady } from "./boot.js";
+import type { GuestKernel } from "./guest-image.js";
+import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
+import type { VmNetwork } from "./network.js";
+import {
+  type Accel,
+  finishRestore,
+  killVm,
+  launchVm,
+  processStartTime,
+  queryStatus,
+  syncGuestClock,
+  type VmLaunch,
+} from "./qemu.js";
+import { withQmp } from "./qmp.js";
+
+export interface InstanceVmsOptions {
+  /** Tag in QEMU's process name (`warren-<instance>-<id>`). */
+  readonly instance: string;
+  readonly accel: Accel;
+  readonly records: InstanceRecords;
+  readonly network: VmNetwork;
+  readonly kernel: () => Promise<GuestKernel>;
+  readonly limits: BootLimits;
+  /** The guest answering after a restore. */
+  readonly readyTimeoutMs: number;
+  readonly log: Logger;
+}
+
+/**
+ * The QEMU side of an instance: launching it (restore from a memory file, or cold boot) until the guest is ready,
+ * its QMP and serial console, and QEMUs no record knows of. Updates `record.pid`/`pidStartTime`; the caller
+ * keeps the rest of the record.
+ */
+export class InstanceVms {
+  constructor(private readonly options: InstanceVmsOptions) {}
+
+  qmpPath(record: InstanceRecord): string {
+    return join(this.options.records.dir(record.instanceId), "qmp.sock");
+  }
+
+  consolePath(record: InstanceRecord): string {
+    return join(this.options.records.dir(record.instanceId), "console.sock");
+  }
+
+  /** Runs one QMP command (`stop`, `cont`). */
+  async qmp(record: InstanceRecord, command: string): Promise<void> {
+    await withQmp(this.qmpPath(record), (qmp) => qmp.execute(command));
+  }
+
+  private async launchOf(record: InstanceRecord, incoming?: string): Promise<VmLaunch> {
+    const dir = this.options.records.dir(record.instanceId);
+    return {
+      name: `warren-${this.options.instance}-${record.instanceId}`,
+      dir,
+      netnsPath: this.options.network.slot(record.slot).netnsPath,
+      kernel: await this.options.kernel(),
+      disk: join(dir, "disk.qcow2"),
+      memoryMiB: record.resources.memoryMiB,
+      vcpus: record.vcpus,
+      accel: this.options.accel,
+      ...(incoming ? { incoming } : {}),
+    };
+  }
+
+  /** New QEMU loading `memory` (a snapshot or the instance's checkpoint), resumed, clock set, guest ready. */
+  async restore(record: InstanceRecord, memory: string): Promise<void> {
+    const pid = await launchVm(await this.launchOf(record, memory));
+    record.pid = pid;
+    record.pidStartTime = await processStartTime(pid);
+    await this.options.records.persist(record);
+    try {
+      await finishRestore(this.qmpPath(record), this.options.readyTimeoutMs);
+      await this.syncClock(record);
+      await waitReady(
+        record.addr,
+        readyPorts(record.codeGateway),
+        this.options.readyTimeoutMs,
+        pid,
+        record.pidStartTime ?? "",
+      );
+    } catch (error) {
+      await killVm(pid, record.pidStartTime);
+      throw error;
+    }
+  }
+
+  /** A fresh boot over the instance's disk layer, until the guest is ready. */
+  async boot(record: InstanceRecord, log: Logger): Promise<void> {
+    const booted = await coldBoot(await this.launchOf(record), {
+      addr: record.addr,
+      ports: readyPorts(record.codeGateway),
+      limits: this.options.limits,
+      log,
+    });
+    record.pid = booted.pid;
+    record.pidStartTime = booted.startTime;
+  }
+
+  /** The guest's wall clock := the host's, before anyone uses the sandbox (see guest-image.ts for why). */
+  async syncClock(record: InstanceRecord): Promise<void> {
+    if (!(await syncGuestClock(this.consolePath(record), this.options.accel === "kvm" ? 2000 : 10_000))) {
+      this.options.log.warn("the guest did not confirm its clock", { instanceId: record.instanceId });
+    }
+  }
+
+  /** An agent that died while snapshotting a running instance left its vCPUs stopped: they run on. */
+  async continueInterruptedSnapshot(record: InstanceRecord): Promise<void> {
+    await withQmp(this.qmpPath(record), async (qmp) => {
+      const status = await queryStatus(qmp);
+      if (status === "paused" || status === "postmigrate" || status === "finish-migrate") await qmp.execute("cont");
+    }).catch(() => undefined);
+  }
+
+  /** A directory without a readable record may still have a QEMU (crash between launch and persist). */
+  async killStray(instanceId: string): Promise<void> {
+    const dir = this.options.records.dir(instanceId);
+    const pidText = await readFile(join(dir, "qemu.pid"), "utf8").catch(() => "");
+    const pid = Number(pidText.trim());
+    if (!Number.isInteger(pid) || pid <= 0) return;
+    const cmdline = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+    if (cmdline.includes(dir)) await killVm(pid, await processStartTime(pid));
+  }
+}

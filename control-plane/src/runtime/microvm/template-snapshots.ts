@@ -1,0 +1,129 @@
+import { createHash } from "node:crypto";
+import { existsSync } from "node:fs";
+import { mkdir, rename, rm, stat, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { Logger } from "../../node-agent/log.js";
+import { withFileLock } from "../../templates/lock.js";
+import type { SandboxResources, TemplateImage } from "../driver.js";
+import { type BootLimits, coldBoot, readyPorts } from "./boot.js";
+import { ensureKernel, ensureRootImage, type GuestImageOptions, type GuestKernel } from "./guest-image.js";
+import type { VmNetwork } from "./network.js";
+import { type Accel, kernelCmdline, killVm, snapshotAndQuit, type VmLaunch, waitGone } from "./qemu.js";
+
+/** A template's saved VM (memory + disk) that creates restore; made with the template's default resources. */
+export interface TemplateSnapshot {
+  readonly dir: string;
+  readonly disk: string;
+  readonly memory: string;
+  readonly memoryMiB: number;
+  readonly vcpus: number;
+}
+
+export interface TemplateSnapshotsOptions {
+  readonly images: GuestImageOptions;
+  readonly accel: Accel;
+  readonly limits: BootLimits;
+  /** Where the building VM gets its network slot. */
+  readonly network: VmNetwork;
+  readonly log: Logger;
+}
+
+export const SNAPSHOT_TIMEOUT_MS = 120_000;
+
+export function vcpusOf(resources: SandboxResources): number {
+  return Math.max(1, Math.ceil(resources.cpuCount));
+}
+
+/**
+ * Template snapshots under `<images.dir>/snapshots/<key>` (once per template content + kernel + accelerator +
+ * resources, shared by the agents of a host, file-locked), and the guest kernel they boot.
+ */
+export class TemplateSnapshots {
+  private kernel: Promise<GuestKernel> | undefined;
+
+  constructor(private readonly options: TemplateSnapshotsOptions) {}
+
+  /** The guest kernel and initramfs, built once per process (a failed build is retried by the next caller). */
+  guestKernel(): Promise<GuestKernel> {
+    if (!this.kernel) {
+      this.kernel = ensureKernel(this.options.images);
+      this.kernel.catch(() => {
+        this.kernel = undefined;
+      });
+    }
+    return this.kernel;
+  }
+
+  /**
+   * The template's snapshot for these resources, built once: boot, wait until the guest is ready (envd, and the
+   * code gateway for code templates), save memory and disk state.
+   */
+  async ensure(template: TemplateImage, resources: SandboxResources): Promise<TemplateSnapshot> {
+    const { accel, images } = this.options;
+    const kernel = await this.guestKernel();
+    const root = await ensureRootImage(images, template, resources.diskMiB);
+    const vcpus = vcpusOf(resources);
+    const cmdline = createHash("sha256").update(kernelCmdline(accel)).digest("hex").slice(0, 8);
+    const name = `${template.templateId}-${root.key}-${kernel.version}-${cmdline}-${accel}-m${resources.memoryMiB}-c${vcpus}`;
+    const dir = join(images.dir, "snapshots", name);
+    const snapshot = {
+      dir,
+      disk: join(dir, "disk.qcow2"),
+      memory: join(dir, "memory.snap"),
+      memoryMiB: resources.memoryMiB,
+      vcpus,
+    };
+    if (existsSync(join(dir, "READY"))) return snapshot;
+    return withFileLock(join(images.dir, "locks", `snapshot-${template.templateId}.lock`), async () => {
+      if (existsSync(join(dir, "READY"))) return snapshot;
+      const log = this.options.log.child({ templateId: template.templateId, snapshot: name });
+      // A short build directory: QEMU's unix sockets live in it (108-byte limit on socket paths).
+      const tmp = join(images.dir, "snapshots", `.build-${process.pid}`);
+      const started = Date.now();
+      const slot = await this.options.network.acquire();
+      try {
+        await rm(tmp, { recursive: true, force: true });
+        await mkdir(tmp, { recursive: true });
+        const launch: VmLaunch = {
+          name: `warren-snapshot-${template.templateId}`,
+          dir: tmp,
+          netnsPath: slot.netnsPath,
+          kernel,
+          disk: join(tmp, "disk.qcow2"),
+          memoryMiB: resources.memoryMiB,
+          vcpus,
+          accel,
+        };
+        const { pid, startTime } = await coldBoot(launch, {
+          addr: slot.sandboxAddr,
+          ports: readyPorts(template.codeGateway),
+          base: root.path,
+          limits: this.options.limits,
+          log,
+        });
+        try {
+          // envd warms itself up right after listening (one `bash -l -c true`); let that finish before saving.
+          await new Promise((resolve) => setTimeout(resolve, 2000));
+          await snapshotAndQuit(join(tmp, "qmp.sock"), join(tmp, "memory.snap"), SNAPSHOT_TIMEOUT_MS);
+          await waitGone(pid, startTime, 10_000);
+        } finally {
+          await killVm(pid, startTime);
+        }
+        await rm(join(tmp, "qmp.sock"), { force: true });
+        await writeFile(join(tmp, "READY"), new Date().toISOString());
+        await rm(dir, { recursive: true, force: true });
+        await rename(tmp, dir);
+        log.info("template snapshot built", {
+          seconds: Math.round((Date.now() - started) / 100) / 10,
+          memoryMiB: Math.round((await stat(snapshot.memory)).size / 2 ** 20),
+        });
+        return snapshot;
+      } catch (error) {
+        await rm(tmp, { recursive: true, force: true });
+        throw error;
+      } finally {
+        await this.options.network.release(slot);
+      }
+    });
+  }
+}
