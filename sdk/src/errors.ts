@@ -144,16 +144,27 @@ export function apiError(status: number, body: string): Error {
   } catch {
     // not JSON: the raw body is the message
   }
-  switch (status) {
+  return apiErrorFromCode(status, message);
+}
+
+/** Maps an API error code and its message to an SDK error (E2B's apiErrorFromCode). */
+export function apiErrorFromCode(code: number, message: string): Error {
+  switch (code) {
     case 401:
       return new AuthenticationError(`Unauthorized, please check your credentials. - ${message}`);
     case 429:
-      return new RateLimitError(`Rate limit exceeded, please try again later - ${message}`, { statusCode: status });
+      return new RateLimitError(`Rate limit exceeded, please try again later - ${message}`, { statusCode: code });
     case 503:
       return new ServiceBusyError(`Service temporarily unavailable, please retry - ${message}`);
     default:
-      return new SandboxError(`${status}: ${message}`, { statusCode: status });
+      return new SandboxError(`${code}: ${message}`, { statusCode: code });
   }
+}
+
+/** Maps the `{code, message}` of one fork that failed to start (E2B's per-fork errors) to an SDK error. */
+export function forkError(code: number, message: string): Error {
+  if (code === 404) return new NotFoundError(`${code}: ${message}`, { statusCode: code });
+  return apiErrorFromCode(code, message);
 }
 
 /** A mid-stream drop or refused connection (retryable), as opposed to an error the server sent. */

@@ -66,4 +66,11 @@ export type {
   SandboxState,
 } from "./sandbox-api.js";
 export { type FileUrlOpts, getSignature } from "./signature.js";
+export type {
+  CreateSnapshotOpts,
+  SandboxForkOpts,
+  SnapshotInfo,
+  SnapshotListOpts,
+  SnapshotPaginator,
+} from "./snapshot-api.js";
 export type { WatchHandle } from "./watch.js";

@@ -149,7 +149,8 @@ export async function connectSandbox(sandboxId: string, opts: SandboxConnectOpts
   return connectionFrom(res.body);
 }
 
-function connectionFrom(body: Record<string, unknown>): SandboxConnection {
+/** The connection fields of a `Sandbox` response (create, connect, and each fork). */
+export function connectionFrom(body: Record<string, unknown>): SandboxConnection {
   const connection: SandboxConnection = {
     sandboxId: requireString(body.sandboxID, "sandboxID"),
     envdVersion: requireString(body.envdVersion, "envdVersion"),

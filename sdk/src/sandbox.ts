@@ -32,6 +32,16 @@ import {
   setSandboxTimeout,
 } from "./sandbox-api.js";
 import type { FileUrlOpts } from "./signature.js";
+import {
+  type CreateSnapshotOpts,
+  createSnapshot,
+  deleteSnapshot,
+  forkSandbox,
+  type SandboxForkOpts,
+  type SnapshotInfo,
+  type SnapshotListOpts,
+  SnapshotPaginator,
+} from "./snapshot-api.js";
 
 /** What a Sandbox instance needs: where it is (from the API or given directly) and how to reach it. */
 export interface SandboxOpts extends ConnectionOpts, SandboxConnection {}
@@ -123,6 +133,54 @@ export class Sandbox {
   ): Promise<this> {
     if (!this.connectionConfig.debug) await connectSandbox(this.sandboxId, { ...this.connectionOpts, ...opts });
     return this;
+  }
+
+  /**
+   * Forks a sandbox: it is captured once (kept running, its id and end of life unchanged) and `count`
+   * sandboxes start from that capture. One entry per fork: a Sandbox, or the Error that kept it from
+   * starting. An unknown source throws SandboxNotFoundError.
+   */
+  static async fork<S extends typeof Sandbox>(
+    this: S,
+    sandboxId: string,
+    opts: SandboxForkOpts = {},
+  ): Promise<Array<InstanceType<S> | Error>> {
+    const results = await forkSandbox(sandboxId, opts);
+    const connection = connectionOptsOf(opts);
+    // biome-ignore lint/complexity/noThisInStatic: forks are instances of the subclass fork is called on
+    return results.map((r) => (r instanceof Error ? r : (new this({ ...connection, ...r }) as InstanceType<S>)));
+  }
+
+  fork(
+    opts: Pick<ConnectionOpts, "requestTimeoutMs" | "signal"> & Pick<SandboxForkOpts, "count" | "timeoutMs"> = {},
+  ): Promise<Array<this | Error>> {
+    const own = this.constructor as typeof Sandbox;
+    return own.fork(this.sandboxId, { ...this.connectionOpts, ...opts }) as Promise<Array<this | Error>>;
+  }
+
+  /** Captures a sandbox as a snapshot (it keeps running); `snapshotId` works as a template of `create`. */
+  static createSnapshot(sandboxId: string, opts?: CreateSnapshotOpts): Promise<SnapshotInfo> {
+    return createSnapshot(sandboxId, opts);
+  }
+
+  createSnapshot(
+    opts: Pick<ConnectionOpts, "requestTimeoutMs" | "signal"> & Pick<CreateSnapshotOpts, "name"> = {},
+  ): Promise<SnapshotInfo> {
+    return createSnapshot(this.sandboxId, { ...this.apiOpts(), ...opts });
+  }
+
+  static listSnapshots(opts?: SnapshotListOpts): SnapshotPaginator {
+    return new SnapshotPaginator(opts);
+  }
+
+  /** The snapshots taken from this sandbox. */
+  listSnapshots(opts: Omit<SnapshotListOpts, "sandboxId"> = {}): SnapshotPaginator {
+    return new SnapshotPaginator({ ...this.apiOpts(), ...opts, sandboxId: this.sandboxId });
+  }
+
+  /** `false` when there is no such snapshot. Sandboxes made from it keep running. */
+  static deleteSnapshot(snapshotId: string, opts?: SandboxApiOpts): Promise<boolean> {
+    return deleteSnapshot(snapshotId, opts);
   }
 
   static list(opts?: SandboxListOpts): SandboxPaginator {

@@ -2,6 +2,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, test } from "vitest";
 import {
   AuthenticationError,
   InvalidArgumentError,
+  NotFoundError,
   RateLimitError,
   Sandbox,
   SandboxError,
@@ -215,5 +216,92 @@ describe("REST request shaping (against a recording server; end-to-end waits for
       Sandbox.create({ ...opts(), lifecycle: { onTimeout: "kill", autoResume: true } }),
     ).rejects.toBeInstanceOf(InvalidArgumentError);
     expect(api.requests).toHaveLength(0);
+  });
+});
+
+describe("snapshot and fork request shaping (against a recording server)", () => {
+  test("createSnapshot posts the name and reads Warren's memory and sizeBytes; 404 is SandboxNotFoundError", async () => {
+    api.handle((_req, res) =>
+      json(res, 201, { snapshotID: "t/s1:default", names: ["t/s1:default"], memory: true, sizeBytes: 4096 }),
+    );
+    const sandbox = new Sandbox({ ...opts(), sandboxId: "isbx1", envdVersion: "0.6.4" });
+    expect(await sandbox.createSnapshot({ name: "s1" })).toEqual({
+      snapshotId: "t/s1:default",
+      names: ["t/s1:default"],
+      memory: true,
+      sizeBytes: 4096,
+    });
+    expect(api.requests[0]).toMatchObject({ method: "POST", url: "/sandboxes/isbx1/snapshots", body: '{"name":"s1"}' });
+    await Sandbox.createSnapshot("isbx1", opts());
+    expect(api.requests[1]?.body).toBe("{}");
+    api.handle((_req, res) => json(res, 404, { code: 404, message: "sandbox not found" }));
+    await expect(Sandbox.createSnapshot("gone", opts())).rejects.toBeInstanceOf(SandboxNotFoundError);
+  });
+
+  test("listSnapshots pages with X-Next-Token and filters by sandbox and name; an instance lists its own", async () => {
+    const row = { snapshotID: "s2:default", names: [], sandboxID: "isbx1", createdAt: "2026-01-01T00:00:00Z" };
+    let page = 0;
+    api.handle((_req, res) => {
+      page++;
+      json(res, 200, [{ ...row, memory: false, sizeBytes: 10 }], page === 1 ? { "X-Next-Token": "n2" } : {});
+    });
+    const paginator = Sandbox.listSnapshots({ ...opts(), name: "s2", limit: 1 });
+    expect(await paginator.nextItems()).toEqual([
+      {
+        snapshotId: "s2:default",
+        names: [],
+        sandboxId: "isbx1",
+        createdAt: new Date(row.createdAt),
+        memory: false,
+        sizeBytes: 10,
+      },
+    ]);
+    expect(paginator.hasNext).toBe(true);
+    await paginator.nextItems();
+    expect(paginator.hasNext).toBe(false);
+    await expect(paginator.nextItems()).rejects.toBeInstanceOf(SandboxError);
+    const first = new URL(api.requests[0]?.url ?? "", api.url);
+    expect(first.pathname).toBe("/snapshots");
+    expect(Object.fromEntries(first.searchParams)).toEqual({ name: "s2", limit: "1" });
+    expect(new URL(api.requests[1]?.url ?? "", api.url).searchParams.get("nextToken")).toBe("n2");
+
+    const sandbox = new Sandbox({ ...opts(), sandboxId: "isbx9", envdVersion: "0.6.4" });
+    await sandbox.listSnapshots().nextItems();
+    expect(new URL(api.requests[2]?.url ?? "", api.url).searchParams.get("sandboxID")).toBe("isbx9");
+  });
+
+  test("deleteSnapshot is DELETE /templates/{id}: 204 → true, 404 → false", async () => {
+    api.handle((_req, res) => void res.writeHead(204).end());
+    expect(await Sandbox.deleteSnapshot("team/s1:default", opts())).toBe(true);
+    expect(api.requests[0]).toMatchObject({ method: "DELETE", url: "/templates/team%2Fs1%3Adefault" });
+    api.handle((_req, res) => json(res, 404, { code: 404, message: "snapshot not found" }));
+    expect(await Sandbox.deleteSnapshot("nope:default", opts())).toBe(false);
+  });
+
+  test("fork: one entry per fork, a Sandbox or its error mapped like other API errors", async () => {
+    api.handle((_req, res) =>
+      json(res, 201, [
+        { sandbox: { ...SANDBOX, sandboxID: "fork1" } },
+        { error: { code: 429, message: "too many sandboxes" } },
+        { error: { code: 404, message: "snapshot gone" } },
+        { error: { code: 500, message: "boom" } },
+      ]),
+    );
+    class CodeSandbox extends Sandbox {}
+    const source = new CodeSandbox({ ...opts(), sandboxId: "isbx1", envdVersion: "0.6.4" });
+    const [ok, limited, missing, failed] = await source.fork({ count: 4, timeoutMs: 59_001 });
+    expect(api.requests[0]).toMatchObject({ method: "POST", url: "/sandboxes/isbx1/fork" });
+    expect(JSON.parse(api.requests[0]?.body ?? "")).toEqual({ count: 4, timeout: 60 });
+    expect(ok).toBeInstanceOf(CodeSandbox);
+    expect((ok as Sandbox).sandboxId).toBe("fork1");
+    expect((ok as Sandbox).connectionConfig.sandboxUrl).toBe("http://127.0.0.1:9");
+    expect(limited).toBeInstanceOf(RateLimitError);
+    expect(missing).toBeInstanceOf(NotFoundError);
+    expect(missing).not.toBeInstanceOf(SandboxNotFoundError);
+    expect(failed).toBeInstanceOf(SandboxError);
+    expect((failed as SandboxError).statusCode).toBe(500);
+
+    api.handle((_req, res) => json(res, 404, { code: 404, message: "sandbox 'gone' not found" }));
+    await expect(Sandbox.fork("gone", opts())).rejects.toThrow(SandboxNotFoundError);
   });
 });

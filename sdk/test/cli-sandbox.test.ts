@@ -159,6 +159,78 @@ describe("warren sandbox", () => {
   });
 });
 
+describe("warren sandbox snapshot / fork and warren snapshot", () => {
+  it("snapshot prints the id; list finds it by sandbox and name; create from it and fork have its files; delete", async () => {
+    const id = await createSandbox();
+    expect((await warren(["sandbox", "exec", id, "echo snapped > /home/user/mark"], env())).code).toBe(0);
+
+    const named = await warren(["sandbox", "snapshot", id, "--name", "cli-snap"], env());
+    expect(named.code, named.stderr).toBe(0);
+    const snapshotId = named.stdout.trim();
+    expect(snapshotId).toMatch(/\/cli-snap:default$/);
+    const unnamed = await warren(["sandbox", "snapshot", id, "--json"], env());
+    expect(unnamed.code, unnamed.stderr).toBe(0);
+    const info = JSON.parse(unnamed.stdout) as { snapshotId: string; names: string[]; memory: boolean };
+    expect(info).toMatchObject({ names: [], memory: expect.any(Boolean), sizeBytes: expect.any(Number) });
+
+    const bySandbox = await warren(["snapshot", "list", "--sandbox", id, "--json"], env());
+    expect(bySandbox.code, bySandbox.stderr).toBe(0);
+    const listed = JSON.parse(bySandbox.stdout) as { snapshotId: string; sandboxId: string }[];
+    expect(listed.map((s) => s.snapshotId)).toEqual([info.snapshotId, snapshotId]);
+    expect(listed.every((s) => s.sandboxId === id)).toBe(true);
+    const byName = await warren(["snapshot", "list", "--name", "cli-snap"], env());
+    expect(byName.code, byName.stderr).toBe(0);
+    expect(byName.stdout).toMatch(/SNAPSHOT ID\s+SANDBOX\s+CREATED/);
+    expect(byName.stdout).toContain(snapshotId);
+    expect(byName.stdout).not.toContain(info.snapshotId);
+
+    const child = await warren(["sandbox", "create", snapshotId], env());
+    expect(child.code, child.stderr).toBe(0);
+    const childId = child.stdout.trim();
+    expect(await warren(["sandbox", "exec", childId, "cat /home/user/mark"], env())).toMatchObject({
+      code: 0,
+      stdout: "snapped\n",
+    });
+
+    const fork = await warren(["sandbox", "fork", id, "--count", "2", "--timeout", "120"], env());
+    expect(fork.code, fork.stderr).toBe(0);
+    const forks = fork.stdout.trim().split("\n");
+    expect(forks).toHaveLength(2);
+    expect(new Set([...forks, id]).size).toBe(3);
+    for (const forkId of forks) {
+      expect(await warren(["sandbox", "exec", forkId, "cat /home/user/mark"], env())).toMatchObject({
+        code: 0,
+        stdout: "snapped\n",
+      });
+    }
+
+    expect(await warren(["snapshot", "delete", snapshotId], env())).toMatchObject({
+      code: 0,
+      stdout: `deleted ${snapshotId}\n`,
+    });
+    const again = await warren(["snapshot", "delete", snapshotId], env());
+    expect(again.code).toBe(6);
+    expect(again.stderr).toContain("hint: `warren snapshot list`");
+    const json = await warren(["snapshot", "delete", info.snapshotId, "--json"], env());
+    expect(JSON.parse(json.stdout)).toEqual({ snapshotId: info.snapshotId, deleted: true });
+    expect((await warren(["sandbox", "kill", childId, ...forks], env())).code).toBe(0);
+  });
+
+  it("fork --json lists each fork; snapshot or fork of an unknown sandbox exits 6", async () => {
+    const id = await createSandbox();
+    const fork = await warren(["sandbox", "fork", id, "--json", "--timeout", "60"], env());
+    expect(fork.code, fork.stderr).toBe(0);
+    const forks = JSON.parse(fork.stdout) as { sandboxId: string }[];
+    expect(forks).toEqual([{ sandboxId: expect.stringMatching(/^[a-z0-9]+$/) }]);
+    expect((await warren(["sandbox", "kill", forks[0]?.sandboxId as string], env())).code).toBe(0);
+
+    const snapshot = await warren(["sandbox", "snapshot", "nosuchsandbox"], env());
+    expect(snapshot.code).toBe(6);
+    expect(snapshot.stderr).toMatch(/not found/i);
+    expect((await warren(["sandbox", "fork", "nosuchsandbox"], env())).code).toBe(6);
+  });
+});
+
 describe("configuration and errors", () => {
   it("a bad API key (a flag beats the env file) fails with exit 5 and a hint", async () => {
     const res = await warren(["sandbox", "list", "--api-key", "e2b_0000000000000000000000000000000000000000"], env());
@@ -186,10 +258,25 @@ describe("configuration and errors", () => {
       ["up"],
       ["down"],
       ["status"],
-      ...["create", "list", "info", "kill", "pause", "resume", "exec", "shell", "logs", "events"].map((c) => [
-        "sandbox",
-        c,
-      ]),
+      ...[
+        "create",
+        "list",
+        "info",
+        "kill",
+        "pause",
+        "resume",
+        "snapshot",
+        "fork",
+        "exec",
+        "shell",
+        "logs",
+        "events",
+      ].map((c) => ["sandbox", c]),
+      ["snapshot", "list"],
+      ["snapshot", "delete"],
+      ["node", "list"],
+      ["node", "cordon"],
+      ["node", "uncordon"],
       ["template", "list"],
       ["template", "build"],
       ["team", "create"],
@@ -236,6 +323,41 @@ describe("warren team and key (admin)", () => {
     expect(wrong.stderr).toContain("hint: use WARREN_ADMIN_TOKEN");
     const noTeam = await warren(["key", "create", "--team", "no-such-team"], env());
     expect(noTeam.code).toBe(6);
+  });
+});
+
+describe("warren node (admin)", () => {
+  it("node list shows the node; cordon and uncordon answer and show in the list; an unknown node exits 6", async () => {
+    const list = await warren(["node", "list", "--json"], env());
+    expect(list.code, list.stderr).toBe(0);
+    const nodes = JSON.parse(list.stdout) as { id: string; state: string; cordonedAt: string | null }[];
+    expect(nodes).toHaveLength(1);
+    const node = nodes[0] as (typeof nodes)[number];
+    expect(node).toMatchObject({ state: "up", cordonedAt: null });
+    const text = await warren(["node", "list"], env());
+    expect(text.stdout).toMatch(new RegExp(`^${node.id}\\s+\\S+\\s+up\\s+no\\s`, "m"));
+
+    try {
+      expect(await warren(["node", "cordon", node.id], env())).toMatchObject({
+        code: 0,
+        stdout: `cordoned node ${node.id}\n`,
+      });
+      const cordoned = JSON.parse((await warren(["node", "list", "--json"], env())).stdout) as typeof nodes;
+      expect(cordoned[0]?.cordonedAt).toEqual(expect.any(String));
+    } finally {
+      const uncordon = await warren(["node", "uncordon", node.id, "--json"], env());
+      expect(uncordon.code, uncordon.stderr).toBe(0);
+      expect(JSON.parse(uncordon.stdout)).toEqual({ nodeId: node.id, cordoned: false });
+    }
+    const after = JSON.parse((await warren(["node", "list", "--json"], env())).stdout) as typeof nodes;
+    expect(after[0]?.cordonedAt).toBeNull();
+
+    for (const verb of ["cordon", "uncordon"]) {
+      const unknown = await warren(["node", verb, "no-such-node"], env());
+      expect(unknown.code).toBe(6);
+      expect(unknown.stderr).toContain("warren: node 'no-such-node' not found");
+      expect(unknown.stderr).toContain("hint: `warren node list` shows the nodes");
+    }
   });
 });
 

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LocalCluster } from "../../e2e/src/cluster.js";
-import { CommandExitError, Sandbox, SandboxNotFoundError } from "../src/index.js";
+import { CommandExitError, Sandbox, SandboxNotFoundError, type SnapshotInfo } from "../src/index.js";
 
 // Warren's SDK against a whole Warren cluster (api, master, node agent, proxy as separate processes):
 // the REST methods and the event ledger for real, not against a recording server.
@@ -77,5 +77,61 @@ describe("Warren's SDK against a whole cluster", () => {
     const b = (await second.json()) as { sandboxID: string };
     expect(b.sandboxID).toBe(a.sandboxID);
     expect(await Sandbox.kill(a.sandboxID, opts)).toBe(true);
+  });
+
+  it("snapshots: create, list by sandbox and by name in pages, create from one, fork two, delete", async () => {
+    const source = await Sandbox.create({ ...opts, timeoutMs: 300_000 });
+    const made: Sandbox[] = [source];
+    try {
+      await source.files.write("snap.txt", "from the source");
+      const name = `sdk-snap-${source.sandboxId.slice(0, 8)}`;
+      const named = await source.createSnapshot({ name });
+      expect(named.snapshotId).toMatch(new RegExp(`/${name}:default$`));
+      expect(named.names).toEqual([named.snapshotId]);
+      expect(typeof named.memory).toBe("boolean");
+      expect(named.sizeBytes).toBeGreaterThanOrEqual(0);
+      const unnamed = await Sandbox.createSnapshot(source.sandboxId, opts);
+      expect(unnamed.names).toEqual([]);
+
+      // By sandbox, one a page: newest first, then the next page, then no more.
+      const paginator = source.listSnapshots({ limit: 1 });
+      const pages: SnapshotInfo[][] = [];
+      while (paginator.hasNext) pages.push(await paginator.nextItems());
+      expect(pages.map((p) => p.map((s) => s.snapshotId))).toEqual([[unnamed.snapshotId], [named.snapshotId]]);
+      expect(pages[1]?.[0]).toMatchObject({ sandboxId: source.sandboxId, memory: named.memory });
+      expect(pages[1]?.[0]?.createdAt).toBeInstanceOf(Date);
+      const byName = await Sandbox.listSnapshots({ ...opts, name }).nextItems();
+      expect(byName.map((s) => s.snapshotId)).toEqual([named.snapshotId]);
+
+      const child = await Sandbox.create(named.snapshotId, { ...opts, timeoutMs: 120_000 });
+      made.push(child);
+      expect(await child.files.read("snap.txt")).toBe("from the source");
+
+      const forks = await source.fork({ count: 2, timeoutMs: 120_000 });
+      expect(forks).toHaveLength(2);
+      const [a, b] = forks;
+      if (!(a instanceof Sandbox) || !(b instanceof Sandbox)) throw new Error(`a fork failed: ${forks.join(", ")}`);
+      made.push(a, b);
+      expect(new Set([a.sandboxId, b.sandboxId, source.sandboxId]).size).toBe(3);
+      await a.files.write("only-a.txt", "a");
+      await b.files.write("snap.txt", "changed in b");
+      expect(await a.files.read("snap.txt")).toBe("from the source");
+      expect(await b.files.exists("only-a.txt")).toBe(false);
+      expect(await source.files.exists("only-a.txt")).toBe(false);
+      expect(await source.files.read("snap.txt")).toBe("from the source");
+
+      expect(await Sandbox.deleteSnapshot(named.snapshotId, opts)).toBe(true);
+      expect(await Sandbox.deleteSnapshot(named.snapshotId, opts)).toBe(false);
+      expect(await Sandbox.deleteSnapshot(unnamed.snapshotId, opts)).toBe(true);
+      expect(await source.listSnapshots().nextItems()).toEqual([]);
+      expect(await child.files.read("snap.txt")).toBe("from the source");
+    } finally {
+      await Promise.all(made.map((s) => s.kill()));
+    }
+  });
+
+  it("snapshot and fork of an unknown sandbox throw SandboxNotFoundError", async () => {
+    await expect(Sandbox.createSnapshot("nosuchsandbox", opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
+    await expect(Sandbox.fork("nosuchsandbox", opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
   });
 });

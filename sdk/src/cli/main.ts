@@ -1,8 +1,8 @@
 #!/usr/bin/env node
-/** `warren`: the command line of Warren (cluster, sandboxes, templates, teams and keys). */
+/** `warren`: the command line of Warren (cluster, sandboxes, snapshots, templates, nodes, teams and keys). */
 import { Command, CommanderError, InvalidArgumentError, Option } from "commander";
 import { SDK_VERSION } from "../config.js";
-import { buildTemplate, createKey, createTeam, listTemplates } from "./admin.js";
+import { buildTemplate, cordonNode, createKey, createTeam, listNodes, listTemplates } from "./admin.js";
 import { down, status, up } from "./cluster.js";
 import { type CliConfig, connectionOpts, type GlobalFlags, resolveConfig } from "./config.js";
 import { ExitCode, toCliError } from "./errors.js";
@@ -19,6 +19,7 @@ import {
   sandboxLogs,
 } from "./sandbox.js";
 import { shell } from "./shell.js";
+import { deleteSnapshots, forkSandbox, listSnapshots, snapshotSandbox } from "./snapshot.js";
 
 const integer =
   (what: string, min = 0) =>
@@ -151,6 +152,23 @@ function sandboxCommands(warren: Command): void {
     .option("--timeout <seconds>", "new lifetime", integer("--timeout", 1))
     .action(run(({ config, out, args, opts }) => resumeSandbox(conn(config), args[0] as string, opts.timeout, out)));
 
+  connected(sandbox.command("snapshot"))
+    .description("take a snapshot of a sandbox (it keeps running) and print its id, a template for `sandbox create`")
+    .argument("<id>", "sandbox id")
+    .option("--name <name>", "name the snapshot (a name used again moves to the new snapshot)")
+    .action(run(({ config, out, args, opts }) => snapshotSandbox(conn(config), args[0] as string, opts, out)));
+
+  connected(sandbox.command("fork"))
+    .description("start copies of a running sandbox (one capture) and print their ids, one a line")
+    .argument("<id>", "sandbox id")
+    .option("--count <n>", "how many copies", integer("--count", 1), 1)
+    .option(
+      "--timeout <seconds>",
+      "lifetime of each copy (default: the server's, 15 s as on E2B)",
+      integer("--timeout", 1),
+    )
+    .action(run(({ config, out, args, opts }) => forkSandbox(conn(config), args[0] as string, opts, out)));
+
   connected(sandbox.command("exec"))
     .description("run a command in a sandbox and exit with its exit code")
     .argument("<id>", "sandbox id")
@@ -190,6 +208,19 @@ function sandboxCommands(warren: Command): void {
     .action(run(({ config, out, args, opts }) => sandboxEvents(conn(config), args[0] as string, opts, out)));
 }
 
+function snapshotCommands(warren: Command): void {
+  const snapshot = warren.command("snapshot").description("snapshots (`warren sandbox snapshot ID` takes one)");
+  connected(snapshot.command("list").alias("ls"))
+    .description("list snapshots, newest first")
+    .option("--sandbox <id>", "only snapshots of this sandbox")
+    .option("--name <name>", "only the snapshot with this name or id")
+    .action(run(({ config, out, opts }) => listSnapshots(connectionOpts(config), opts, out)));
+  connected(snapshot.command("delete").alias("rm"))
+    .description("delete snapshots (sandboxes made from them keep running)")
+    .argument("<id...>", "snapshot ids or names")
+    .action(run(({ config, out, args }) => deleteSnapshots(connectionOpts(config), args, out)));
+}
+
 function adminCommands(warren: Command): void {
   const template = warren.command("template").description("sandbox templates");
   connected(template.command("list").alias("ls"))
@@ -205,6 +236,19 @@ function adminCommands(warren: Command): void {
     .description("create a team and its first API key")
     .argument("<name>", "team name")
     .action(run(({ config, out, args }) => createTeam(config, args[0] as string, out)));
+
+  const node = warren.command("node").description("nodes (admin)");
+  connected(node.command("list").alias("ls"), { admin: true })
+    .description("list the nodes with their state and cordon")
+    .action(run(({ config, out }) => listNodes(config, out)));
+  connected(node.command("cordon"), { admin: true })
+    .description("cordon a node: no new sandboxes there; paused ones resume on other nodes")
+    .argument("<id>", "node id")
+    .action(run(({ config, out, args }) => cordonNode(config, args[0] as string, true, out)));
+  connected(node.command("uncordon"), { admin: true })
+    .description("lift a node's cordon")
+    .argument("<id>", "node id")
+    .action(run(({ config, out, args }) => cordonNode(config, args[0] as string, false, out)));
 
   const key = warren.command("key").description("API keys (admin)");
   connected(key.command("create"), { admin: true })
@@ -226,6 +270,7 @@ export function warrenProgram(): Command {
     );
   clusterCommands(warren);
   sandboxCommands(warren);
+  snapshotCommands(warren);
   adminCommands(warren);
   warren.exitOverride();
   for (const cmd of allCommands(warren)) cmd.exitOverride();
