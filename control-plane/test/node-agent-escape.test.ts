@@ -7,7 +7,7 @@ import type { Sandbox } from "e2b";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { RunningNodeAgent } from "../src/node-agent/node-agent.js";
-import { healthy } from "../src/runtime/namespace/driver.js";
+import { healthy } from "../src/runtime/sandbox-process.js";
 import {
   agentClient,
   BUILD_TIMEOUT_MS,

@@ -1,4 +1,5 @@
 import type { EgressPolicy } from "../runtime/egress/policy.js";
+import { decodeTimeCursor, encodeTimeCursor } from "./cursor.js";
 import type { Queryable } from "./db.js";
 
 export type SandboxState = "starting" | "running" | "pausing" | "paused" | "resuming" | "killed" | "failed";
@@ -126,19 +127,12 @@ export interface ListPage {
 }
 
 export function encodeCursor(cursor: ListCursor): string {
-  return Buffer.from(JSON.stringify([cursor.startedAt.toISOString(), cursor.id])).toString("base64url");
+  return encodeTimeCursor(cursor.startedAt, cursor.id);
 }
 
 export function decodeCursor(token: string): ListCursor | undefined {
-  try {
-    const parsed: unknown = JSON.parse(Buffer.from(token, "base64url").toString("utf8"));
-    if (!Array.isArray(parsed) || typeof parsed[0] !== "string" || typeof parsed[1] !== "string") return undefined;
-    const startedAt = new Date(parsed[0]);
-    if (Number.isNaN(startedAt.getTime())) return undefined;
-    return { startedAt, id: parsed[1] };
-  } catch {
-    return undefined;
-  }
+  const cursor = decodeTimeCursor(token);
+  return cursor ? { startedAt: cursor.at, id: cursor.id } : undefined;
 }
 
 /** One page of the team's sandboxes, ordered by start time then id, with a cursor when more remain. */

@@ -1,3 +1,4 @@
+import { decodeTimeCursor, encodeTimeCursor } from "./cursor.js";
 import type { Queryable } from "./db.js";
 
 export type SnapshotKind = "snapshot" | "fork";
@@ -169,7 +170,7 @@ export async function listSnapshots(
   teamId: string,
   query: SnapshotListQuery,
 ): Promise<{ rows: SnapshotRow[]; nextToken: string | undefined }> {
-  const cursor = query.nextToken ? decodeSnapshotCursor(query.nextToken) : undefined;
+  const cursor = query.nextToken ? decodeTimeCursor(query.nextToken) : undefined;
   if (query.nextToken && !cursor) throw new Error("invalid nextToken");
   const result = await db.query(
     `SELECT * FROM snapshots
@@ -178,14 +179,7 @@ export async function listSnapshots(
        AND ($3::text IS NULL OR id = $3 OR name = $3)
        AND ($4::timestamptz IS NULL OR (date_trunc('milliseconds', created_at), id) < ($4, $5))
      ORDER BY date_trunc('milliseconds', created_at) DESC, id DESC LIMIT $6`,
-    [
-      teamId,
-      query.sandboxId ?? null,
-      query.idOrName ?? null,
-      cursor?.createdAt ?? null,
-      cursor?.id ?? null,
-      query.limit + 1,
-    ],
+    [teamId, query.sandboxId ?? null, query.idOrName ?? null, cursor?.at ?? null, cursor?.id ?? null, query.limit + 1],
   );
   const rows = result.rows.map(toSnapshotRow);
   const more = rows.length > query.limit;
@@ -193,23 +187,8 @@ export async function listSnapshots(
   const last = page[page.length - 1];
   return {
     rows: page,
-    nextToken: more && last ? encodeSnapshotCursor(last) : undefined,
+    nextToken: more && last ? encodeTimeCursor(last.createdAt, last.id) : undefined,
   };
-}
-
-function encodeSnapshotCursor(row: SnapshotRow): string {
-  return Buffer.from(JSON.stringify([row.createdAt.toISOString(), row.id])).toString("base64url");
-}
-
-function decodeSnapshotCursor(token: string): { createdAt: Date; id: string } | undefined {
-  try {
-    const parsed: unknown = JSON.parse(Buffer.from(token, "base64url").toString("utf8"));
-    if (!Array.isArray(parsed) || typeof parsed[0] !== "string" || typeof parsed[1] !== "string") return undefined;
-    const createdAt = new Date(parsed[0]);
-    return Number.isNaN(createdAt.getTime()) ? undefined : { createdAt, id: parsed[1] };
-  } catch {
-    return undefined;
-  }
 }
 
 /** Fork captures a master never got to delete (it stopped mid-fork), older than `graceMs`: marked deleted now. */

@@ -1,7 +1,8 @@
 import { createSocket, type RemoteInfo, type Socket as UdpSocket } from "node:dgram";
 import { Resolver } from "node:dns/promises";
 import { readFileSync } from "node:fs";
-import { type AddressInfo, type BlockList, connect, createServer, type Server, type Socket } from "node:net";
+import { type AddressInfo, BlockList, connect, createServer, type Server, type Socket } from "node:net";
+import { networkInterfaces } from "node:os";
 import * as dnsPacket from "dns-packet";
 import type { Logger } from "../../node-agent/log.js";
 import { type CompiledEgress, domainPermitted, resolvedAddressPermitted } from "./policy.js";
@@ -59,6 +60,23 @@ export function defaultDnsUpstream(): string {
 function splitHostPort(value: string): { host: string; port: number } {
   const match = /^(.*?)(?::(\d+))?$/.exec(value);
   return { host: match?.[1] ?? value, port: match?.[2] ? Number(match[2]) : 53 };
+}
+
+/**
+ * The gateway a node agent runs for its sandboxes: it never connects to the node's own addresses or to anything in
+ * the agent's sandbox network `netCidr`.
+ */
+export function nodeEgressGateway(options: { netCidr: string; log: Logger; dnsUpstream?: string }): EgressGateway {
+  const forbidden = new BlockList();
+  const [netAddr, netBits] = options.netCidr.split("/");
+  forbidden.addSubnet(netAddr as string, Number(netBits), "ipv4");
+  for (const addrs of Object.values(networkInterfaces()))
+    for (const addr of addrs ?? []) if (addr.family === "IPv4") forbidden.addAddress(addr.address, "ipv4");
+  return new EgressGateway({
+    forbidden,
+    log: options.log.child({ part: "egress" }),
+    ...(options.dnsUpstream ? { dnsUpstream: options.dnsUpstream } : {}),
+  });
 }
 
 export class EgressGateway {

@@ -1,8 +1,8 @@
 import { readFile, rm, stat } from "node:fs/promises";
-import { request } from "node:http";
 import { join } from "node:path";
 import type { Logger } from "../../node-agent/log.js";
 import { exec } from "../exec.js";
+import { healthy } from "../sandbox-process.js";
 import { CODE_GATEWAY_PORT, ENVD_PORT } from "./guest-image.js";
 import { type Accel, killVm, launchVm, processStartTime, type VmLaunch } from "./qemu.js";
 
@@ -16,22 +16,6 @@ export function readyPorts(codeGateway: boolean | undefined): readonly number[] 
   return codeGateway ? [ENVD_PORT, CODE_GATEWAY_PORT] : [ENVD_PORT];
 }
 
-/** GET /health once; true on any 2xx. */
-export function healthyOnce(addr: string, timeoutMs: number, port = ENVD_PORT): Promise<boolean> {
-  return new Promise((resolve) => {
-    const req = request(
-      { host: addr, port, path: "/health", method: "GET", agent: false, timeout: timeoutMs },
-      (res) => {
-        res.resume();
-        resolve((res.statusCode ?? 500) < 300);
-      },
-    );
-    req.once("timeout", () => req.destroy());
-    req.once("error", () => resolve(false));
-    req.end();
-  });
-}
-
 /** Polls `/health` on every port until all answer, QEMU dies, or the deadline passes. */
 export async function waitReady(
   addr: string,
@@ -43,7 +27,7 @@ export async function waitReady(
   const deadline = Date.now() + timeoutMs;
   const pending = new Set(ports);
   for (let attempt = 0; ; attempt++) {
-    for (const port of [...pending]) if (await healthyOnce(addr, 1000, port)) pending.delete(port);
+    for (const port of [...pending]) if (await healthy(addr, 1000, port)) pending.delete(port);
     if (pending.size === 0) return;
     if ((await processStartTime(pid)) !== startTime) throw new Error("QEMU exited before the guest was ready");
     if (Date.now() > deadline) {

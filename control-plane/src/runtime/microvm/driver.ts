@@ -17,7 +17,8 @@ import type {
 } from "../driver.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { exec } from "../exec.js";
-import { bootLimits, healthyOnce } from "./boot.js";
+import { healthy } from "../sandbox-process.js";
+import { bootLimits } from "./boot.js";
 import { VmEgress } from "./egress.js";
 import { type InstanceRecord, InstanceRecords, toInstance } from "./instance-records.js";
 import { InstanceVms } from "./instance-vm.js";
@@ -381,7 +382,7 @@ export class MicrovmDriver implements RuntimeDriver {
       const netns = existsSync(this.network.slot(record.slot).netnsPath);
       const alive = record.pid !== undefined && (await processStartTime(record.pid)) === record.pidStartTime;
       if (alive && !record.paused) await this.vms.continueInterruptedSnapshot(record);
-      const running = alive && (record.paused || (await healthyOnce(record.addr, 2000)));
+      const running = alive && (record.paused || (await healthy(record.addr, 2000)));
       const checkpointed = record.checkpointed === true && existsSync(join(this.instanceDir(name), "memory.snap"));
       const stopped = record.stopped === true;
       if (netns && (running || checkpointed || stopped)) {

@@ -1,7 +1,5 @@
-import { BlockList } from "node:net";
-import { networkInterfaces } from "node:os";
 import type { Logger } from "../../node-agent/log.js";
-import { EgressGateway } from "../egress/gateway.js";
+import { type EgressGateway, nodeEgressGateway } from "../egress/gateway.js";
 import { CLOSED_EGRESS, type CompiledEgress, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { egressRuleBodies, type GatewayPorts, REJECT_CHAIN, REJECT_CHAIN_RULES } from "../egress/rules.js";
 import { GUEST_ADDR, GUEST_GATEWAY } from "./guest-image.js";
@@ -26,16 +24,7 @@ export class VmEgress {
     private readonly network: VmNetwork,
     options: VmEgressOptions,
   ) {
-    const forbidden = new BlockList();
-    const [netAddr, netBits] = options.netCidr.split("/");
-    forbidden.addSubnet(netAddr as string, Number(netBits), "ipv4");
-    for (const addrs of Object.values(networkInterfaces()))
-      for (const addr of addrs ?? []) if (addr.family === "IPv4") forbidden.addAddress(addr.address, "ipv4");
-    this.gateway = new EgressGateway({
-      forbidden,
-      log: options.log.child({ part: "egress" }),
-      ...(options.dnsUpstream ? { dnsUpstream: options.dnsUpstream } : {}),
-    });
+    this.gateway = nodeEgressGateway(options);
   }
 
   /** Starts the gateway and opens its (new) ports to the guests on the host. */

@@ -17,6 +17,7 @@ import { join } from "node:path";
 import { withFileLock } from "../../templates/lock.js";
 import type { TemplateImage } from "../driver.js";
 import { exec } from "../exec.js";
+import { CODE_GATEWAY_PORT, ENVD_PORT } from "../sandbox-process.js";
 
 /**
  * What a microVM boots, built on the node and cached by content hash under `<dir>` (like templates):
@@ -35,8 +36,7 @@ export const GUEST_ADDR = "192.168.127.2";
 export const GUEST_GATEWAY = "192.168.127.1";
 export const GUEST_MAC = "02:00:00:00:00:02";
 export const TAP_MAC = "02:00:00:00:00:01";
-export const ENVD_PORT = 49983;
-export const CODE_GATEWAY_PORT = 49999;
+export { CODE_GATEWAY_PORT, ENVD_PORT };
 
 const MODULES = [
   "drivers/virtio/virtio_ring",

@@ -3,8 +3,11 @@ import { readFileSync } from "node:fs";
 import { open, readFile, rm } from "node:fs/promises";
 import { connect } from "node:net";
 import { join } from "node:path";
+import { processStartTime } from "../sandbox-process.js";
 import { GUEST_MAC, type GuestKernel } from "./guest-image.js";
 import { type QmpClient, withQmp } from "./qmp.js";
+
+export { processStartTime };
 
 export type Accel = "kvm" | "tcg";
 
@@ -196,16 +199,6 @@ export async function snapshotAndQuit(qmpPath: string, path: string, timeoutMs: 
     await saveMemory(qmp, path, timeoutMs);
     await qmp.execute("quit").catch(() => undefined);
   });
-}
-
-/** Field 22 of /proc/<pid>/stat: tells a live process from a recycled pid. */
-export async function processStartTime(pid: number): Promise<string | undefined> {
-  try {
-    const stat = await readFile(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
-  } catch {
-    return undefined;
-  }
 }
 
 /** Ends a QEMU process (SIGKILL) if it is still the one we started, and waits until it is gone. */

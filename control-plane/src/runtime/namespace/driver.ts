@@ -1,10 +1,7 @@
 import { spawn } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, open, readdir, readFile, rename, rm, stat, statfs, writeFile } from "node:fs/promises";
-import { request } from "node:http";
-import { BlockList } from "node:net";
-import { networkInterfaces } from "node:os";
+import { mkdir, open, readdir, readFile, rename, rm, statfs, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "../../node-agent/log.js";
 import type {
@@ -18,9 +15,10 @@ import type {
   SandboxResources,
   SnapshotImage,
 } from "../driver.js";
-import { EgressGateway } from "../egress/gateway.js";
+import { type EgressGateway, nodeEgressGateway } from "../egress/gateway.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { exec } from "../exec.js";
+import { CODE_GATEWAY_PORT, ENVD_PORT, healthy, processStartTime } from "../sandbox-process.js";
 import { type CgroupManager, detectCgroupManager } from "./cgroups.js";
 import { criuDump, criuRestore, directorySize, externalFileKey } from "./criu.js";
 import { probeCriu } from "./criu-probe.js";
@@ -86,9 +84,6 @@ export interface NamespaceDriverOptions {
   /** See NetworkPoolOptions.uplinkForwarding (default on). */
   readonly uplinkForwarding?: boolean;
 }
-
-export const ENVD_PORT = 49983;
-export const CODE_GATEWAY_PORT = 49999;
 
 /**
  * PID 1's child in code templates (`tini -g -- sh -c SANDBOX_INIT sandbox-init <envd command>`): starts the code
@@ -187,16 +182,7 @@ export class NamespaceDriver implements RuntimeDriver {
     this.instancesDir = join(options.stateDir, "instances");
     this.crunRoot = join(options.stateDir, "crun");
     this.snapshots = new LayerStore(options.stateDir, options.log.child({ part: "snapshots" }));
-    const forbidden = new BlockList();
-    const [netAddr, netBits] = options.netCidr.split("/");
-    forbidden.addSubnet(netAddr as string, Number(netBits), "ipv4");
-    for (const addrs of Object.values(networkInterfaces()))
-      for (const addr of addrs ?? []) if (addr.family === "IPv4") forbidden.addAddress(addr.address, "ipv4");
-    this.gateway = new EgressGateway({
-      forbidden,
-      log: options.log.child({ part: "egress" }),
-      ...(options.dnsUpstream ? { dnsUpstream: options.dnsUpstream } : {}),
-    });
+    this.gateway = nodeEgressGateway(options);
   }
 
   get cgroupVersion(): 1 | 2 {
@@ -846,30 +832,4 @@ export class NamespaceDriver implements RuntimeDriver {
       return undefined;
     }
   }
-}
-
-/** Field 22 of /proc/<pid>/stat: tells a live process from a recycled pid. */
-async function processStartTime(pid: number): Promise<string | undefined> {
-  try {
-    const stat = await readFile(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
-  } catch {
-    return undefined;
-  }
-}
-
-/** GET /health on envd (or another port, e.g. the code gateway's); true on any 2xx. */
-export function healthy(addr: string, timeoutMs: number, port = ENVD_PORT): Promise<boolean> {
-  return new Promise((resolve) => {
-    const req = request(
-      { host: addr, port, path: "/health", method: "GET", agent: false, timeout: timeoutMs },
-      (res) => {
-        res.resume();
-        resolve((res.statusCode ?? 500) < 300);
-      },
-    );
-    req.once("timeout", () => req.destroy());
-    req.once("error", () => resolve(false));
-    req.end();
-  });
 }
