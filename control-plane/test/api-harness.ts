@@ -150,6 +150,9 @@ export interface HeartbeatFields {
   memoryTotalBytes?: number;
   pools?: Record<string, number>;
   templates?: string[];
+  driver?: string;
+  /** Templates the node says its driver may run (absent: every template). */
+  servable?: string[];
 }
 
 export class TestEnv {
@@ -236,13 +239,14 @@ export class TestEnv {
     await this.redis.hset(nodeKey(nodeId), {
       nodeId,
       addr: `127.0.0.1:${nodeId.length + 7000}`,
-      driver: "fake",
+      driver: fields.driver ?? "fake",
       cpuCount: "8",
       memoryTotalBytes: String(fields.memoryTotalBytes ?? 64 * 1024 ** 3),
       memoryFreeBytes: String(fields.memoryTotalBytes ?? 64 * 1024 ** 3),
       sandboxes: "0",
       pools: JSON.stringify(fields.pools ?? {}),
       templates: JSON.stringify(fields.templates ?? ["base"]),
+      ...(fields.servable ? { servable: JSON.stringify(fields.servable) } : {}),
       updatedAt: String(Date.now()),
     });
     await this.redis.expire(nodeKey(nodeId), NODE_TTL_SECONDS);

@@ -68,6 +68,17 @@ describe("placement ranking", () => {
     expect(ranked.map((n) => n.nodeId)).toEqual(["idle", "busy"]);
   });
 
+  it("skips nodes that say their driver cannot run the template; nodes that say nothing serve every template", () => {
+    const nodes = [
+      node("namespace-node", { servable: ["base"], pools: { "base-vm": 3 } }),
+      node("vm-node", { servable: ["base", "base-vm"] }),
+      node("old-agent"),
+    ];
+    const ranked = rankNodes(nodes, new Map(), { templateId: "base-vm", memoryMB: 512 }, opts);
+    expect(ranked.map((n) => n.nodeId).sort()).toEqual(["old-agent", "vm-node"]);
+    expect(rankNodes(nodes, new Map(), req, opts)).toHaveLength(3);
+  });
+
   it("an empty warm pool does not count as warm", () => {
     const ranked = rankNodes(
       [node("a", { pools: { base: 0 } }), node("b", { templates: ["base"] })],
@@ -130,5 +141,21 @@ describe("placement through the master", () => {
     expect(full.status).toBe(503);
     const failed = await env.db.query("SELECT end_reason FROM sandboxes WHERE state = 'failed'");
     expect(failed.rows.map((r) => r.end_reason)).toContain("placement_failed");
+  });
+
+  it("a template that requires a driver no live node has: 503 naming the drivers, no row; placed where one has it", async () => {
+    for (const id of ["small-1", "small-2", "warm", "cold"]) await env.stopHeartbeat(id);
+    await env.addNode("ns-only", { driver: "namespace", servable: ["base", "code-interpreter-v1"] });
+    const refused = await env.request("POST", "/v2/sandboxes", { apiKey, body: { templateID: "base-vm" } });
+    expect(refused.status).toBe(503);
+    expect((refused.body as { message: string }).message).toContain(
+      "no live node can run template 'base-vm': it requires a runtime driver none of them has (namespace)",
+    );
+    const rows = await env.db.query("SELECT 1 FROM sandboxes WHERE template_id = 'base-vm'");
+    expect(rows.rowCount).toBe(0);
+    await env.addNode("vm-node", { driver: "microvm", servable: ["base", "base-vm"] });
+    const placed = await env.request("POST", "/v2/sandboxes", { apiKey, body: { templateID: "base-vm" } });
+    expect(placed.status).toBe(201);
+    expect(await nodeOf((placed.body as { sandboxID: string }).sandboxID)).toBe("vm-node");
   });
 });

@@ -94,6 +94,8 @@ afterAll(async () => {
 describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
   it("node info reports the driver the probe chose", async () => {
     expect((await client.info({})).driver).toBe("microvm-tcg");
+    // Templates that require a microVM are this node's to run.
+    expect(running.agent.info().servable).toEqual(expect.arrayContaining(["base", "base-vm"]));
   });
 
   it("create from the template snapshot → commands.run → pause (checkpoint to disk) → resume: same pid running, files kept → kill leaves nothing", async () => {

@@ -195,6 +195,16 @@ describe("node agent sandbox lifecycle (namespace driver)", () => {
     );
     await createSandbox("lifedup");
     expect(await connectCode(client.create({ sandboxId: "lifedup", templateId: "base" }))).toBe(Code.AlreadyExists);
+    // A template that requires a microVM: refused by this namespace node, which does not list it as servable.
+    const vmOnly = client.create({ sandboxId: "lifebad4", templateId: "base-vm" });
+    await expect(vmOnly).rejects.toThrow(
+      /template 'base-vm' runs only on microvm nodes; this node's driver is namespace/,
+    );
+    expect(await connectCode(client.create({ sandboxId: "lifebad4", templateId: "base-vm" }))).toBe(
+      Code.FailedPrecondition,
+    );
+    expect(running.agent.info().servable).not.toContain("base-vm");
+    expect(running.agent.info().servable).toContain("base");
     expect(await connectCode(client.pause({ sandboxId: "lifenobody", memory: true }))).toBe(Code.NotFound);
     expect(await connectCode(client.resume({ sandboxId: "lifenobody", memory: true }))).toBe(Code.NotFound);
     expect(await connectCode(client.stats({ sandboxId: "lifenobody" }))).toBe(Code.NotFound);

@@ -182,6 +182,14 @@ describe("the official e2b SDK against a whole Warren cluster", () => {
     );
     expect(opts().apiKey).toMatch(/^e2b_/);
   });
+
+  it("a template that requires a microVM is refused on namespace nodes with a reason, and nothing is left", async () => {
+    const before = (await Sandbox.list().nextItems()).length;
+    await expect(Sandbox.create("base-vm")).rejects.toThrow(
+      /no live node can run template 'base-vm': it requires a runtime driver none of them has \(namespace\)/,
+    );
+    expect((await Sandbox.list().nextItems()).length).toBe(before);
+  });
 });
 
 describe("faults", () => {

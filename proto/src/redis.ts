@@ -225,5 +225,10 @@ export interface NodeHeartbeat {
   /** Template id → ready sandboxes waiting in the warm pool. */
   readonly pools: Readonly<Record<string, number>>;
   readonly templates: readonly string[];
+  /**
+   * Templates this node's driver may run at all, built or not (a template can require a driver); absent from
+   * older agents, which serve every template.
+   */
+  readonly servable?: readonly string[];
   readonly updatedAt: number;
 }

@@ -133,6 +133,13 @@ export class SandboxLifecycle {
         `snapshot '${input.templateId}' is on node ${snapshot.nodeId}, which is not taking sandboxes now; retry later`,
       );
     }
+    if (nodes.length > 0 && nodes.every((node) => node.servable && !node.servable.includes(template.id))) {
+      const drivers = [...new Set(nodes.map((node) => node.driver))].join(", ");
+      throw new MasterError(
+        "unavailable",
+        `no live node can run template '${input.templateId}': it requires a runtime driver none of them has (${drivers})`,
+      );
+    }
     const resources = snapshot
       ? { cpuCount: snapshot.cpuCount, memoryMB: snapshot.memoryMB, diskSizeMB: snapshot.diskSizeMB }
       : { cpuCount: template.cpuCount, memoryMB: template.memoryMB, diskSizeMB: template.diskSizeMB };

@@ -31,6 +31,7 @@ export function heartbeatFromHash(nodeId: string, hash: Record<string, string>):
     sandboxes: parseNumber(hash.sandboxes),
     pools: parseJson<Record<string, number>>(hash.pools, {}),
     templates,
+    ...(hash.servable ? { servable: parseJson<string[]>(hash.servable, []) } : {}),
     updatedAt: parseNumber(hash.updatedAt),
   };
 }

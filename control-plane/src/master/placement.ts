@@ -52,6 +52,8 @@ export function rankNodes(
   recent?: RecentPlacements,
 ): NodeHeartbeat[] {
   const scored = nodes.flatMap((node) => {
+    // A template that requires another driver than this node's (an agent that says which it serves).
+    if (node.servable && !node.servable.includes(request.templateId)) return [];
     const capacityMB = (node.memoryTotalBytes / (1024 * 1024)) * options.memoryOvercommit;
     const freeMB = capacityMB - (reservedMB.get(node.nodeId) ?? 0);
     if (freeMB < request.memoryMB) return [];

@@ -9,6 +9,7 @@ import {
   EgressPolicyError,
   OPEN_EGRESS,
 } from "../runtime/egress/policy.js";
+import { driverServes } from "../templates/catalog.js";
 import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
 import type { NodeAgentConfig } from "./config.js";
 import { initEnvd } from "./envd-client.js";
@@ -87,6 +88,8 @@ export interface NodeInfo {
   readonly sandboxes: number;
   readonly pools: Readonly<Record<string, number>>;
   readonly templates: readonly string[];
+  /** Templates this node's driver may run (built or not). */
+  readonly servable: readonly string[];
 }
 
 /** A failed checkpoint is tried again this much later (at the earliest). */
@@ -171,6 +174,13 @@ export class NodeAgent {
 
   /** Builds the template unless cached (once per agent), then starts its warm pool when it has one. */
   ensureTemplate(templateId: string): Promise<BuiltTemplate> {
+    const recipe = this.templates.knows(templateId) ? this.templates.recipe(templateId) : undefined;
+    if (recipe && !driverServes(recipe, this.driver.name)) {
+      // Never built here (WARREN_PREBUILD_TEMPLATES or a pool naming it): no sandbox of it could run.
+      return Promise.reject(
+        new AgentError("failed_precondition", `template '${templateId}' cannot run on the ${this.driver.name} driver`),
+      );
+    }
     let build = this.builds.get(templateId);
     if (!build) {
       build = this.templates
@@ -229,6 +239,13 @@ export class NodeAgent {
       throw new AgentError(
         "not_found",
         `unknown template '${input.templateId}' (this node has: ${this.templates.ids().join(", ")})`,
+      );
+    }
+    const required = this.templates.recipe(input.templateId).requiresDriver;
+    if (required && !driverServes(this.templates.recipe(input.templateId), this.driver.name)) {
+      throw new AgentError(
+        "failed_precondition",
+        `template '${input.templateId}' runs only on ${required} nodes; this node's driver is ${this.driver.name}`,
       );
     }
     if (this.sandboxes.has(input.sandboxId) || this.creating.has(input.sandboxId)) {
@@ -720,6 +737,7 @@ export class NodeAgent {
       sandboxes: this.sandboxes.size,
       pools,
       templates: this.templates.ids().filter((id) => this.templates.ready(id)),
+      servable: this.templates.ids().filter((id) => driverServes(this.templates.recipe(id), this.driver.name)),
     };
   }
 

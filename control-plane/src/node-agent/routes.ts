@@ -130,6 +130,7 @@ export class RouteStore {
         sandboxes: String(beat.sandboxes),
         pools: JSON.stringify(beat.pools),
         templates: JSON.stringify(beat.templates),
+        ...(beat.servable ? { servable: JSON.stringify(beat.servable) } : {}),
         updatedAt: String(beat.updatedAt),
       })
       .expire(key, NODE_TTL_SECONDS)

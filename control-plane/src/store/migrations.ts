@@ -160,6 +160,14 @@ CREATE INDEX snapshots_team_created ON snapshots (team_id, created_at DESC, id D
 ALTER TABLE nodes ADD COLUMN cordoned_at timestamptz;
 `,
   },
+  {
+    version: 5,
+    name: "templates: base-vm (base in a microVM only: its recipe requires the microvm driver)",
+    sql: `
+INSERT INTO templates (id, alias, cpu_count, memory_mb, disk_size_mb, envd_version)
+  VALUES ('base-vm', 'base-vm', 1, 512, 1024, '0.6.4') ON CONFLICT (id) DO NOTHING;
+`,
+  },
 ];
 
 const MIGRATION_LOCK = 0x5741_5252; // "WARR"

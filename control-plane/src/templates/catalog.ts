@@ -17,6 +17,17 @@ export interface TemplateRecipe {
   readonly allowSetuid: boolean;
   /** Its sandboxes run the code gateway (`runCode`, port 49999) next to envd. */
   readonly codeGateway?: boolean;
+  /**
+   * Its sandboxes run only on nodes with this kind of driver: `microvm` = their own kernel (the `microvm` driver, or
+   * `microvm-tcg` in tests), for code that must not share the host's kernel. Absent: any driver.
+   */
+  readonly requiresDriver?: "microvm";
+}
+
+/** Whether a node whose runtime driver is `driverName` may run sandboxes of `recipe`. */
+export function driverServes(recipe: TemplateRecipe, driverName: string): boolean {
+  if (!recipe.requiresDriver) return true;
+  return driverName === recipe.requiresDriver || driverName.startsWith(`${recipe.requiresDriver}-`);
 }
 
 const BASE_PACKAGES = [
@@ -79,5 +90,14 @@ ${CLEAN_APT}`,
     defaults: { cpuCount: 2, memoryMiB: 1024, diskMiB: 2048, pidsMax: 2048 },
     allowSetuid: true,
     codeGateway: true,
+  },
+  // `base` in a microVM of its own, never on a namespace node.
+  "base-vm": {
+    id: "base-vm",
+    parent: "base",
+    steps: [],
+    defaults: { cpuCount: 1, memoryMiB: 512, diskMiB: 1024, pidsMax: 1024 },
+    allowSetuid: true,
+    requiresDriver: "microvm",
   },
 };
