@@ -1,5 +1,6 @@
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
+import { join } from "node:path";
 import { routeKey } from "@warren/proto/redis";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -9,6 +10,7 @@ import { type RunningNodeAgent, startNodeAgent } from "../src/node-agent/node-ag
 import { MicrovmDriver } from "../src/runtime/microvm/driver.js";
 import { processStartTime } from "../src/runtime/microvm/qemu.js";
 import { selectRuntime } from "../src/runtime/microvm/select.js";
+import { qemuOverheadMiB } from "../src/runtime/microvm/vm-cgroups.js";
 import { agentClient, BUILD_TIMEOUT_MS, sdkSandbox, slotOf, testConfig } from "./node-agent-harness.js";
 
 // TCG (software emulation) asked for explicitly: CI has no real KVM. The first run builds the guest root image and
@@ -52,6 +54,39 @@ async function processRuns(pid: number, startTime: string | undefined): Promise<
   const stat = await readFile(`/proc/${pid}/stat`, "utf8").catch(() => "");
   if (!stat) return false;
   return !stat.slice(stat.lastIndexOf(")") + 2).startsWith("Z");
+}
+
+const CGROUP_V2 = existsSync("/sys/fs/cgroup/cgroup.controllers");
+
+/** The cgroup path (below the hierarchy's root) of an agent tag's microVM instance. */
+function vmCgroup(tag: string, instanceId: string): string {
+  return `/warren/${tag}-vm/${instanceId}`;
+}
+
+/** The directory holding a microVM cgroup's memory files (v1: the memory hierarchy's). */
+function memoryDir(tag: string, instanceId: string): string {
+  return join("/sys/fs/cgroup", CGROUP_V2 ? "" : "memory", vmCgroup(tag, instanceId));
+}
+
+/** Memory limit of a microVM's cgroup, in bytes. */
+function memoryLimitBytes(tag: string, instanceId: string): number {
+  return Number(
+    readFileSync(join(memoryDir(tag, instanceId), CGROUP_V2 ? "memory.max" : "memory.limit_in_bytes"), "utf8"),
+  );
+}
+
+/** The process is in the cgroup for memory, CPU and pids (v1: each hierarchy; v2: the unified one). */
+function inCgroup(pid: number, path: string): boolean {
+  const lines = readFileSync(`/proc/${pid}/cgroup`, "utf8").trim().split("\n");
+  const pathOf = (controller: string) =>
+    lines
+      .map((line) => line.split(":"))
+      .find(([, controllers]) => (CGROUP_V2 ? controllers === "" : controllers?.split(",").includes(controller)))?.[2];
+  return ["memory", "cpu", "pids"].every((controller) => pathOf(controller) === path);
+}
+
+function qemuPidOf(dir: string): number {
+  return Number(readFileSync(`${dir}/qemu.pid`, "utf8").trim());
 }
 
 async function until<T>(what: string, timeoutMs: number, probe: () => Promise<T | undefined> | T | undefined) {
@@ -118,15 +153,27 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
     expect(Math.abs(guestClock - Date.now() / 1000)).toBeLessThan(3);
 
     const summary = running.agent.get("mvlife")!;
+    const dir = running.driver.instanceDir(summary.instanceId);
+    // QEMU (the daemon, not only its launcher) runs in the instance's own cgroup: guest memory + QEMU's allowance.
+    const cgroup = vmCgroup(config.instance, summary.instanceId);
+    expect(inCgroup(qemuPidOf(dir), cgroup)).toBe(true);
+    const limitBytes = (summary.resources.memoryMiB + qemuOverheadMiB("tcg")) * 2 ** 20;
+    expect(memoryLimitBytes(config.instance, summary.instanceId)).toBe(limitBytes);
+    // Stats: the guest's memory as the sandbox's limit; the VM's cost to the host (its cgroup) as its usage.
+    const stats = await running.driver.stats(summary.instanceId);
+    expect(stats.memoryLimitBytes).toBe(summary.resources.memoryMiB * 2 ** 20);
+    expect(stats.memoryUsageBytes).toBeGreaterThan(0);
+    expect(stats.memoryUsageBytes).toBeLessThanOrEqual(limitBytes);
     await client.pause({ sandboxId: "mvlife", memory: true });
     expect(await redis.hget(routeKey("mvlife"), "state")).toBe("paused");
     // The agent converts the paused VM into a memory snapshot on disk and QEMU ends (memory released).
     await until("checkpointed to disk", 90_000, () =>
       running.driver.list().find((i) => i.instanceId === summary.instanceId)?.checkpointed ? true : undefined,
     );
-    const dir = running.driver.instanceDir(summary.instanceId);
     expect(existsSync(`${dir}/memory.snap`)).toBe(true);
     expect((await running.driver.stats(summary.instanceId)).memoryUsageBytes).toBe(0);
+    // No QEMU, no cgroup until the resume.
+    expect(existsSync(memoryDir(config.instance, summary.instanceId))).toBe(false);
 
     const resumed = await client.resume({ sandboxId: "mvlife", memory: true });
     expect(resumed.exec).not.toBe(placement.exec);
@@ -137,11 +184,14 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
     const alive = await after.commands.run(`cat /proc/${sleeper.pid}/cmdline | tr '\\0' ' '`);
     expect(alive.stdout.trim()).toBe("sleep 100000");
     expect(await after.files.read("/home/user/notes.txt")).toBe("kept across pause");
+    // The QEMU restored from disk is in a cgroup of its own again.
+    expect(inCgroup(qemuPidOf(dir), cgroup)).toBe(true);
+    expect(memoryLimitBytes(config.instance, summary.instanceId)).toBe(limitBytes);
 
     const slot = slotOf(config.netCidr, placement.sandboxAddr);
     const netns = `/run/netns/warren-${config.instance}-vm${slot}`;
     const veth = `/sys/class/net/wv-${config.instance}-${slot}`;
-    const qemuPid = Number(readFileSync(`${dir}/qemu.pid`, "utf8").trim());
+    const qemuPid = qemuPidOf(dir);
     expect(readFileSync(`/proc/${qemuPid}/cmdline`, "utf8")).toContain("qemu-system-x86_64");
     expect(existsSync(netns) && existsSync(veth)).toBe(true);
     const qemuStart = await processStartTime(qemuPid);
@@ -151,6 +201,7 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
     expect(existsSync(netns)).toBe(false);
     expect(existsSync(veth)).toBe(false);
     expect(existsSync(dir)).toBe(false);
+    expect(existsSync(memoryDir(config.instance, summary.instanceId))).toBe(false);
     expect(await redis.exists(routeKey("mvlife"))).toBe(0);
   }, 300_000);
 
@@ -253,6 +304,8 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
     expect(readdirSync(`${stateDir}/instances`)).toEqual([]);
     expect(readdirSync("/run/netns").filter((n) => n.startsWith("warren-mvf-"))).toEqual([]);
     expect(readdirSync("/sys/class/net").filter((n) => n.startsWith("wv-mvf-"))).toEqual([]);
+    const cgroups = join("/sys/fs/cgroup", CGROUP_V2 ? "" : "memory", "warren/mvf-vm");
+    expect(readdirSync(cgroups, { withFileTypes: true }).filter((e) => e.isDirectory())).toEqual([]);
     const qemus = readdirSync("/proc")
       .filter((p) => /^\d+$/.test(p))
       .filter((p) => {

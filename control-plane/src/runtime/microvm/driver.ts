@@ -27,6 +27,7 @@ import { PauseTiers } from "./pause-tiers.js";
 import { type Accel, killVm, processStartTime, processUsage } from "./qemu.js";
 import { captureInstance, captureState, SandboxSnapshots, startProblem } from "./snapshots.js";
 import { SNAPSHOT_TIMEOUT_MS, type TemplateSnapshot, TemplateSnapshots, vcpusOf } from "./template-snapshots.js";
+import { VmCgroups } from "./vm-cgroups.js";
 
 /**
  * The `microvm` runtime driver: one QEMU `microvm` machine per sandbox (Debian's cloud kernel by PVH, a small
@@ -49,7 +50,9 @@ import { SNAPSHOT_TIMEOUT_MS, type TemplateSnapshot, TemplateSnapshots, vcpusOf 
  *
  * `accel: "tcg"` (software emulation) exists so CI machines without real KVM exercise this driver; it is chosen
  * only when asked for (probe.ts). Resource limits: memory and vCPUs are the VM's; the snapshot fixes them, so a
- * create asking for other memory or CPU than the template's defaults cold-boots (slow, but correct).
+ * create asking for other memory or CPU than the template's defaults cold-boots (slow, but correct). On the host,
+ * each QEMU runs in a cgroup of its own (vm-cgroups.ts: guest memory + QEMU's allowance, the sandbox's CPU quota,
+ * a bound on QEMU's threads).
  */
 export interface MicrovmDriverOptions {
   readonly stateDir: string;
@@ -88,6 +91,7 @@ export class MicrovmDriver implements RuntimeDriver {
   private readonly vms: InstanceVms;
   private readonly tiers: PauseTiers;
   private readonly egress: VmEgress;
+  private readonly cgroups: VmCgroups;
 
   constructor(private readonly options: MicrovmDriverOptions) {
     this.name = options.accel === "kvm" ? "microvm" : "microvm-tcg";
@@ -103,6 +107,7 @@ export class MicrovmDriver implements RuntimeDriver {
       ...(options.dnsUpstream ? { dnsUpstream: options.dnsUpstream } : {}),
     });
     this.records = new InstanceRecords(join(options.stateDir, "instances"));
+    this.cgroups = new VmCgroups(options.instance, options.accel);
     this.snapshots = new SandboxSnapshots(options.stateDir, () => this.snapshotReferences(), options.log);
     const limits = bootLimits(options.accel, options.bootTimeoutMs, options.bootAttempts);
     this.templates = new TemplateSnapshots({
@@ -127,6 +132,7 @@ export class MicrovmDriver implements RuntimeDriver {
       kernel: () => this.templates.guestKernel(),
       limits,
       readyTimeoutMs: options.readyTimeoutMs,
+      cgroups: this.cgroups,
       log: options.log,
     });
     this.tiers = new PauseTiers(this.records, this.vms, options.log);
@@ -138,6 +144,7 @@ export class MicrovmDriver implements RuntimeDriver {
 
   async start(): Promise<void> {
     await mkdir(this.records.root, { recursive: true });
+    await this.cgroups.prepare();
     await this.egress.start();
   }
 
@@ -353,13 +360,24 @@ export class MicrovmDriver implements RuntimeDriver {
     return [...this.instances.values()].map((r) => this.toInstance(r));
   }
 
-  /** Host-side view: QEMU's resident memory and CPU time, the disk layer's allocated bytes. */
+  /**
+   * Host-side view: memory (the guest's RAM, QEMU's own, their page cache) and CPU time of QEMU's cgroup, against
+   * the cgroup's memory limit (guest + QEMU's allowance, also when no QEMU runs); the disk layer's allocated
+   * bytes. A QEMU without a cgroup (adoption failed) is measured by its process.
+   */
   async stats(instanceId: string): Promise<InstanceStats> {
     const record = this.require(instanceId);
-    const usage = record.pid !== undefined ? await processUsage(record.pid) : { rssBytes: 0, cpuUsec: 0 };
+    const cgroup = record.pid !== undefined ? this.cgroups.find(instanceId) : undefined;
+    const usage = cgroup
+      ? await cgroup.usage()
+      : record.pid !== undefined
+        ? await processUsage(record.pid).then((u) => ({ memoryBytes: u.rssBytes, cpuUsec: u.cpuUsec }))
+        : { memoryBytes: 0, cpuUsec: 0 };
     const disk = await stat(join(this.instanceDir(instanceId), "disk.qcow2")).catch(() => undefined);
     return {
-      memoryUsageBytes: usage.rssBytes,
+      memoryUsageBytes: usage.memoryBytes,
+      // The sandbox's memory is its guest's (what E2B's memTotal means); the usage above is what the whole VM costs
+      // the host (its cgroup: guest pages QEMU touched plus QEMU's own), which may exceed it under TCG.
       memoryLimitBytes: record.resources.memoryMiB * 2 ** 20,
       cpuUsageUsec: usage.cpuUsec,
       pids: 0,
@@ -372,6 +390,7 @@ export class MicrovmDriver implements RuntimeDriver {
   async reconcile(): Promise<ReconcileResult> {
     const adopted: Instance[] = [];
     const removed: { instanceId: string; labels: Record<string, string> }[] = [];
+    const withQemu = new Set<string>();
     for (const name of await this.records.names()) {
       const record = await this.records.load(name);
       if (!record) {
@@ -388,6 +407,14 @@ export class MicrovmDriver implements RuntimeDriver {
       if (netns && (running || checkpointed || stopped)) {
         this.instances.set(name, record);
         this.network.reserve(record.slot);
+        if (running && record.pid !== undefined) {
+          withQemu.add(name);
+          await this.cgroups
+            .adopt(name, record.resources, record.pid)
+            .catch((error) =>
+              this.options.log.error("adopting a microVM's cgroup failed", { instanceId: name, error }),
+            );
+        }
         // The gateway listens on new ports after a restart: rewrite the namespace's rules to match.
         await this.egress
           .apply(this.network.slot(record.slot), record.egress)
@@ -402,6 +429,10 @@ export class MicrovmDriver implements RuntimeDriver {
       }
     }
     await this.network.sweep(new Set([...this.instances.values()].map((r) => r.slot)));
+    // Cgroups of dead instances, of checkpointed or stopped ones (no QEMU), of directories without a record.
+    for (const instanceId of await this.cgroups.sweep(withQemu)) {
+      this.options.log.warn("removed a microVM cgroup without a running QEMU", { instanceId });
+    }
     // Deleted snapshots whose last user was removed above (or killed while the agent was down).
     await this.snapshots.sweep({ tmp: true });
     return { adopted, removed };
@@ -434,12 +465,13 @@ export class MicrovmDriver implements RuntimeDriver {
   }
 
   /**
-   * Removes everything an instance has, from any partial state: QEMU, network namespace, veth, files; then a
-   * deleted snapshot it was the last user of.
+   * Removes everything an instance has, from any partial state: QEMU, its cgroup, network namespace, veth,
+   * files; then a deleted snapshot it was the last user of.
    */
   private async teardown(record: InstanceRecord): Promise<void> {
     await killVm(record.pid, record.pidStartTime);
     await this.vms.killStray(record.instanceId);
+    await this.vms.release(record);
     this.egress.forget(this.network.slot(record.slot));
     await this.network.release(this.network.slot(record.slot));
     this.instances.delete(record.instanceId);

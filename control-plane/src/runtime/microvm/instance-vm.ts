@@ -16,6 +16,7 @@ import {
   type VmLaunch,
 } from "./qemu.js";
 import { withQmp } from "./qmp.js";
+import type { VmCgroups } from "./vm-cgroups.js";
 
 export interface InstanceVmsOptions {
   /** Tag in QEMU's process name (`warren-<instance>-<id>`). */
@@ -27,13 +28,16 @@ export interface InstanceVmsOptions {
   readonly limits: BootLimits;
   /** The guest answering after a restore. */
   readonly readyTimeoutMs: number;
+  /** Every QEMU started here runs in its instance's cgroup. */
+  readonly cgroups: VmCgroups;
   readonly log: Logger;
 }
 
 /**
  * The QEMU side of an instance: launching it (restore from a memory file, or cold boot) until the guest is ready,
  * its QMP and serial console, and QEMUs no record knows of. Updates `record.pid`/`pidStartTime`; the caller
- * keeps the rest of the record.
+ * keeps the rest of the record. Each launch gets a fresh cgroup (vm-cgroups.ts), removed again when the launch
+ * fails; `release` removes it once QEMU has ended (checkpoint, stop).
  */
 export class InstanceVms {
   constructor(private readonly options: InstanceVmsOptions) {}
@@ -53,22 +57,44 @@ export class InstanceVms {
 
   private async launchOf(record: InstanceRecord, incoming?: string): Promise<VmLaunch> {
     const dir = this.options.records.dir(record.instanceId);
+    const kernel = await this.options.kernel();
+    const cgroup = await this.options.cgroups.create(record.instanceId, record.resources);
     return {
       name: `warren-${this.options.instance}-${record.instanceId}`,
       dir,
       netnsPath: this.options.network.slot(record.slot).netnsPath,
-      kernel: await this.options.kernel(),
+      kernel,
       disk: join(dir, "disk.qcow2"),
       memoryMiB: record.resources.memoryMiB,
       vcpus: record.vcpus,
       accel: this.options.accel,
       ...(incoming ? { incoming } : {}),
+      cgroupProcs: cgroup.procsFiles,
     };
+  }
+
+  /**
+   * Removes the instance's cgroup and anything left in it, once QEMU has ended (checkpoint, stop, kill, failed
+   * launch). Never throws: a cgroup that could not go is logged, and the next launch's `create` or reconcile's
+   * sweep removes it.
+   */
+  async release(record: InstanceRecord): Promise<void> {
+    await this.options.cgroups
+      .discard(record.instanceId)
+      .catch((error) =>
+        this.options.log.error("removing a microVM's cgroup failed", { instanceId: record.instanceId, error }),
+      );
   }
 
   /** New QEMU loading `memory` (a snapshot or the instance's checkpoint), resumed, clock set, guest ready. */
   async restore(record: InstanceRecord, memory: string): Promise<void> {
-    const pid = await launchVm(await this.launchOf(record, memory));
+    let pid: number;
+    try {
+      pid = await launchVm(await this.launchOf(record, memory));
+    } catch (error) {
+      await this.release(record);
+      throw error;
+    }
     record.pid = pid;
     record.pidStartTime = await processStartTime(pid);
     await this.options.records.persist(record);
@@ -84,20 +110,26 @@ export class InstanceVms {
       );
     } catch (error) {
       await killVm(pid, record.pidStartTime);
+      await this.release(record);
       throw error;
     }
   }
 
   /** A fresh boot over the instance's disk layer, until the guest is ready. */
   async boot(record: InstanceRecord, log: Logger): Promise<void> {
-    const booted = await coldBoot(await this.launchOf(record), {
-      addr: record.addr,
-      ports: readyPorts(record.codeGateway),
-      limits: this.options.limits,
-      log,
-    });
-    record.pid = booted.pid;
-    record.pidStartTime = booted.startTime;
+    try {
+      const booted = await coldBoot(await this.launchOf(record), {
+        addr: record.addr,
+        ports: readyPorts(record.codeGateway),
+        limits: this.options.limits,
+        log,
+      });
+      record.pid = booted.pid;
+      record.pidStartTime = booted.startTime;
+    } catch (error) {
+      await this.release(record);
+      throw error;
+    }
   }
 
   /** The guest's wall clock := the host's, before anyone uses the sandbox (see guest-image.ts for why). */

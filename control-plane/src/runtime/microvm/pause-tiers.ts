@@ -50,6 +50,8 @@ export class PauseTiers {
       await waitGone(record.pid, record.pidStartTime ?? "", 10_000);
       await killVm(record.pid, record.pidStartTime);
     }
+    // No QEMU until the resume, which starts it in a new cgroup.
+    await this.vms.release(record);
     await rename(tmp, path);
     record.pausedImage = false;
     record.checkpointed = true;
@@ -96,6 +98,7 @@ export class PauseTiers {
       else await waitGone(record.pid, record.pidStartTime ?? "", 5_000);
     }
     await killVm(record.pid, record.pidStartTime);
+    await this.vms.release(record);
     await rm(join(this.records.dir(instanceId), "memory.snap"), { force: true });
     record.pid = undefined;
     record.pidStartTime = undefined;

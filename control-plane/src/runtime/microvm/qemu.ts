@@ -24,6 +24,8 @@ export interface VmLaunch {
   readonly accel: Accel;
   /** Restore from this memory snapshot (QEMU waits paused for `cont`) instead of booting. */
   readonly incoming?: string;
+  /** `cgroup.procs` files the launcher joins before exec'ing QEMU (vm-cgroups.ts): the daemon starts in them. */
+  readonly cgroupProcs?: readonly string[];
 }
 
 /**
@@ -49,6 +51,14 @@ function hostTscKhz(): number {
   return tscKhz;
 }
 
+/**
+ * TCG's translation cache (see qemuArgs), QEMU 7.2's default. Guests fill it with the code they run (a restored
+ * guest's envd alone: ~66 MiB in seconds; up to 452 MiB in the microvm test suites here) and it stays resident. A
+ * smaller one is flushed and refilled so often that guests crawl: at 128 MiB, guest commands of the snapshot
+ * and fork tests ran past their deadlines on this loaded machine.
+ */
+export const TCG_TB_SIZE_MIB = 1024;
+
 /** Paths we put into `exec:` migration URIs (run by /bin/sh): nothing a shell would interpret. */
 function shellSafe(path: string): string {
   if (!/^[A-Za-z0-9_./-]+$/.test(path)) throw new Error(`path not allowed in a migration URI: '${path}'`);
@@ -65,6 +75,8 @@ function shellSafe(path: string): string {
  *   see guest-image.ts) whose output is appended to `console.log`, so a restore keeps the boot's log.
  * - `-sandbox on` (seccomp): no obsolete syscalls, no resource control; spawning stays allowed because `exec:`
  *   migration (QEMU 7.2 has no `file:` URI) runs `cat`; `elevateprivileges=deny` makes `-daemonize` fail here.
+ * - TCG's translation cache size (`tb-size`, MiB) is given explicitly, at QEMU 7.2's default: it counts in the
+ *   memory limit of QEMU's cgroup (vm-cgroups.ts), so it must not follow a default that changes with QEMU.
  * QEMU daemonizes once the machine is set up (`-pidfile`); it is not the agent's child, so VMs survive an agent
  * restart and are re-adopted.
  */
@@ -77,7 +89,7 @@ export function qemuArgs(launch: VmLaunch): string[] {
     "-M",
     "microvm,x-option-roms=off,isa-serial=on,rtc=on",
     "-accel",
-    launch.accel,
+    launch.accel === "tcg" ? `tcg,tb-size=${TCG_TB_SIZE_MIB}` : launch.accel,
     "-cpu",
     launch.accel === "kvm" ? "host" : "max,-tsc-deadline",
     "-m",
@@ -119,7 +131,16 @@ export function qemuArgs(launch: VmLaunch): string[] {
   return args;
 }
 
-/** Starts QEMU in the sandbox's network namespace; resolves with its pid once it has daemonized. */
+/**
+ * Joins the cgroup (every `cgroup.procs` file in `$CGROUP_PROCS`), then becomes nsenter → QEMU: the daemon QEMU
+ * forks is born in the cgroup, as the namespace driver's launcher does for crun.
+ */
+const LAUNCHER = `set -e
+for f in $CGROUP_PROCS; do echo $$ > "$f"; done
+exec nsenter "$@"
+`;
+
+/** Starts QEMU in the sandbox's network namespace (and cgroup); resolves with its pid once it has daemonized. */
 export async function launchVm(launch: VmLaunch): Promise<number> {
   await rm(join(launch.dir, "qemu.pid"), { force: true });
   await rm(join(launch.dir, "qmp.sock"), { force: true });
@@ -127,8 +148,11 @@ export async function launchVm(launch: VmLaunch): Promise<number> {
   const log = await open(join(launch.dir, "qemu.log"), "a");
   try {
     const code = await new Promise<number>((resolve, reject) => {
-      const child = spawn("nsenter", qemuArgs(launch), {
-        env: { PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" },
+      const child = spawn("sh", ["-c", LAUNCHER, "launcher", ...qemuArgs(launch)], {
+        env: {
+          PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+          CGROUP_PROCS: (launch.cgroupProcs ?? []).join(" "),
+        },
         stdio: ["ignore", log.fd, log.fd],
         timeout: 60_000,
       });
