@@ -147,6 +147,28 @@ describe("reconciliation", () => {
     await eventually(async () => (node.killed.includes(id) ? true : undefined), "our orphan killed");
     expect(node.sandboxes.has("foreign-sandbox")).toBe(true);
   });
+
+  it("leaves alone the copy on another node of a sandbox whose row is resuming (a move), not after it settles", async () => {
+    const target = await env.addNode("node-r6");
+    const id = await create();
+    const placedOn = (await env.db.query("SELECT node_id FROM sandboxes WHERE id = $1", [id])).rows[0].node_id;
+    const request = env.nodes.get(placedOn)?.created.find((r) => r.sandboxId === id);
+    if (!request || placedOn === "node-r6") throw new Error(`unexpected placement on ${placedOn}`);
+    await env.db.query("UPDATE sandboxes SET state = 'resuming' WHERE id = $1", [id]);
+    // The move's new instance, started before the row names its node.
+    target.sandboxes.set(id, { exec: "moved", state: "running", request });
+    // An ended sandbox of ours on the same node proves the reconciler has passed over it meanwhile.
+    const marker = await create();
+    const markerOn = (await env.db.query("SELECT node_id FROM sandboxes WHERE id = $1", [marker])).rows[0].node_id;
+    await env.db.query("UPDATE sandboxes SET state = 'killed', node_id = 'node-r6' WHERE id = $1", [marker]);
+    env.nodes.get(markerOn)?.sandboxes.delete(marker);
+    target.sandboxes.set(marker, { exec: "marker", state: "running", request: { ...request, sandboxId: marker } });
+    await eventually(async () => (target.killed.includes(marker) ? true : undefined), "marker killed");
+    expect(target.killed).not.toContain(id);
+    // Settled on its old node (the move failed): the copy is an orphan now.
+    await env.db.query("UPDATE sandboxes SET state = 'running' WHERE id = $1", [id]);
+    await eventually(async () => (target.killed.includes(id) ? true : undefined), "stale copy killed");
+  });
 });
 
 describe("reconciliation across a heartbeat gap", () => {

@@ -107,7 +107,10 @@ export async function reconcile(
         report.unknown.push(sandbox.sandboxId);
         continue;
       }
-      const ended = row.state === "killed" || row.state === "failed" || row.nodeId !== node.nodeId;
+      // A row in transition may be moving to this node (a paused sandbox resuming elsewhere: the new instance exists
+      // before the row names its node), so only a settled row on another node makes this copy an orphan.
+      const settled = row.state !== "starting" && row.state !== "resuming" && row.state !== "pausing";
+      const ended = row.state === "killed" || row.state === "failed" || (settled && row.nodeId !== node.nodeId);
       if (!ended) continue;
       try {
         await nodeAgent(node.nodeId, node.addr).kill(sandbox.sandboxId);
