@@ -218,10 +218,13 @@ export class LayerStore {
         stderr += chunk.toString();
       });
       const exited = new Promise<number>((resolve) => tar.once("close", (code) => resolve(code ?? 1)));
+      let streamed = false;
       try {
         for await (const chunk of tar.stdout) yield chunk as Buffer;
+        streamed = true;
       } finally {
-        if (tar.exitCode === null) tar.kill("SIGKILL");
+        // Only a consumer that stopped early ends tar; after its last byte, tar is left to exit by itself.
+        if (!streamed) tar.kill("SIGKILL");
       }
       const code = await exited;
       if (code !== 0) throw new Error(`tar of snapshot '${snapshotId}' failed (${code}): ${stderr.trim()}`);
