@@ -105,12 +105,9 @@ export class LayerStore {
       await exec("cp", ["-a", "--", source.upperDir, tmpLayer]);
       await mkdir(tmpMeta, { mode: 0o755 });
       const criu = dumpMemory ? await dumpMemory(join(tmpMeta, "memory")) : undefined;
-      const sizeBytes = Number(
-        (await exec("du", ["-sb", "--", tmpLayer, tmpMeta])).stdout
-          .split("\n")
-          .map((line) => Number(line.split("\t")[0]) || 0)
-          .reduce((a, b) => a + b, 0),
-      );
+      // `du -c` ends with the total of the layer and the description (with its memory images).
+      const total = (await exec("du", ["-scb", "--", tmpLayer, tmpMeta])).stdout.trim().split("\n").at(-1) ?? "";
+      const sizeBytes = Number(total.split("\t")[0]) || 0;
       const layer = join(this.layersDir, layerId);
       const snapshot: LayeredSnapshot = {
         snapshotId,
