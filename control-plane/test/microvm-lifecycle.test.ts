@@ -1,5 +1,5 @@
-import { existsSync, readdirSync, readFileSync } from "node:fs";
-import { readFile } from "node:fs/promises";
+import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { readFile, readlink } from "node:fs/promises";
 import { join } from "node:path";
 import { routeKey } from "@warren/proto/redis";
 import { Redis } from "ioredis";
@@ -204,6 +204,66 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
     expect(existsSync(memoryDir(config.instance, summary.instanceId))).toBe(false);
     expect(await redis.exists(routeKey("mvlife"))).toBe(0);
   }, 300_000);
+
+  it("QEMU runs jailed: a uid of its own per sandbox, no capabilities, seccomp, chrooted into its instance directory", async () => {
+    const jailOf = (sandboxId: string) => {
+      const summary = running.agent.get(sandboxId)!;
+      const dir = running.driver.instanceDir(summary.instanceId);
+      const pid = qemuPidOf(dir);
+      const status = readFileSync(`/proc/${pid}/status`, "utf8");
+      const field = (name: string) => new RegExp(`^${name}:\\s+(.*)$`, "m").exec(status)?.[1]?.trim().split(/\s+/);
+      return {
+        dir,
+        pid,
+        uids: field("Uid"),
+        gids: field("Gid"),
+        capEff: field("CapEff")?.[0],
+        seccomp: field("Seccomp")?.[0],
+      };
+    };
+    const a = await createSandbox("mvjaila");
+    const b = await createSandbox("mvjailb");
+    const jailA = jailOf("mvjaila");
+    const jailB = jailOf("mvjailb");
+    const slotA = running.driver.network.slot(slotOf(config.netCidr, a.sandboxAddr));
+    const slotB = running.driver.network.slot(slotOf(config.netCidr, b.sandboxAddr));
+    // Real, effective, saved and filesystem ids all dropped (no way back to root), each sandbox its own.
+    expect(jailA.uids).toEqual(Array(4).fill(String(slotA.qemuUid)));
+    expect(jailA.gids).toEqual(Array(4).fill(String(slotA.qemuUid)));
+    expect(jailB.uids).toEqual(Array(4).fill(String(slotB.qemuUid)));
+    expect(slotA.qemuUid).not.toBe(slotB.qemuUid);
+    expect(slotA.qemuUid).toBeGreaterThanOrEqual(2 ** 30);
+    expect(jailA.capEff).toBe("0000000000000000");
+    expect(jailA.seccomp).toBe("2");
+    // Its root is its own instance directory: nothing else of the host, nor the other sandbox's files.
+    expect(await readlink(`/proc/${jailA.pid}/root`)).toBe(jailA.dir);
+    expect(await readlink(`/proc/${jailB.pid}/root`)).toBe(jailB.dir);
+    // The one file it may write is its disk layer.
+    expect(statSync(join(jailA.dir, "disk.qcow2")).uid).toBe(slotA.qemuUid);
+    expect(statSync(jailA.dir).uid).toBe(0);
+
+    // A migration written from inside the jail (a checkpoint) ends up root's, readable by root only.
+    await client.pause({ sandboxId: "mvjaila", memory: true });
+    const instanceA = running.agent.get("mvjaila")!.instanceId;
+    await until("checkpointed to disk", 90_000, () =>
+      running.driver.list().find((i) => i.instanceId === instanceA)?.checkpointed ? true : undefined,
+    );
+    const memory = statSync(join(jailA.dir, "memory.snap"));
+    expect(memory.uid).toBe(0);
+    expect(memory.mode & 0o777).toBe(0o600);
+    expect(existsSync(join(jailA.dir, "migrate.out"))).toBe(false);
+    await client.resume({ sandboxId: "mvjaila", memory: true });
+    const restored = jailOf("mvjaila");
+    expect(restored.pid).not.toBe(jailA.pid);
+    expect(restored.uids).toEqual(Array(4).fill(String(slotA.qemuUid)));
+    expect(await readlink(`/proc/${restored.pid}/root`)).toBe(jailA.dir);
+    const sandbox = sdkSandbox("mvjaila", a.envdUrl, "token-mvjaila");
+    expect((await sandbox.commands.run("echo restored")).stdout.trim()).toBe("restored");
+    for (const id of ["mvjaila", "mvjailb"]) {
+      await client.kill({ sandboxId: id });
+      created.delete(id);
+    }
+  });
 
   it("the instant tier: QMP stop freezes the whole guest (envd stops answering) and cont brings it back", async () => {
     const placement = await createSandbox("mvfreeze");

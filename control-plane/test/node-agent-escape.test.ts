@@ -197,6 +197,8 @@ describe("escape suite: nothing inside a sandbox reaches the host or another san
     const { inputChain, forwardChain } = running.driver.network;
     expect(host).toContain(`-A ${inputChain} -i ${a.slot.hostVeth} -m comment --comment ${tag} -j DROP`);
     expect(host).toContain(`-A ${forwardChain} -i ${a.slot.hostVeth} -o wr-+ -m comment --comment ${tag} -j DROP`);
+    // Nor to a microVM sandbox of an agent of the other driver on the same host.
+    expect(host).toContain(`-A ${forwardChain} -i ${a.slot.hostVeth} -o wv-+ -m comment --comment ${tag} -j DROP`);
     expect(host).toContain(
       `-A ${forwardChain} -d 169.254.0.0/16 -i ${a.slot.hostVeth} -m comment --comment ${tag} -j DROP`,
     );

@@ -59,10 +59,11 @@ export class InstanceVms {
     const dir = this.options.records.dir(record.instanceId);
     const kernel = await this.options.kernel();
     const cgroup = await this.options.cgroups.create(record.instanceId, record.resources);
+    const slot = this.options.network.slot(record.slot);
     return {
       name: `warren-${this.options.instance}-${record.instanceId}`,
       dir,
-      netnsPath: this.options.network.slot(record.slot).netnsPath,
+      netnsPath: slot.netnsPath,
       kernel,
       disk: join(dir, "disk.qcow2"),
       memoryMiB: record.resources.memoryMiB,
@@ -70,6 +71,7 @@ export class InstanceVms {
       accel: this.options.accel,
       ...(incoming ? { incoming } : {}),
       cgroupProcs: cgroup.procsFiles,
+      jail: { uid: slot.qemuUid, gid: slot.qemuUid },
     };
   }
 

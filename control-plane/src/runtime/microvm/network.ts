@@ -3,7 +3,7 @@ import { readdir } from "node:fs/promises";
 import type { Logger } from "../../node-agent/log.js";
 import { CLOSED_EGRESS, type CompiledEgress, compileEgress } from "../egress/policy.js";
 import type { GatewayPorts } from "../egress/rules.js";
-import { enableUplinkForwarding } from "../egress/uplink.js";
+import { enableUplinkForwarding, SANDBOX_INTERFACES } from "../egress/uplink.js";
 import { exec, SerialQueue } from "../exec.js";
 import { ipString, mac, parseCidr } from "../net-addr.js";
 import { vmNamespaceRules } from "./egress.js";
@@ -37,7 +37,15 @@ export interface VmNetworkSlot {
   readonly hostVeth: string;
   readonly hostAddr: string;
   readonly sandboxAddr: string;
+  /**
+   * The uid (and gid) the slot's QEMU runs as (qemu.ts `jailArgs`): 2^30 + the /30's number in the IPv4 space.
+   * Unique on the host without any registry, because no two agents' sandbox networks overlap; far above
+   * distributions' user ranges and the namespace driver's mapped ids (100000 + 65536 per agent by default).
+   */
+  readonly qemuUid: number;
 }
+
+export const QEMU_UID_BASE = 2 ** 30;
 
 const SLOT_SCRIPT = `set -e
 ip netns add "$NS"
@@ -124,6 +132,7 @@ export class VmNetwork {
       hostVeth: `${this.vethPrefix}${index}`,
       hostAddr: ipString(net + 1),
       sandboxAddr: ipString(net + 2),
+      qemuUid: QEMU_UID_BASE + (Math.floor(net / 4) % QEMU_UID_BASE),
     };
   }
 
@@ -152,8 +161,7 @@ export class VmNetwork {
         `-A ${this.inputChain} -i ${veths} -j DROP`,
       ];
       const forward = [
-        `-A ${this.forwardChain} -i ${veths} -o wv-+ -j DROP`,
-        `-A ${this.forwardChain} -i ${veths} -o wr-+ -j DROP`,
+        ...SANDBOX_INTERFACES.map((iface) => `-A ${this.forwardChain} -i ${veths} -o ${iface} -j DROP`),
         `-A ${this.forwardChain} -i ${veths} -d 169.254.0.0/16 -j DROP`,
         `-A ${this.forwardChain} -i ${veths} -s ${this.options.cidr} -j ACCEPT`,
         `-A ${this.forwardChain} -i ${veths} -j DROP`,
@@ -186,7 +194,7 @@ export class VmNetwork {
         if (present.code !== 0) await exec("iptables", [...jump, "-I", parent, "1", "-j", chain]);
       }
       if (this.options.uplinkForwarding !== false)
-        await enableUplinkForwarding(this.forwardChain, "wv-+", this.uplinkTag, this.options.log);
+        await enableUplinkForwarding(this.forwardChain, this.uplinkTag, this.options.log);
     });
   }
 

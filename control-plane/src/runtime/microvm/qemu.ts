@@ -1,8 +1,8 @@
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
-import { open, readFile, rm } from "node:fs/promises";
+import { chown, copyFile, link, mkdir, open, readFile, readlink, rename, rm, writeFile } from "node:fs/promises";
 import { connect } from "node:net";
-import { join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import { processStartTime } from "../sandbox-process.js";
 import { GUEST_MAC, type GuestKernel } from "./guest-image.js";
 import { type QmpClient, withQmp } from "./qmp.js";
@@ -26,6 +26,17 @@ export interface VmLaunch {
   readonly incoming?: string;
   /** `cgroup.procs` files the launcher joins before exec'ing QEMU (vm-cgroups.ts): the daemon starts in them. */
   readonly cgroupProcs?: readonly string[];
+  /**
+   * Once set up, QEMU drops to this uid/gid (no capabilities left) and chroots into `dir` (see `jailArgs`).
+   * Absent: it stays root where it started (tests of the launcher only).
+   */
+  readonly jail?: VmJail;
+}
+
+/** The unprivileged identity a QEMU runs as: one of its own per sandbox (network.ts `qemuUid`). */
+export interface VmJail {
+  readonly uid: number;
+  readonly gid: number;
 }
 
 /**
@@ -120,16 +131,95 @@ export function qemuArgs(launch: VmLaunch): string[] {
     "-device",
     `virtio-net-device,netdev=n0,mac=${GUEST_MAC}`,
     "-drive",
-    `file=${launch.disk},if=none,id=d0,format=qcow2`,
+    `file=${diskPath(launch)},if=none,id=d0,format=qcow2`,
     "-device",
     "virtio-blk-device,drive=d0",
     "-daemonize",
     "-pidfile",
     join(launch.dir, "qemu.pid"),
   ];
-  if (launch.incoming) args.push("-incoming", `exec:cat ${shellSafe(launch.incoming)}`);
+  // The launcher opens the memory file as fd 3 (as root, before any chroot): QEMU reads it without a path.
+  if (launch.incoming) args.push("-incoming", `fd:${INCOMING_FD}`);
+  if (launch.jail) args.push(...jailArgs(launch.dir, launch.jail, qemuJailSyntax()));
   return args;
 }
+
+const INCOMING_FD = 3;
+
+/**
+ * The disk as QEMU names it. Jailed, relative to its directory (QEMU's working directory at start, its root
+ * after the chroot): QEMU opens the file again by name whenever its block layer changes the disk's permissions —
+ * read-only when a migration hands the disk over (every snapshot and checkpoint), read-write on `cont` and after
+ * a restore — and the absolute host path does not exist inside the chroot. The backing chain (read-only from the
+ * start) is never reopened, so its absolute paths are fine.
+ */
+function diskPath(launch: VmLaunch): string {
+  return launch.jail && dirname(launch.disk) === launch.dir ? basename(launch.disk) : launch.disk;
+}
+
+export type JailSyntax = "runas-chroot" | "run-with-chroot" | "run-with";
+
+/**
+ * How this QEMU spells "drop privileges and chroot": QEMU 7.2 (Debian 12) has `-runas` and `-chroot`; 8.1 moved
+ * chroot to `-run-with chroot=`, 9.1 added `-run-with user=` (and later QEMUs drop the old options). Read once
+ * from `-help`.
+ */
+let jailSyntax: JailSyntax | undefined;
+export function qemuJailSyntax(): JailSyntax {
+  if (jailSyntax === undefined) {
+    const help = spawnSync("qemu-system-x86_64", ["-help"], { encoding: "utf8", timeout: 10_000 }).stdout ?? "";
+    const runWith = /^-run-with .*$/m.exec(help)?.[0] ?? "";
+    jailSyntax = runWith.includes("user=")
+      ? "run-with"
+      : runWith.includes("chroot=")
+        ? "run-with-chroot"
+        : "runas-chroot";
+  }
+  return jailSyntax;
+}
+
+/**
+ * QEMU's own jail, in the spirit of Firecracker's jailer: after opening everything it needs as root (kernel,
+ * disks and their backing chain, tap, /dev/kvm, sockets, the incoming memory fd, its seccomp filter), QEMU
+ * chroots into the instance directory and becomes the sandbox's own uid/gid with no capabilities (real, effective
+ * and saved ids all change, so there is no way back to root even though seccomp's `elevateprivileges=deny` cannot
+ * be used: QEMU installs the filter before it drops privileges, so the filter would kill the drop itself). A
+ * guest that escapes into QEMU then holds a process that owns nothing on the host, sees only its instance
+ * directory (its own disk layer and logs, root-owned), cannot signal or trace another sandbox's QEMU (another
+ * uid), and is still confined by its cgroup, network namespace and seccomp filter.
+ */
+export function jailArgs(dir: string, jail: VmJail, syntax: JailSyntax): string[] {
+  const user = `${jail.uid}:${jail.gid}`;
+  switch (syntax) {
+    case "run-with":
+      return ["-run-with", `chroot=${dir},user=${user}`];
+    case "run-with-chroot":
+      return ["-run-with", `chroot=${dir}`, "-runas", user];
+    case "runas-chroot":
+      return ["-chroot", dir, "-runas", user];
+  }
+}
+
+/**
+ * What a jailed QEMU needs inside its chroot: its disk layer, owned by its uid (see diskPath); `exec:` migration (QEMU 7.2 has no `file:` URI) runs
+ * `/bin/sh -c "cat > ..."`, so `bin/sh` and `bin/cat` are a static busybox (Debian's busybox-static, root-owned,
+ * hard-linked where the filesystem allows). Nothing else of the host is in there.
+ */
+async function prepareJail(launch: VmLaunch, jail: VmJail): Promise<void> {
+  if (dirname(launch.disk) !== launch.dir)
+    throw new Error(`a jailed VM's disk must be in its directory: ${launch.disk}`);
+  // Its own disk layer is the one file QEMU writes (and reopens read-write, see diskPath) after dropping root.
+  await chown(launch.disk, jail.uid, jail.gid);
+  const bin = join(launch.dir, "bin");
+  await mkdir(bin, { recursive: true, mode: 0o755 });
+  for (const name of ["sh", "cat"]) {
+    const target = join(bin, name);
+    await rm(target, { force: true });
+    await link(STATIC_BUSYBOX, target).catch(() => copyFile(STATIC_BUSYBOX, target));
+  }
+}
+
+const STATIC_BUSYBOX = "/bin/busybox";
 
 /**
  * Joins the cgroup (every `cgroup.procs` file in `$CGROUP_PROCS`), then becomes nsenter → QEMU: the daemon QEMU
@@ -137,6 +227,7 @@ export function qemuArgs(launch: VmLaunch): string[] {
  */
 const LAUNCHER = `set -e
 for f in $CGROUP_PROCS; do echo $$ > "$f"; done
+if [ -n "$INCOMING" ]; then exec 3<"$INCOMING"; fi
 exec nsenter "$@"
 `;
 
@@ -145,6 +236,7 @@ export async function launchVm(launch: VmLaunch): Promise<number> {
   await rm(join(launch.dir, "qemu.pid"), { force: true });
   await rm(join(launch.dir, "qmp.sock"), { force: true });
   await rm(join(launch.dir, "console.sock"), { force: true });
+  if (launch.jail) await prepareJail(launch, launch.jail);
   const log = await open(join(launch.dir, "qemu.log"), "a");
   try {
     const code = await new Promise<number>((resolve, reject) => {
@@ -152,8 +244,11 @@ export async function launchVm(launch: VmLaunch): Promise<number> {
         env: {
           PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
           CGROUP_PROCS: (launch.cgroupProcs ?? []).join(" "),
+          INCOMING: launch.incoming ?? "",
         },
         stdio: ["ignore", log.fd, log.fd],
+        // A jailed QEMU names its disk relative to its directory (diskPath).
+        cwd: launch.dir,
         timeout: 60_000,
       });
       child.once("error", reject);
@@ -194,24 +289,83 @@ export async function finishRestore(qmpPath: string, timeoutMs: number): Promise
  * max-bandwidth first, QEMU 7.2 defaults to 32 MiB/s). QEMU stays, in state `postmigrate`: its disk is flushed and
  * released to a would-be destination (QEMU takes it back on `cont`), and QEMU 7.2 refuses a second migration from
  * that state ("Can't migrate the vm that was paused due to previous migration") until a `cont`.
+ *
+ * A jailed QEMU (see `jailArgs`) can write nowhere but where it is let: the agent creates `migrate.out` in its
+ * chroot, owned by its uid, QEMU's `exec:` shell writes into that, and the agent moves the file to `path` and takes
+ * it back (root-owned, 0600). The QMP socket lives in the VM's directory, which tells where that is.
  */
 export async function saveMemory(qmp: QmpClient, path: string, timeoutMs: number): Promise<void> {
-  await qmp.execute("migrate-set-parameters", { "max-bandwidth": 100 * 1024 ** 3 });
-  await qmp.execute("stop");
-  await qmp.execute("migrate", { uri: `exec:cat > ${shellSafe(path)}` });
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const info = await qmp.execute<{ status?: string; "error-desc"?: string }>("query-migrate");
-    if (info.status === "completed") return;
-    if (info.status === "failed" || info.status === "cancelled") {
-      throw new Error(`snapshot ${info.status}: ${info["error-desc"] ?? "no detail"}`);
+  const target = await migrationTarget(dirname(qmp.path), path);
+  try {
+    await qmp.execute("migrate-set-parameters", { "max-bandwidth": 100 * 1024 ** 3 });
+    await qmp.execute("stop");
+    await qmp.execute("migrate", { uri: `exec:cat > ${shellSafe(target.uri)}` });
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const info = await qmp.execute<{ status?: string; "error-desc"?: string }>("query-migrate");
+      if (info.status === "completed") break;
+      if (info.status === "failed" || info.status === "cancelled") {
+        throw new Error(`snapshot ${info.status} (into ${target.uri}): ${info["error-desc"] ?? "no detail"}`);
+      }
+      if (Date.now() > deadline) {
+        await qmp.execute("migrate_cancel").catch(() => undefined);
+        throw new Error(`snapshot did not complete within ${timeoutMs} ms`);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 10));
     }
-    if (Date.now() > deadline) {
-      await qmp.execute("migrate_cancel").catch(() => undefined);
-      throw new Error(`snapshot did not complete within ${timeoutMs} ms`);
-    }
-    await new Promise((resolve) => setTimeout(resolve, 10));
+    await target.finish();
+  } finally {
+    await target.discard();
   }
+}
+
+interface MigrationTarget {
+  /** The file as QEMU's shell names it. */
+  readonly uri: string;
+  /** Moves the written file to where the caller wants it, root-owned. */
+  finish(): Promise<void>;
+  /** Removes what is left of a failed migration (nothing after `finish`). */
+  discard(): Promise<void>;
+}
+
+async function migrationTarget(vmDir: string, path: string): Promise<MigrationTarget> {
+  const jail = await jailOf(vmDir);
+  if (!jail) return { uri: path, finish: async () => undefined, discard: async () => undefined };
+  const inJail = join(vmDir, "migrate.out");
+  await rm(inJail, { force: true });
+  await writeFile(inJail, "", { mode: 0o600 });
+  await chown(inJail, jail.uid, jail.gid);
+  let moved = false;
+  return {
+    uri: "/migrate.out",
+    finish: async () => {
+      await chown(inJail, 0, 0);
+      await rename(inJail, path).catch(async () => {
+        await copyFile(inJail, path);
+        await rm(inJail, { force: true });
+      });
+      moved = true;
+    },
+    discard: async () => {
+      if (!moved) await rm(inJail, { force: true });
+    },
+  };
+}
+
+/**
+ * The uid/gid of the QEMU whose directory is `vmDir`, when it runs jailed there (its root is that directory). A
+ * QEMU started before jails existed (re-adopted after an agent upgrade) is not: its migration writes `path`
+ * directly, as before.
+ */
+async function jailOf(vmDir: string): Promise<VmJail | undefined> {
+  const pid = Number((await readFile(join(vmDir, "qemu.pid"), "utf8").catch(() => "")).trim());
+  if (!Number.isInteger(pid) || pid <= 0) return undefined;
+  const root = await readlink(`/proc/${pid}/root`).catch(() => "");
+  if (root !== vmDir) return undefined;
+  const status = await readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
+  const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]);
+  const gid = Number(/^Gid:\s+(\d+)/m.exec(status)?.[1]);
+  return Number.isInteger(uid) && Number.isInteger(gid) ? { uid, gid } : undefined;
 }
 
 /**

@@ -10,7 +10,11 @@ export class QmpClient {
   private greeted: Promise<void>;
   private closedError: Error | undefined;
 
-  private constructor(private readonly socket: Socket) {
+  private constructor(
+    private readonly socket: Socket,
+    /** The socket's path (QEMU's directory: see qemu.ts saveMemory). */
+    readonly path: string,
+  ) {
     let greet: () => void = () => undefined;
     this.greeted = new Promise((resolve) => {
       greet = resolve;
@@ -57,7 +61,7 @@ export class QmpClient {
   /** Connects, waits for the greeting and negotiates capabilities; rejects after `timeoutMs`. */
   static async open(path: string, timeoutMs = 10_000): Promise<QmpClient> {
     const socket = connect(path);
-    const client = new QmpClient(socket);
+    const client = new QmpClient(socket, path);
     await withTimeout(
       new Promise<void>((resolve, reject) => {
         socket.once("error", reject);

@@ -93,6 +93,7 @@ export class TemplateSnapshots {
           memoryMiB: resources.memoryMiB,
           vcpus,
           accel,
+          jail: { uid: slot.qemuUid, gid: slot.qemuUid },
         };
         const { pid, startTime } = await coldBoot(launch, {
           addr: slot.sandboxAddr,

@@ -1,7 +1,7 @@
 import { existsSync } from "node:fs";
 import { readdir } from "node:fs/promises";
 import type { Logger } from "../../node-agent/log.js";
-import { enableUplinkForwarding } from "../egress/uplink.js";
+import { enableUplinkForwarding, SANDBOX_INTERFACES } from "../egress/uplink.js";
 import { exec, SerialQueue } from "../exec.js";
 import { ipString, mac, parseCidr } from "../net-addr.js";
 
@@ -174,12 +174,7 @@ export class NetworkPool {
 
   private enableUplinkForwarding(): Promise<void> {
     // The node forwarded nothing arriving on its uplink before; keep it so for everything but sandbox traffic.
-    return enableUplinkForwarding(
-      this.forwardChain,
-      "wr-+",
-      `warren:${this.options.instance}:uplink`,
-      this.options.log,
-    );
+    return enableUplinkForwarding(this.forwardChain, `warren:${this.options.instance}:uplink`, this.options.log);
   }
 
   /**
@@ -303,9 +298,11 @@ export class NetworkPool {
         [
           `-A ${this.inputChain} -i ${slot.hostVeth} -m conntrack --ctstate ESTABLISHED,RELATED ${comment} -j ACCEPT`,
           `-A ${this.inputChain} -i ${slot.hostVeth} ${comment} -j DROP`,
-          // Egress: never to another sandbox (any agent's) or link-local; the rest is the sandbox's own policy,
-          // enforced inside its namespace (egress-rules.ts). Inbound: only replies.
-          `-A ${this.forwardChain} -i ${slot.hostVeth} -o wr-+ ${comment} -j DROP`,
+          // Egress: never to another sandbox (any agent's, either driver's) or link-local; the rest is the
+          // sandbox's own policy, enforced inside its namespace (egress-rules.ts). Inbound: only replies.
+          ...SANDBOX_INTERFACES.map(
+            (iface) => `-A ${this.forwardChain} -i ${slot.hostVeth} -o ${iface} ${comment} -j DROP`,
+          ),
           `-A ${this.forwardChain} -i ${slot.hostVeth} -d 169.254.0.0/16 ${comment} -j DROP`,
           `-A ${this.forwardChain} -i ${slot.hostVeth} -s ${slot.sandboxAddr} ${comment} -j ACCEPT`,
           `-A ${this.forwardChain} -i ${slot.hostVeth} ${comment} -j DROP`,
