@@ -36,11 +36,20 @@ export async function startGateway(config: GatewayConfig, log: Logger): Promise<
     log,
   });
 
+  /** The default contexts' start: see GET /warren/ready. */
+  let defaults: "starting" | "started" | "failed" = "starting";
+
   const handle = async (req: IncomingMessage, res: ServerResponse, requestId: string) => {
     const url = new URL(req.url ?? "/", "http://gateway");
     const path = url.pathname.replace(/\/+$/, "") || "/";
     const method = req.method ?? "GET";
     if (path === "/health" && method === "GET") return sendJson(res, 200, "OK");
+    // Warren's own: 200 once the default kernels' start has ended (`started`, or `failed`: waiting longer would
+    // not help), 503 while they start. The microVM driver snapshots a code template only then, so a sandbox's
+    // first execution finds its kernel running. Nothing secret in it: no token.
+    if (path === "/warren/ready" && method === "GET") {
+      return sendJson(res, defaults === "starting" ? 503 : 200, { kernels: defaults });
+    }
     if (path === "/execute" && method === "POST") {
       await access.check(req);
       const request = parseExecuteRequest(await readJson(req));
@@ -107,16 +116,17 @@ export async function startGateway(config: GatewayConfig, log: Logger): Promise<
   });
   const port = (server.address() as AddressInfo).port;
   const started = Date.now();
-  const defaults = await Promise.allSettled(
+  const outcomes = await Promise.allSettled(
     ["python", ...config.startLanguages].map((l) => {
       const language = normalizeLanguage(l);
       if (!language) throw new Error(`unsupported start language '${l}'`);
       return contexts.defaultFor(language);
     }),
   );
-  for (const outcome of defaults) {
+  for (const outcome of outcomes) {
     if (outcome.status === "rejected") log.error("default context failed to start", { error: String(outcome.reason) });
   }
+  defaults = outcomes.every((outcome) => outcome.status === "fulfilled") ? "started" : "failed";
   log.info("code gateway listening", { host: config.host, port, kernelsReadyMs: Date.now() - started });
 
   let closing: Promise<void> | undefined;

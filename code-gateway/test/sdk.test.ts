@@ -320,4 +320,10 @@ describe("bad input", () => {
     expect(res.status).toBe(200);
     expect(await res.json()).toBe("OK");
   });
+
+  it("answers GET /warren/ready with 200 once the default kernels have started", async () => {
+    const res = await fetch(`${gateway.url}/warren/ready`);
+    expect(res.status).toBe(200);
+    expect(await res.json()).toEqual({ kernels: "started" });
+  });
 });

@@ -86,6 +86,9 @@ describe("the code gateway in microVM guests (TCG)", () => {
     gateway.port = "49999";
     // Ready means both answered: no retry needed here.
     expect((await fetch(new URL("/health", gateway))).status).toBe(200);
+    // The template snapshot was taken with the default kernels up: a restored gateway has them at once.
+    const ready = await fetch(new URL("/warren/ready", gateway));
+    expect(await ready.json()).toEqual({ kernels: "started" });
     const denied = await execute(gateway, undefined, "1+1");
     expect(denied.status, await denied.text()).toBe(401);
 

@@ -6,7 +6,13 @@ import type { Logger } from "../../node-agent/log.js";
 import { withFileLock } from "../../templates/lock.js";
 import type { SandboxResources, TemplateImage } from "../driver.js";
 import { type BootLimits, coldBoot, readyPorts } from "./boot.js";
-import { ensureKernel, ensureRootImage, type GuestImageOptions, type GuestKernel } from "./guest-image.js";
+import {
+  CODE_GATEWAY_PORT,
+  ensureKernel,
+  ensureRootImage,
+  type GuestImageOptions,
+  type GuestKernel,
+} from "./guest-image.js";
 import type { VmNetwork } from "./network.js";
 import { type Accel, kernelCmdline, killVm, snapshotAndQuit, type VmLaunch, waitGone } from "./qemu.js";
 
@@ -103,6 +109,7 @@ export class TemplateSnapshots {
           log,
         });
         try {
+          if (template.codeGateway) await waitKernels(slot.sandboxAddr, accel, log);
           // envd warms itself up right after listening (one `bash -l -c true`); let that finish before saving.
           await new Promise((resolve) => setTimeout(resolve, 2000));
           await snapshotAndQuit(join(tmp, "qmp.sock"), join(tmp, "memory.snap"), SNAPSHOT_TIMEOUT_MS);
@@ -127,4 +134,29 @@ export class TemplateSnapshots {
       }
     });
   }
+}
+
+/**
+ * A code template's gateway starts its default kernels once it listens; the snapshot waits for them (the
+ * gateway's `GET /warren/ready`), so every sandbox restored from it finds its Python kernel running instead of
+ * starting one on its first execution (a second or two on KVM, tens of seconds under TCG). A kernel that does not
+ * come up in time is no reason to fail the build: sandboxes then start it themselves, as before.
+ */
+async function waitKernels(addr: string, accel: Accel, log: Logger): Promise<void> {
+  const started = Date.now();
+  const deadline = started + (accel === "kvm" ? 60_000 : 300_000);
+  while (Date.now() < deadline) {
+    const answer = await fetch(`http://${addr}:${CODE_GATEWAY_PORT}/warren/ready`, {
+      signal: AbortSignal.timeout(5000),
+    }).then(
+      async (res) => ({ status: res.status, body: (await res.json().catch(() => ({}))) as { kernels?: string } }),
+      () => undefined,
+    );
+    if (answer?.status === 200) {
+      log.info("code template kernels up for the snapshot", { kernels: answer.body.kernels, ms: Date.now() - started });
+      return;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 250));
+  }
+  log.warn("the code template's kernels did not start in time; sandboxes start them on first use");
 }
