@@ -1,6 +1,6 @@
 import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { readFile, readlink } from "node:fs/promises";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { routeKey } from "@warren/proto/redis";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -87,6 +87,21 @@ function inCgroup(pid: number, path: string): boolean {
 
 function qemuPidOf(dir: string): number {
   return Number(readFileSync(`${dir}/qemu.pid`, "utf8").trim());
+}
+
+/** QEMU's mapping of a template snapshot's RAM file (its smaps entry), if it has one. */
+function ramMapping(pid: number): { path: string; perms: string; sharedCleanKiB: number } | undefined {
+  const smaps = readFileSync(`/proc/${pid}/smaps`, "utf8").split("\n");
+  const at = smaps.findIndex((line) => /^[0-9a-f]+-[0-9a-f]+ \S+ .* \/\S+\/ram$/.test(line));
+  if (at < 0) return undefined;
+  const [, perms = "", , , , path = ""] = smaps[at]?.split(/\s+/) ?? [];
+  let sharedCleanKiB = 0;
+  for (const line of smaps.slice(at + 1)) {
+    if (/^[0-9a-f]+-[0-9a-f]+ /.test(line)) break;
+    const shared = /^Shared_Clean:\s+(\d+) kB/.exec(line);
+    if (shared) sharedCleanKiB = Number(shared[1]);
+  }
+  return { path, perms, sharedCleanKiB };
 }
 
 async function until<T>(what: string, timeoutMs: number, probe: () => Promise<T | undefined> | T | undefined) {
@@ -238,6 +253,17 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
     // Its root is its own instance directory: nothing else of the host, nor the other sandbox's files.
     expect(await readlink(`/proc/${jailA.pid}/root`)).toBe(jailA.dir);
     expect(await readlink(`/proc/${jailB.pid}/root`)).toBe(jailB.dir);
+    // Guest RAM: a private (copy-on-write) mapping of the template snapshot's RAM file, the same file for both,
+    // whose untouched pages are shared between them (one page cache); the snapshot's stream is device state only.
+    const ramA = ramMapping(jailA.pid);
+    const ramB = ramMapping(jailB.pid);
+    expect(ramA?.perms).toBe("rw-p");
+    expect(ramB?.path).toBe(ramA?.path);
+    expect(ramA?.sharedCleanKiB).toBeGreaterThan(0);
+    expect(ramB?.sharedCleanKiB).toBeGreaterThan(0);
+    const templateDir = dirname(ramA?.path ?? "");
+    expect(statSync(join(templateDir, "memory.snap")).size).toBeLessThan(2 ** 20);
+    expect(statSync(join(templateDir, "disk.qcow2")).uid).toBe(0);
     // The one file it may write is its disk layer.
     expect(statSync(join(jailA.dir, "disk.qcow2")).uid).toBe(slotA.qemuUid);
     expect(statSync(jailA.dir).uid).toBe(0);
@@ -257,6 +283,8 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
     expect(restored.pid).not.toBe(jailA.pid);
     expect(restored.uids).toEqual(Array(4).fill(String(slotA.qemuUid)));
     expect(await readlink(`/proc/${restored.pid}/root`)).toBe(jailA.dir);
+    // Restored from its own checkpoint (all of its memory in the stream): ordinary RAM again.
+    expect(ramMapping(restored.pid)).toBeUndefined();
     const sandbox = sdkSandbox("mvjaila", a.envdUrl, "token-mvjaila");
     expect((await sandbox.commands.run("echo restored")).stdout.trim()).toBe("restored");
     for (const id of ["mvjaila", "mvjailb"]) {

@@ -188,12 +188,12 @@ export class MicrovmDriver implements RuntimeDriver {
         this.instances.set(instanceId, draft);
         record = draft;
       };
-      let base: { disk: string; memory?: string };
+      let base: { disk: string; memory?: string; ram?: string };
       if (template) {
         draft.snapshotDir = template.dir;
         await register();
         const exact = template.memoryMiB === spec.resources.memoryMiB && template.vcpus === draft.vcpus;
-        base = { disk: template.disk, ...(exact ? { memory: template.memory } : {}) };
+        base = { disk: template.disk, ...(exact ? { memory: template.memory, ram: template.ram } : {}) };
       } else {
         base = await this.useSnapshot(spec, draft, register);
       }
@@ -203,7 +203,7 @@ export class MicrovmDriver implements RuntimeDriver {
       await exec("qemu-img", ["create", "-q", "-f", "qcow2", "-b", base.disk, "-F", "qcow2", disk]);
       const started = performance.now();
       if (base.memory) {
-        await this.vms.restore(draft, base.memory);
+        await this.vms.restore(draft, base.memory, base.ram);
       } else {
         // Other memory or vCPUs than the snapshot's, or a files-only snapshot: a cold boot over the disk layer.
         await this.vms.boot(draft, log);

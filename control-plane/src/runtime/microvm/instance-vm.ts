@@ -55,7 +55,7 @@ export class InstanceVms {
     await withQmp(this.qmpPath(record), (qmp) => qmp.execute(command));
   }
 
-  private async launchOf(record: InstanceRecord, incoming?: string): Promise<VmLaunch> {
+  private async launchOf(record: InstanceRecord, incoming?: string, ramFile?: string): Promise<VmLaunch> {
     const dir = this.options.records.dir(record.instanceId);
     const kernel = await this.options.kernel();
     const cgroup = await this.options.cgroups.create(record.instanceId, record.resources);
@@ -70,6 +70,7 @@ export class InstanceVms {
       vcpus: record.vcpus,
       accel: this.options.accel,
       ...(incoming ? { incoming } : {}),
+      ...(ramFile ? { ram: { path: ramFile, shared: false } } : {}),
       cgroupProcs: cgroup.procsFiles,
       jail: { uid: slot.qemuUid, gid: slot.qemuUid },
     };
@@ -88,11 +89,15 @@ export class InstanceVms {
       );
   }
 
-  /** New QEMU loading `memory` (a snapshot or the instance's checkpoint), resumed, clock set, guest ready. */
-  async restore(record: InstanceRecord, memory: string): Promise<void> {
+  /**
+   * New QEMU loading `memory` (a snapshot or the instance's checkpoint), resumed, clock set, guest ready. With
+   * `ramFile` (a template snapshot's RAM, qemu.ts `ramArgs`), the guest's RAM is a private mapping of it and
+   * `memory` holds the device state only.
+   */
+  async restore(record: InstanceRecord, memory: string, ramFile?: string): Promise<void> {
     let pid: number;
     try {
-      pid = await launchVm(await this.launchOf(record, memory));
+      pid = await launchVm(await this.launchOf(record, memory, ramFile));
     } catch (error) {
       await this.release(record);
       throw error;
@@ -101,7 +106,7 @@ export class InstanceVms {
     record.pidStartTime = await processStartTime(pid);
     await this.options.records.persist(record);
     try {
-      await finishRestore(this.qmpPath(record), this.options.readyTimeoutMs);
+      await finishRestore(this.qmpPath(record), this.options.readyTimeoutMs, ramFile !== undefined);
       await this.syncClock(record);
       await waitReady(
         record.addr,

@@ -24,6 +24,12 @@ export interface VmLaunch {
   readonly accel: Accel;
   /** Restore from this memory snapshot (QEMU waits paused for `cont`) instead of booting. */
   readonly incoming?: string;
+  /**
+   * Guest RAM as a file mapping (see `ramArgs`): `shared` for the VM a template snapshot is built from (its RAM
+   * ends up in the file), private (copy-on-write) for the VMs restored from that snapshot. Absent: anonymous
+   * memory, all of it in the migration stream.
+   */
+  readonly ram?: { readonly path: string; readonly shared: boolean };
   /** `cgroup.procs` files the launcher joins before exec'ing QEMU (vm-cgroups.ts): the daemon starts in them. */
   readonly cgroupProcs?: readonly string[];
   /**
@@ -98,7 +104,7 @@ export function qemuArgs(launch: VmLaunch): string[] {
     "-name",
     launch.name,
     "-M",
-    "microvm,x-option-roms=off,isa-serial=on,rtc=on",
+    `microvm,x-option-roms=off,isa-serial=on,rtc=on${launch.ram ? `,memory-backend=${RAM_ID}` : ""}`,
     "-accel",
     launch.accel === "tcg" ? `tcg,tb-size=${TCG_TB_SIZE_MIB}` : launch.accel,
     "-cpu",
@@ -138,13 +144,38 @@ export function qemuArgs(launch: VmLaunch): string[] {
     "-pidfile",
     join(launch.dir, "qemu.pid"),
   ];
-  // The launcher opens the memory file as fd 3 (as root, before any chroot): QEMU reads it without a path.
-  if (launch.incoming) args.push("-incoming", `fd:${INCOMING_FD}`);
+  if (launch.ram) args.push(...ramArgs(launch.ram, launch.memoryMiB));
+  // The launcher opens the memory file as fd 3 (as root, before any chroot): QEMU reads it without a path. A
+  // restore over a RAM file waits (`defer`) for its migration capability to be set (finishRestore).
+  if (launch.incoming) args.push("-incoming", launch.ram ? "defer" : `fd:${INCOMING_FD}`);
   if (launch.jail) args.push(...jailArgs(launch.dir, launch.jail, qemuJailSyntax()));
   return args;
 }
 
 const INCOMING_FD = 3;
+
+/**
+ * The machine's default RAM block name, kept for the file-backed RAM: migration streams name RAM blocks, and a
+ * VM restored from a template snapshot (file-backed) is later checkpointed or snapshotted into a stream that a VM
+ * with ordinary RAM loads.
+ */
+const RAM_ID = "microvm.ram";
+
+/**
+ * Guest RAM backed by a file, for template snapshots (Firecracker's way of restoring snapshots, done with QEMU's
+ * `x-ignore-shared` migration capability): the VM a template snapshot is built from maps `ram` shared, so at
+ * `stop` its RAM *is* the file, and its migration stream (with `x-ignore-shared`) holds device state only. A VM
+ * restored from the snapshot maps the same file private (copy-on-write): nothing is read at restore, pages come
+ * from the page cache when the guest touches them — shared by every sandbox of that template — and only the
+ * pages a sandbox writes are its own. The file never changes once built (a private mapping of a file that
+ * changes would see the changes).
+ */
+function ramArgs(ram: { readonly path: string; readonly shared: boolean }, memoryMiB: number): string[] {
+  return [
+    "-object",
+    `memory-backend-file,id=${RAM_ID},size=${memoryMiB}M,mem-path=${ram.path},share=${ram.shared ? "on" : "off"}`,
+  ];
+}
 
 /**
  * The disk as QEMU names it. Jailed, relative to its directory (QEMU's working directory at start, its root
@@ -268,20 +299,34 @@ export async function queryStatus(qmp: QmpClient): Promise<string> {
   return (await qmp.execute<{ status: string }>("query-status")).status;
 }
 
-/** After `-incoming`: waits until the memory is loaded (status leaves `inmigrate`), then resumes the vCPUs. */
-export async function finishRestore(qmpPath: string, timeoutMs: number): Promise<void> {
+/**
+ * After `-incoming`: waits until the memory is loaded (status leaves `inmigrate`), then resumes the vCPUs. A
+ * restore over a RAM file (`ramFile`: QEMU started with `-incoming defer`) first turns `x-ignore-shared` on, as the
+ * template snapshot was saved with it, then loads fd 3, and turns it off again once loaded: what this VM saves
+ * later (checkpoint, sandbox snapshot) must hold all of its memory, its RAM being private.
+ */
+export async function finishRestore(qmpPath: string, timeoutMs: number, ramFile = false): Promise<void> {
   await withQmp(qmpPath, async (qmp) => {
+    if (ramFile) {
+      await setIgnoreShared(qmp, true);
+      await qmp.execute("migrate-incoming", { uri: `fd:${INCOMING_FD}` });
+    }
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       const status = await queryStatus(qmp);
       if (status === "paused" || status === "postmigrate" || status === "prelaunch") break;
-      if (status === "running") return;
+      if (status === "running") break;
       if (status !== "inmigrate") throw new Error(`restore ended in state '${status}'`);
       if (Date.now() > deadline) throw new Error(`restore did not finish within ${timeoutMs} ms`);
       await new Promise((resolve) => setTimeout(resolve, 5));
     }
-    await qmp.execute("cont");
+    if (ramFile) await setIgnoreShared(qmp, false);
+    if ((await queryStatus(qmp)) !== "running") await qmp.execute("cont");
   });
+}
+
+function setIgnoreShared(qmp: QmpClient, state: boolean): Promise<unknown> {
+  return qmp.execute("migrate-set-capabilities", { capabilities: [{ capability: "x-ignore-shared", state }] });
 }
 
 /**
@@ -293,11 +338,21 @@ export async function finishRestore(qmpPath: string, timeoutMs: number): Promise
  * A jailed QEMU (see `jailArgs`) can write nowhere but where it is let: the agent creates `migrate.out` in its
  * chroot, owned by its uid, QEMU's `exec:` shell writes into that, and the agent moves the file to `path` and takes
  * it back (root-owned, 0600). The QMP socket lives in the VM's directory, which tells where that is.
+ *
+ * `ramInFile`: the VM's RAM is a shared file mapping (a template snapshot's build, see `ramArgs`), which the stream
+ * leaves out; otherwise the stream holds all of the VM's memory.
  */
-export async function saveMemory(qmp: QmpClient, path: string, timeoutMs: number): Promise<void> {
+export async function saveMemory(
+  qmp: QmpClient,
+  path: string,
+  timeoutMs: number,
+  options: { readonly ramInFile?: boolean } = {},
+): Promise<void> {
   const target = await migrationTarget(dirname(qmp.path), path);
   try {
     await qmp.execute("migrate-set-parameters", { "max-bandwidth": 100 * 1024 ** 3 });
+    // Explicitly either way: the stream's format depends on it (ramArgs), whatever an earlier restore left set.
+    await setIgnoreShared(qmp, options.ramInFile === true);
     await qmp.execute("stop");
     await qmp.execute("migrate", { uri: `exec:cat > ${shellSafe(target.uri)}` });
     const deadline = Date.now() + timeoutMs;
@@ -372,9 +427,14 @@ async function jailOf(vmDir: string): Promise<VmJail | undefined> {
  * `saveMemory`, then quits QEMU. The disk is left consistent with the snapshot: QEMU flushes it when migration
  * completes and nothing runs afterwards.
  */
-export async function snapshotAndQuit(qmpPath: string, path: string, timeoutMs: number): Promise<void> {
+export async function snapshotAndQuit(
+  qmpPath: string,
+  path: string,
+  timeoutMs: number,
+  options: { readonly ramInFile?: boolean } = {},
+): Promise<void> {
   await withQmp(qmpPath, async (qmp) => {
-    await saveMemory(qmp, path, timeoutMs);
+    await saveMemory(qmp, path, timeoutMs, options);
     await qmp.execute("quit").catch(() => undefined);
   });
 }

@@ -1,10 +1,11 @@
 import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, rename, rm, stat, writeFile } from "node:fs/promises";
+import { chown, mkdir, rename, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "../../node-agent/log.js";
 import { withFileLock } from "../../templates/lock.js";
 import type { SandboxResources, TemplateImage } from "../driver.js";
+import { exec } from "../exec.js";
 import { type BootLimits, coldBoot, readyPorts } from "./boot.js";
 import {
   CODE_GATEWAY_PORT,
@@ -20,7 +21,10 @@ import { type Accel, kernelCmdline, killVm, snapshotAndQuit, type VmLaunch, wait
 export interface TemplateSnapshot {
   readonly dir: string;
   readonly disk: string;
+  /** Device state (QEMU's migration stream, `x-ignore-shared`): small. */
   readonly memory: string;
+  /** Guest RAM, mapped copy-on-write by the VMs restored from it (qemu.ts `ramArgs`). */
+  readonly ram: string;
   readonly memoryMiB: number;
   readonly vcpus: number;
 }
@@ -70,12 +74,14 @@ export class TemplateSnapshots {
     const root = await ensureRootImage(images, template, resources.diskMiB);
     const vcpus = vcpusOf(resources);
     const cmdline = createHash("sha256").update(kernelCmdline(accel)).digest("hex").slice(0, 8);
-    const name = `${template.templateId}-${root.key}-${kernel.version}-${cmdline}-${accel}-m${resources.memoryMiB}-c${vcpus}`;
+    // `ramfile`: the snapshot's RAM is a file of its own (snapshots before it held RAM in the stream).
+    const name = `${template.templateId}-${root.key}-${kernel.version}-${cmdline}-${accel}-m${resources.memoryMiB}-c${vcpus}-ramfile`;
     const dir = join(images.dir, "snapshots", name);
     const snapshot = {
       dir,
       disk: join(dir, "disk.qcow2"),
       memory: join(dir, "memory.snap"),
+      ram: join(dir, "ram"),
       memoryMiB: resources.memoryMiB,
       vcpus,
     };
@@ -100,6 +106,7 @@ export class TemplateSnapshots {
           vcpus,
           accel,
           jail: { uid: slot.qemuUid, gid: slot.qemuUid },
+          ram: { path: join(tmp, "ram"), shared: true },
         };
         const { pid, startTime } = await coldBoot(launch, {
           addr: slot.sandboxAddr,
@@ -112,8 +119,14 @@ export class TemplateSnapshots {
           if (template.codeGateway) await waitKernels(slot.sandboxAddr, accel, log);
           // envd warms itself up right after listening (one `bash -l -c true`); let that finish before saving.
           await new Promise((resolve) => setTimeout(resolve, 2000));
-          await snapshotAndQuit(join(tmp, "qmp.sock"), join(tmp, "memory.snap"), SNAPSHOT_TIMEOUT_MS);
+          await snapshotAndQuit(join(tmp, "qmp.sock"), join(tmp, "memory.snap"), SNAPSHOT_TIMEOUT_MS, {
+            ramInFile: true,
+          });
           await waitGone(pid, startTime, 10_000);
+          // The RAM is in the page cache; on disk before READY says the snapshot is whole.
+          await exec("sync", ["--data", join(tmp, "ram")]);
+          // The building QEMU's uid owned its disk (qemu.ts prepareJail); every sandbox's backing file is root's.
+          await chown(join(tmp, "disk.qcow2"), 0, 0);
         } finally {
           await killVm(pid, startTime);
         }
@@ -123,7 +136,7 @@ export class TemplateSnapshots {
         await rename(tmp, dir);
         log.info("template snapshot built", {
           seconds: Math.round((Date.now() - started) / 100) / 10,
-          memoryMiB: Math.round((await stat(snapshot.memory)).size / 2 ** 20),
+          ramMiB: Math.round(((await stat(join(dir, "ram"))).blocks * 512) / 2 ** 20),
         });
         return snapshot;
       } catch (error) {
