@@ -41,6 +41,7 @@ import type { LogLevel } from "./log.js";
  * | WARREN_MICROVM_DIR | /var/lib/warren/microvm | microvm driver's cache: guest kernel, root images, template snapshots |
  * | WARREN_MICROVM_KERNEL | <WARREN_MICROVM_DIR>/linux | unpacked Debian cloud kernel package (scripts/setup-host.sh) |
  * | WARREN_MICROVM_BOOT_TIMEOUT_MS | 30000 (KVM), 120000 (TCG) | one cold-boot attempt of a microVM (3 attempts, 4 under TCG; a boot whose guest init has not started after 10 s (KVM) / 45 s (TCG) is retried at once) |
+ * | WARREN_MICROVM_RAM_FILE | 1 | template snapshots keep guest RAM in a file that restored VMs map copy-on-write (lazy restore, pages shared by a template's sandboxes); 0: RAM in the migration stream, read whole at every restore (for a state directory on slow or network storage) |
  * | WARREN_KILL_ON_STOP | false | on SIGTERM, kill every sandbox too (a local cluster's `down`), instead of leaving them for re-adoption |
  * | WARREN_RELAY_TOKEN | unset | shared secret proxies send in `Warren-Relay-Token` to tunnel to this node's sandboxes (`CONNECT <sandboxAddr>:<port>`, relay.ts); unset: the relay is off (405) |
  */
@@ -78,6 +79,8 @@ export interface NodeAgentConfig {
   readonly microvmKernel: string;
   /** 0: the driver's default for its accelerator. */
   readonly microvmBootTimeoutMs: number;
+  /** WARREN_MICROVM_RAM_FILE (runtime/microvm/qemu.ts `ramArgs`). */
+  readonly microvmRamFile: boolean;
   /** WARREN_RELAY_TOKEN; undefined: the relay is off. */
   readonly relayToken: string | undefined;
 }
@@ -183,6 +186,7 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     microvmDir,
     microvmKernel: env.WARREN_MICROVM_KERNEL || `${microvmDir}/linux`,
     microvmBootTimeoutMs: integer(env, "WARREN_MICROVM_BOOT_TIMEOUT_MS", 0, 0, 3_600_000),
+    microvmRamFile: env.WARREN_MICROVM_RAM_FILE !== "0",
     relayToken: relayToken(env.WARREN_RELAY_TOKEN),
   };
 }

@@ -76,6 +76,8 @@ export interface MicrovmDriverOptions {
   readonly dnsUpstream?: string;
   /** See VmNetworkOptions.uplinkForwarding (default on). */
   readonly uplinkForwarding?: boolean;
+  /** Template snapshots keep RAM in a file restored VMs map copy-on-write (qemu.ts `ramArgs`; default on). */
+  readonly templateRamFile?: boolean;
   readonly log: Logger;
 }
 
@@ -122,6 +124,7 @@ export class MicrovmDriver implements RuntimeDriver {
       accel: options.accel,
       limits,
       network: this.network,
+      ramFile: options.templateRamFile !== false,
       log: options.log,
     });
     this.vms = new InstanceVms({

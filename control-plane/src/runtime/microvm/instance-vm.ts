@@ -95,9 +95,17 @@ export class InstanceVms {
    * `memory` holds the device state only.
    */
   async restore(record: InstanceRecord, memory: string, ramFile?: string): Promise<void> {
+    const phases: Record<string, number> = {};
+    let mark = performance.now();
+    const phase = (name: string) => {
+      const now = performance.now();
+      phases[name] = Math.round(now - mark);
+      mark = now;
+    };
     let pid: number;
     try {
       pid = await launchVm(await this.launchOf(record, memory, ramFile));
+      phase("launchMs");
     } catch (error) {
       await this.release(record);
       throw error;
@@ -107,7 +115,9 @@ export class InstanceVms {
     await this.options.records.persist(record);
     try {
       await finishRestore(this.qmpPath(record), this.options.readyTimeoutMs, ramFile !== undefined);
+      phase("loadMs");
       await this.syncClock(record);
+      phase("clockMs");
       await waitReady(
         record.addr,
         readyPorts(record.codeGateway),
@@ -115,6 +125,8 @@ export class InstanceVms {
         pid,
         record.pidStartTime ?? "",
       );
+      phase("readyMs");
+      this.options.log.debug("microVM restored", { instanceId: record.instanceId, ramFile: !!ramFile, ...phases });
     } catch (error) {
       await killVm(pid, record.pidStartTime);
       await this.release(record);

@@ -44,6 +44,7 @@ export async function selectRuntime(config: NodeAgentConfig, log: Logger): Promi
     ...(config.microvmBootTimeoutMs > 0 ? { bootTimeoutMs: config.microvmBootTimeoutMs } : {}),
     ...(config.dnsUpstream ? { dnsUpstream: config.dnsUpstream } : {}),
     uplinkForwarding: config.uplinkForwarding,
+    templateRamFile: config.microvmRamFile,
     log: log.child({ part: "driver" }),
   });
   return { probe, microvm };

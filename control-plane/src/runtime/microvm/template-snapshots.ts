@@ -23,8 +23,11 @@ export interface TemplateSnapshot {
   readonly disk: string;
   /** Device state (QEMU's migration stream, `x-ignore-shared`): small. */
   readonly memory: string;
-  /** Guest RAM, mapped copy-on-write by the VMs restored from it (qemu.ts `ramArgs`). */
-  readonly ram: string;
+  /**
+   * Guest RAM, mapped copy-on-write by the VMs restored from it (qemu.ts `ramArgs`); absent when the snapshot was
+   * made with RAM in the stream (`ramFile: false`).
+   */
+  readonly ram?: string;
   readonly memoryMiB: number;
   readonly vcpus: number;
 }
@@ -35,6 +38,8 @@ export interface TemplateSnapshotsOptions {
   readonly limits: BootLimits;
   /** Where the building VM gets its network slot. */
   readonly network: VmNetwork;
+  /** Guest RAM in a file of its own (default), or in the migration stream (WARREN_MICROVM_RAM_FILE=0). */
+  readonly ramFile?: boolean;
   readonly log: Logger;
 }
 
@@ -74,14 +79,15 @@ export class TemplateSnapshots {
     const root = await ensureRootImage(images, template, resources.diskMiB);
     const vcpus = vcpusOf(resources);
     const cmdline = createHash("sha256").update(kernelCmdline(accel)).digest("hex").slice(0, 8);
-    // `ramfile`: the snapshot's RAM is a file of its own (snapshots before it held RAM in the stream).
-    const name = `${template.templateId}-${root.key}-${kernel.version}-${cmdline}-${accel}-m${resources.memoryMiB}-c${vcpus}-ramfile`;
+    const ramFile = this.options.ramFile !== false;
+    // `ramfile`: the snapshot's RAM is a file of its own; without it, RAM is in the stream.
+    const name = `${template.templateId}-${root.key}-${kernel.version}-${cmdline}-${accel}-m${resources.memoryMiB}-c${vcpus}${ramFile ? "-ramfile" : ""}`;
     const dir = join(images.dir, "snapshots", name);
     const snapshot = {
       dir,
       disk: join(dir, "disk.qcow2"),
       memory: join(dir, "memory.snap"),
-      ram: join(dir, "ram"),
+      ...(ramFile ? { ram: join(dir, "ram") } : {}),
       memoryMiB: resources.memoryMiB,
       vcpus,
     };
@@ -106,7 +112,7 @@ export class TemplateSnapshots {
           vcpus,
           accel,
           jail: { uid: slot.qemuUid, gid: slot.qemuUid },
-          ram: { path: join(tmp, "ram"), shared: true },
+          ...(ramFile ? { ram: { path: join(tmp, "ram"), shared: true } } : {}),
         };
         const { pid, startTime } = await coldBoot(launch, {
           addr: slot.sandboxAddr,
@@ -120,11 +126,11 @@ export class TemplateSnapshots {
           // envd warms itself up right after listening (one `bash -l -c true`); let that finish before saving.
           await new Promise((resolve) => setTimeout(resolve, 2000));
           await snapshotAndQuit(join(tmp, "qmp.sock"), join(tmp, "memory.snap"), SNAPSHOT_TIMEOUT_MS, {
-            ramInFile: true,
+            ramInFile: ramFile,
           });
           await waitGone(pid, startTime, 10_000);
           // The RAM is in the page cache; on disk before READY says the snapshot is whole.
-          await exec("sync", ["--data", join(tmp, "ram")]);
+          if (ramFile) await exec("sync", ["--data", join(tmp, "ram")]);
           // The building QEMU's uid owned its disk (qemu.ts prepareJail); every sandbox's backing file is root's.
           await chown(join(tmp, "disk.qcow2"), 0, 0);
         } finally {
@@ -136,7 +142,8 @@ export class TemplateSnapshots {
         await rename(tmp, dir);
         log.info("template snapshot built", {
           seconds: Math.round((Date.now() - started) / 100) / 10,
-          ramMiB: Math.round(((await stat(join(dir, "ram"))).blocks * 512) / 2 ** 20),
+          streamMiB: Math.round((await stat(snapshot.memory)).size / 2 ** 20),
+          ...(snapshot.ram ? { ramMiB: Math.round(((await stat(snapshot.ram)).blocks * 512) / 2 ** 20) } : {}),
         });
         return snapshot;
       } catch (error) {
