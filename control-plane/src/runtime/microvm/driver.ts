@@ -24,8 +24,16 @@ import { type InstanceRecord, InstanceRecords, toInstance } from "./instance-rec
 import { InstanceVms } from "./instance-vm.js";
 import { VmNetwork, type VmNetworkSlot } from "./network.js";
 import { PauseTiers } from "./pause-tiers.js";
-import { type Accel, killVm, processStartTime, processUsage } from "./qemu.js";
-import { captureInstance, captureState, SandboxSnapshots, startProblem } from "./snapshots.js";
+import { type Accel, kernelCmdline, killVm, processStartTime, processUsage } from "./qemu.js";
+import { qemuVersion, SnapshotTransfer } from "./snapshot-transfer.js";
+import {
+  captureInstance,
+  captureState,
+  publicImage,
+  SandboxSnapshots,
+  startProblem,
+  type VmIdentity,
+} from "./snapshots.js";
 import { SNAPSHOT_TIMEOUT_MS, type TemplateSnapshot, TemplateSnapshots, vcpusOf } from "./template-snapshots.js";
 import { VmCgroups } from "./vm-cgroups.js";
 
@@ -46,7 +54,7 @@ import { VmCgroups } from "./vm-cgroups.js";
  *
  * Sandbox snapshots (snapshots.ts): memory + a copy of the instance's disk layer, taken in any state; instances
  * created from one restore it over a qcow2 layer on its disk, so its files outlive `deleteSnapshot` until its
- * last such instance is gone.
+ * last such instance is gone. They move to other nodes as self-contained streams (snapshot-transfer.ts).
  *
  * `accel: "tcg"` (software emulation) exists so CI machines without real KVM exercise this driver; it is chosen
  * only when asked for (probe.ts). Resource limits: memory and vCPUs are the VM's; the snapshot fixes them, so a
@@ -94,6 +102,7 @@ export class MicrovmDriver implements RuntimeDriver {
   private readonly tiers: PauseTiers;
   private readonly egress: VmEgress;
   private readonly cgroups: VmCgroups;
+  private readonly transfer: SnapshotTransfer;
 
   constructor(private readonly options: MicrovmDriverOptions) {
     this.name = options.accel === "kvm" ? "microvm" : "microvm-tcg";
@@ -139,6 +148,12 @@ export class MicrovmDriver implements RuntimeDriver {
       log: options.log,
     });
     this.tiers = new PauseTiers(this.records, this.vms, options.log);
+    this.transfer = new SnapshotTransfer({
+      snapshots: this.snapshots,
+      driver: this.name,
+      identity: () => this.vmIdentity(),
+      log: options.log,
+    });
   }
 
   instanceDir(instanceId: string): string {
@@ -273,6 +288,8 @@ export class MicrovmDriver implements RuntimeDriver {
   async snapshot(instanceId: string, snapshotId: string): Promise<SnapshotImage> {
     const record = this.require(instanceId);
     const state = captureState(record);
+    // Before the guest stops: nothing is added between its `cont` and its clock being set.
+    const vm = await this.vmIdentity();
     const meta = await this.snapshots.capture(snapshotId, async (dir) => {
       const memory = await captureInstance(
         {
@@ -295,6 +312,7 @@ export class MicrovmDriver implements RuntimeDriver {
         vcpus: record.vcpus,
         sourceInstanceId: instanceId,
         ...(record.fromSnapshot ? { parent: record.fromSnapshot } : {}),
+        ...(memory ? { vm } : {}),
       };
     });
     if (state === "running") await this.vms.syncClock(record);
@@ -305,12 +323,31 @@ export class MicrovmDriver implements RuntimeDriver {
       memory: meta.memory,
       sizeBytes: meta.sizeBytes,
     });
-    const { vcpus: _v, parent: _p, sourceInstanceId: _s, ...image } = meta;
-    return image;
+    return publicImage(meta);
   }
 
   async deleteSnapshot(snapshotId: string): Promise<void> {
     await this.snapshots.delete(snapshotId);
+  }
+
+  /** The snapshot as a self-contained tar stream for another node (snapshot-transfer.ts). */
+  exportSnapshot(snapshotId: string): AsyncIterable<Uint8Array> {
+    return this.transfer.export(snapshotId);
+  }
+
+  /** Stores a stream another node's `exportSnapshot` made; refused unless this node can start it as it is. */
+  async importSnapshot(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<SnapshotImage> {
+    return publicImage(await this.transfer.import(snapshotId, data));
+  }
+
+  /** What this node restores memory snapshots with (recorded in them, compared on import). */
+  private async vmIdentity(): Promise<VmIdentity> {
+    return {
+      qemu: await qemuVersion(),
+      accel: this.options.accel,
+      kernel: (await this.templates.guestKernel()).version,
+      cmdline: kernelCmdline(this.options.accel),
+    };
   }
 
   listSnapshots(): Promise<SnapshotImage[]> {

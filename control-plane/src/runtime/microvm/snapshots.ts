@@ -5,7 +5,7 @@ import { join } from "node:path";
 import type { Logger } from "../../node-agent/log.js";
 import type { SandboxResources, SnapshotImage, TemplateImage } from "../driver.js";
 import { exec } from "../exec.js";
-import { saveMemory } from "./qemu.js";
+import { type Accel, saveMemory } from "./qemu.js";
 import { withQmp } from "./qmp.js";
 
 /**
@@ -21,13 +21,32 @@ import { withQmp } from "./qmp.js";
  * no instance record (live, or on disk until reconcile removes it) and no other snapshot (a snapshot of a forked
  * instance is backed by its parent's disk). Sweeps run after every kill, delete and reconcile. A snapshot is never
  * moved while referenced (a backing path must stay valid for a later QEMU of that instance: resume from disk,
- * reboot).
+ * reboot). A snapshot imported from another node (snapshot-transfer.ts) has a standalone disk and no parent.
  */
 export interface SnapshotMeta extends SnapshotImage {
   readonly vcpus: number;
-  /** The sandbox snapshot whose disk is this one's backing file (the source was created from it). */
+  /**
+   * The sandbox snapshot whose disk is this one's backing file (the source was created from it). None for an
+   * imported snapshot: its disk is standalone.
+   */
   readonly parent?: string;
   readonly sourceInstanceId: string;
+  /** What made a memory snapshot (absent in files-only ones and in those made before it was recorded). */
+  readonly vm?: VmIdentity;
+}
+
+/**
+ * What restoring a memory snapshot depends on besides its files: the QEMU that loads its migration stream (the
+ * microvm machine has no versioned machine types), the CPU model that comes with the accelerator, and the
+ * kernel and command line the guest in it was booted with (the template snapshot's key has the same parts).
+ */
+export interface VmIdentity {
+  /** `qemu-system-x86_64 --version`, e.g. `7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)`. */
+  readonly qemu: string;
+  readonly accel: Accel;
+  /** The guest kernel's version. */
+  readonly kernel: string;
+  readonly cmdline: string;
 }
 
 /** What `captureInstance` needs of the source instance. */
@@ -95,6 +114,8 @@ async function linkOrCopy(from: string, to: string): Promise<void> {
 export class SandboxSnapshots {
   readonly root: string;
   private queue: Promise<unknown> = Promise.resolve();
+  /** Snapshots being read (exports): kept, with what they are layered on, even when deleted meanwhile. */
+  private readonly held = new Map<string, number>();
 
   /** `references`: ids of the snapshots instance disks are layered on (live records and records on disk). */
   constructor(
@@ -141,25 +162,68 @@ export class SandboxSnapshots {
     snapshotId: string,
     fill: (dir: string) => Promise<Omit<SnapshotMeta, "snapshotId" | "sizeBytes" | "createdAt">>,
   ): Promise<SnapshotMeta> {
-    if (!ID.test(snapshotId)) throw new Error(`invalid snapshot id '${snapshotId}' (letters, digits, '_.-')`);
-    if (existsSync(this.dir(snapshotId))) throw new Error(`snapshot '${snapshotId}' already exists`);
-    const tmp = join(this.root, `.tmp-${snapshotId}-${randomBytes(4).toString("hex")}`);
+    this.checkNew(snapshotId);
+    const tmp = this.tmpDir(snapshotId);
     try {
       await mkdir(tmp, { recursive: true });
-      const fields = await fill(tmp);
-      let sizeBytes = 0;
-      for (const name of await readdir(tmp)) sizeBytes += (await stat(join(tmp, name))).blocks * 512;
-      const meta: SnapshotMeta = { snapshotId, ...fields, sizeBytes, createdAt: Date.now() };
-      await writeFile(join(tmp, "meta.json"), JSON.stringify(meta));
-      await this.exclusive(async () => {
-        if (existsSync(this.dir(snapshotId))) throw new Error(`snapshot '${snapshotId}' already exists`);
-        await rename(tmp, this.dir(snapshotId));
-      });
-      return meta;
+      return await this.publish(snapshotId, tmp, { ...(await fill(tmp)), createdAt: Date.now() });
     } catch (error) {
       await rm(tmp, { recursive: true, force: true });
       throw error;
     }
+  }
+
+  /** Throws unless `snapshotId` is a valid id no snapshot has yet. */
+  checkNew(snapshotId: string): void {
+    if (!ID.test(snapshotId)) throw new Error(`invalid snapshot id '${snapshotId}' (letters, digits, '_.-')`);
+    if (existsSync(this.dir(snapshotId))) throw new Error(`snapshot '${snapshotId}' already exists`);
+  }
+
+  /** A new directory name under the root for work on `label` (`.tmp-*`: removed by `sweep({ tmp: true })`). */
+  tmpDir(label: string): string {
+    return join(this.root, `.tmp-${label}-${randomBytes(4).toString("hex")}`);
+  }
+
+  /**
+   * Makes `tmp` (holding the snapshot's files) snapshot `snapshotId`: its size counted, `meta.json` written, renamed
+   * into place. The caller removes `tmp` if this throws.
+   */
+  async publish(
+    snapshotId: string,
+    tmp: string,
+    fields: Omit<SnapshotMeta, "snapshotId" | "sizeBytes">,
+  ): Promise<SnapshotMeta> {
+    let sizeBytes = 0;
+    for (const name of await readdir(tmp)) sizeBytes += (await stat(join(tmp, name))).blocks * 512;
+    const meta: SnapshotMeta = { snapshotId, ...fields, sizeBytes };
+    await writeFile(join(tmp, "meta.json"), JSON.stringify(meta));
+    await this.exclusive(async () => {
+      if (existsSync(this.dir(snapshotId))) throw new Error(`snapshot '${snapshotId}' already exists`);
+      await rename(tmp, this.dir(snapshotId));
+    });
+    return meta;
+  }
+
+  /**
+   * The snapshot, its files kept (with those it is layered on) until `release` even if it is deleted meanwhile.
+   * Throws if it does not exist.
+   */
+  hold(snapshotId: string): Promise<{ meta: SnapshotMeta; release: () => Promise<void> }> {
+    return this.exclusive(async () => {
+      const meta = await this.read(snapshotId);
+      if (!meta) throw new Error(`snapshot '${snapshotId}' does not exist on this node`);
+      this.held.set(snapshotId, (this.held.get(snapshotId) ?? 0) + 1);
+      let released = false;
+      const release = async () => {
+        if (released) return;
+        released = true;
+        const left = (this.held.get(snapshotId) ?? 1) - 1;
+        if (left > 0) this.held.set(snapshotId, left);
+        else this.held.delete(snapshotId);
+        await this.sweep();
+      };
+      return { meta, release };
+    });
   }
 
   async list(): Promise<SnapshotImage[]> {
@@ -208,7 +272,7 @@ export class SandboxSnapshots {
         if (meta?.parent) parents.add(meta.parent);
         if (!meta || existsSync(join(this.dir(name), DELETED))) deleted.push(name);
       }
-      const free = deleted.filter((name) => !instances.has(name) && !parents.has(name));
+      const free = deleted.filter((name) => !instances.has(name) && !parents.has(name) && !this.held.has(name));
       if (free.length === 0) return;
       for (const name of free) {
         await rm(this.dir(name), { recursive: true, force: true });
@@ -219,7 +283,7 @@ export class SandboxSnapshots {
 }
 
 /** The interface's fields only (the agent stores what it is given). */
-function publicImage(meta: SnapshotMeta): SnapshotImage {
+export function publicImage(meta: SnapshotMeta): SnapshotImage {
   return {
     snapshotId: meta.snapshotId,
     driver: meta.driver,
