@@ -73,14 +73,19 @@ async function sh(sandbox: Sandbox, command: string): Promise<string> {
  */
 const MEMORY_PROCESS =
   "s=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \\n'); n=0; " +
-  "trap 'echo \"$s $n\" > /tmp/report.tmp && mv /tmp/report.tmp /tmp/report' USR1; " +
+  "trap 'echo \"$s $n\" > /tmp/report.tmp && mv /tmp/report.tmp /tmp/report' USR1; : > /tmp/ms-ready; " +
   "while :; do n=$((n+1)); sleep 0.1; done";
 
+/** Asks the process for its state; waits until its trap is set first (a signal before that would end it). */
 async function report(sandbox: Sandbox, pid: number): Promise<{ secret: string; count: number }> {
-  const out = await sh(
-    sandbox,
-    `rm -f /tmp/report; kill -USR1 ${pid}; for i in $(seq 100); do [ -e /tmp/report ] && break; sleep 0.1; done; cat /tmp/report`,
-  );
+  // Generous waits: TCG guests on a loaded 2-CPU host take seconds for a fork + exec.
+  const wait = (file: string) => `for i in $(seq 600); do [ -e ${file} ] && break; sleep 0.1; done`;
+  const out = (
+    await sandbox.commands.run(
+      `${wait("/tmp/ms-ready")}; rm -f /tmp/report; kill -USR1 ${pid}; ${wait("/tmp/report")}; cat /tmp/report`,
+      { timeoutMs: 180_000 },
+    )
+  ).stdout.trim();
   const [secret, count] = out.split(" ");
   expect(secret).toMatch(/^[0-9a-f]{16}$/);
   return { secret: secret!, count: Number(count) };
