@@ -161,8 +161,9 @@ describe("node agent sandbox lifecycle (namespace driver)", () => {
     expect(before.netns && before.veth && before.route && before.files).toBe(true);
     expect(before.cgroups.length).toBeGreaterThan(0);
     expect(before.mounts.length).toBe(2);
-    // Input: replies, drop; forward: not to sandboxes, not link-local, its own address out, drop; replies in, drop.
-    expect(before.rules.length).toBe(8);
+    // Input: replies, drop; forward: not to either driver's sandboxes (2), not link-local, its own address out,
+    // drop; replies in, drop.
+    expect(before.rules.length).toBe(9);
     await killSandbox("lifekill");
     expect(await tracesOf(config, sandbox, redis)).toEqual(NO_TRACES);
     expect(await connectCode(client.kill({ sandboxId: "lifekill" }))).toBe(Code.NotFound);

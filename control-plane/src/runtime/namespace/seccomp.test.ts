@@ -26,6 +26,11 @@ describe("sandbox seccomp filter and OCI spec", () => {
     ]) {
       expect(denied, name).toContain(name);
     }
+    // No memory protection keys (a CRIU restore would lose them): ENOSPC, as on a CPU without PKU.
+    expect(profile.syscalls.find((rule) => rule.names.includes("pkey_alloc"))).toMatchObject({
+      action: "SCMP_ACT_ERRNO",
+      errnoRet: 28,
+    });
     const cloneRules = profile.syscalls.filter((rule) => rule.names.includes("clone"));
     expect(cloneRules.length).toBe(8);
     expect(cloneRules.some((rule) => rule.args?.[0]?.value === 0x10000000)).toBe(true); // CLONE_NEWUSER

@@ -7,6 +7,12 @@
  * kexec, reboot, swap, BPF, perf, keyrings, clock setting, accounting and quota control, io_uring, and the
  * file-handle calls of the "shocker" escape. `clone` is allowed without namespace flags only, and `clone3` answers
  * ENOSYS so libc falls back to `clone`, whose flags a filter can inspect (the Docker/Podman approach).
+ *
+ * `pkey_alloc` answers ENOSPC, as on a CPU without memory protection keys: CRIU does not carry a process's
+ * allocated keys through a checkpoint, and V8 protects its WebAssembly code with one where the CPU has PKU, so every
+ * Node.js process in a sandbox (envd, the code gateway, a user's server) died on its next WebAssembly compile after
+ * a restore ("Commit wasm code space Allocation failed - process out of memory": its `pkey_mprotect` with a key the
+ * restored process no longer owns). Without a key V8 leaves that code unprotected, as on such a CPU.
  */
 const DENIED: readonly string[] = [
   // filesystems and namespaces
@@ -74,6 +80,7 @@ const CLONE_NAMESPACE_FLAGS = [
 ];
 
 const EPERM = 1;
+const ENOSPC = 28;
 const ENOSYS = 38;
 
 export interface OciSeccomp {
@@ -94,6 +101,7 @@ export function sandboxSeccomp(): OciSeccomp {
     syscalls: [
       { names: [...DENIED], action: "SCMP_ACT_ERRNO", errnoRet: EPERM },
       { names: ["clone3"], action: "SCMP_ACT_ERRNO", errnoRet: ENOSYS },
+      { names: ["pkey_alloc"], action: "SCMP_ACT_ERRNO", errnoRet: ENOSPC },
       // x86-64 clone(flags, ...): one rule per namespace flag, denying calls that set it.
       ...CLONE_NAMESPACE_FLAGS.map((flag) => ({
         names: ["clone"],
