@@ -1,4 +1,5 @@
-import { execFileSync, spawn } from "node:child_process";
+import { execFileSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { createReadStream, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -82,10 +83,10 @@ async function report(sandbox: Sandbox, pid: number): Promise<{ secret: string; 
 
 /** `tar` of files in `dir`, in this order, as a stream (what a hand-made or tampered export looks like). */
 function tarStream(dir: string, names: readonly string[]): AsyncIterable<Uint8Array> {
-  const tar = spawn("tar", ["--create", "--format=gnu", "-C", dir, "--", ...names], {
-    stdio: ["ignore", "pipe", "ignore"],
-  });
-  return tar.stdout;
+  // Written to a file first: a tar that fails says why here (the stream would only be empty or short).
+  const file = join(work, `stream-${randomBytes(4).toString("hex")}.tar`);
+  execFileSync("tar", ["--create", "--format=gnu", "-f", file, "-C", dir, "--", ...names]);
+  return createReadStream(file);
 }
 
 /** The first `limit` bytes of a stream, then its end (the consumer of `data` stops early). */

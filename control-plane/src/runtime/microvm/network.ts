@@ -38,7 +38,7 @@ export interface VmNetworkSlot {
   readonly hostAddr: string;
   readonly sandboxAddr: string;
   /**
-   * The uid (and gid) the slot's QEMU runs as (qemu.ts `jailArgs`): 2^30 + the /30's number in the IPv4 space.
+   * The uid (and gid) the slot's QEMU runs as (jail.ts `jailArgs`): 2^30 + the /30's number in the IPv4 space.
    * Unique on the host without any registry, because no two agents' sandbox networks overlap; far above
    * distributions' user ranges and the namespace driver's mapped ids (100000 + 65536 per agent by default).
    */

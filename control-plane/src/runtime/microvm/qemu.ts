@@ -1,13 +1,15 @@
-import { spawn, spawnSync } from "node:child_process";
+import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
-import { chown, copyFile, link, mkdir, open, readFile, readlink, rename, rm, writeFile } from "node:fs/promises";
+import { open, readFile, rm } from "node:fs/promises";
 import { connect } from "node:net";
 import { basename, dirname, join } from "node:path";
 import { processStartTime } from "../sandbox-process.js";
 import { GUEST_MAC, type GuestKernel } from "./guest-image.js";
+import { jailArgs, migrationTarget, prepareJail, qemuJailSyntax, type VmJail } from "./jail.js";
 import { type QmpClient, withQmp } from "./qmp.js";
 
 export { processStartTime };
+export type { VmJail };
 
 export type Accel = "kvm" | "tcg";
 
@@ -37,12 +39,6 @@ export interface VmLaunch {
    * Absent: it stays root where it started (tests of the launcher only).
    */
   readonly jail?: VmJail;
-}
-
-/** The unprivileged identity a QEMU runs as: one of its own per sandbox (network.ts `qemuUid`). */
-export interface VmJail {
-  readonly uid: number;
-  readonly gid: number;
 }
 
 /**
@@ -188,70 +184,6 @@ function diskPath(launch: VmLaunch): string {
   return launch.jail && dirname(launch.disk) === launch.dir ? basename(launch.disk) : launch.disk;
 }
 
-export type JailSyntax = "runas-chroot" | "run-with-chroot" | "run-with";
-
-/**
- * How this QEMU spells "drop privileges and chroot": QEMU 7.2 (Debian 12) has `-runas` and `-chroot`; 8.1 moved
- * chroot to `-run-with chroot=`, 9.1 added `-run-with user=` (and later QEMUs drop the old options). Read once
- * from `-help`.
- */
-let jailSyntax: JailSyntax | undefined;
-export function qemuJailSyntax(): JailSyntax {
-  if (jailSyntax === undefined) {
-    const help = spawnSync("qemu-system-x86_64", ["-help"], { encoding: "utf8", timeout: 10_000 }).stdout ?? "";
-    const runWith = /^-run-with .*$/m.exec(help)?.[0] ?? "";
-    jailSyntax = runWith.includes("user=")
-      ? "run-with"
-      : runWith.includes("chroot=")
-        ? "run-with-chroot"
-        : "runas-chroot";
-  }
-  return jailSyntax;
-}
-
-/**
- * QEMU's own jail, in the spirit of Firecracker's jailer: after opening everything it needs as root (kernel,
- * disks and their backing chain, tap, /dev/kvm, sockets, the incoming memory fd, its seccomp filter), QEMU
- * chroots into the instance directory and becomes the sandbox's own uid/gid with no capabilities (real, effective
- * and saved ids all change, so there is no way back to root even though seccomp's `elevateprivileges=deny` cannot
- * be used: QEMU installs the filter before it drops privileges, so the filter would kill the drop itself). A
- * guest that escapes into QEMU then holds a process that owns nothing on the host, sees only its instance
- * directory (its own disk layer and logs, root-owned), cannot signal or trace another sandbox's QEMU (another
- * uid), and is still confined by its cgroup, network namespace and seccomp filter.
- */
-export function jailArgs(dir: string, jail: VmJail, syntax: JailSyntax): string[] {
-  const user = `${jail.uid}:${jail.gid}`;
-  switch (syntax) {
-    case "run-with":
-      return ["-run-with", `chroot=${dir},user=${user}`];
-    case "run-with-chroot":
-      return ["-run-with", `chroot=${dir}`, "-runas", user];
-    case "runas-chroot":
-      return ["-chroot", dir, "-runas", user];
-  }
-}
-
-/**
- * What a jailed QEMU needs inside its chroot: its disk layer, owned by its uid (see diskPath); `exec:` migration (QEMU 7.2 has no `file:` URI) runs
- * `/bin/sh -c "cat > ..."`, so `bin/sh` and `bin/cat` are a static busybox (Debian's busybox-static, root-owned,
- * hard-linked where the filesystem allows). Nothing else of the host is in there.
- */
-async function prepareJail(launch: VmLaunch, jail: VmJail): Promise<void> {
-  if (dirname(launch.disk) !== launch.dir)
-    throw new Error(`a jailed VM's disk must be in its directory: ${launch.disk}`);
-  // Its own disk layer is the one file QEMU writes (and reopens read-write, see diskPath) after dropping root.
-  await chown(launch.disk, jail.uid, jail.gid);
-  const bin = join(launch.dir, "bin");
-  await mkdir(bin, { recursive: true, mode: 0o755 });
-  for (const name of ["sh", "cat"]) {
-    const target = join(bin, name);
-    await rm(target, { force: true });
-    await link(STATIC_BUSYBOX, target).catch(() => copyFile(STATIC_BUSYBOX, target));
-  }
-}
-
-const STATIC_BUSYBOX = "/bin/busybox";
-
 /**
  * Joins the cgroup (every `cgroup.procs` file in `$CGROUP_PROCS`), then becomes nsenter → QEMU: the daemon QEMU
  * forks is born in the cgroup, as the namespace driver's launcher does for crun.
@@ -267,7 +199,7 @@ export async function launchVm(launch: VmLaunch): Promise<number> {
   await rm(join(launch.dir, "qemu.pid"), { force: true });
   await rm(join(launch.dir, "qmp.sock"), { force: true });
   await rm(join(launch.dir, "console.sock"), { force: true });
-  if (launch.jail) await prepareJail(launch, launch.jail);
+  if (launch.jail) await prepareJail(launch.dir, launch.disk, launch.jail);
   const log = await open(join(launch.dir, "qemu.log"), "a");
   try {
     const code = await new Promise<number>((resolve, reject) => {
@@ -372,55 +304,6 @@ export async function saveMemory(
   } finally {
     await target.discard();
   }
-}
-
-interface MigrationTarget {
-  /** The file as QEMU's shell names it. */
-  readonly uri: string;
-  /** Moves the written file to where the caller wants it, root-owned. */
-  finish(): Promise<void>;
-  /** Removes what is left of a failed migration (nothing after `finish`). */
-  discard(): Promise<void>;
-}
-
-async function migrationTarget(vmDir: string, path: string): Promise<MigrationTarget> {
-  const jail = await jailOf(vmDir);
-  if (!jail) return { uri: path, finish: async () => undefined, discard: async () => undefined };
-  const inJail = join(vmDir, "migrate.out");
-  await rm(inJail, { force: true });
-  await writeFile(inJail, "", { mode: 0o600 });
-  await chown(inJail, jail.uid, jail.gid);
-  let moved = false;
-  return {
-    uri: "/migrate.out",
-    finish: async () => {
-      await chown(inJail, 0, 0);
-      await rename(inJail, path).catch(async () => {
-        await copyFile(inJail, path);
-        await rm(inJail, { force: true });
-      });
-      moved = true;
-    },
-    discard: async () => {
-      if (!moved) await rm(inJail, { force: true });
-    },
-  };
-}
-
-/**
- * The uid/gid of the QEMU whose directory is `vmDir`, when it runs jailed there (its root is that directory). A
- * QEMU started before jails existed (re-adopted after an agent upgrade) is not: its migration writes `path`
- * directly, as before.
- */
-async function jailOf(vmDir: string): Promise<VmJail | undefined> {
-  const pid = Number((await readFile(join(vmDir, "qemu.pid"), "utf8").catch(() => "")).trim());
-  if (!Number.isInteger(pid) || pid <= 0) return undefined;
-  const root = await readlink(`/proc/${pid}/root`).catch(() => "");
-  if (root !== vmDir) return undefined;
-  const status = await readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
-  const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]);
-  const gid = Number(/^Gid:\s+(\d+)/m.exec(status)?.[1]);
-  return Number.isInteger(uid) && Number.isInteger(gid) ? { uid, gid } : undefined;
 }
 
 /**

@@ -131,7 +131,7 @@ export class TemplateSnapshots {
           await waitGone(pid, startTime, 10_000);
           // The RAM is in the page cache; on disk before READY says the snapshot is whole.
           if (ramFile) await exec("sync", ["--data", join(tmp, "ram")]);
-          // The building QEMU's uid owned its disk (qemu.ts prepareJail); every sandbox's backing file is root's.
+          // The building QEMU's uid owned its disk (jail.ts prepareJail); every sandbox's backing file is root's.
           await chown(join(tmp, "disk.qcow2"), 0, 0);
         } finally {
           await killVm(pid, startTime);
