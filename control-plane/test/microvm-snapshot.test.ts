@@ -9,6 +9,7 @@ import { saveMemory } from "../src/runtime/microvm/qemu.js";
 import { withQmp } from "../src/runtime/microvm/qmp.js";
 import { selectRuntime } from "../src/runtime/microvm/select.js";
 import { type BuiltTemplate, TemplateStore } from "../src/templates/store.js";
+import { MEMORY_PROCESS, reportMemory } from "./memory-process.js";
 import { BUILD_TIMEOUT_MS, sdkSandbox, testConfig } from "./node-agent-harness.js";
 
 // The microvm driver's sandbox snapshots, driven directly (no node agent), under TCG (CI has no real KVM). The
@@ -66,31 +67,6 @@ async function sh(sandbox: Sandbox, command: string): Promise<string> {
   return (await sandbox.commands.run(command, { timeoutMs: 60_000 })).stdout.trim();
 }
 
-/**
- * A process whose state lives only in its memory: a random secret drawn at start and a counter it increments,
- * written out only when asked (SIGUSR1). A restored copy answering with the source's secret and a counter at least
- * as far as the source's proves processes and memory were carried over, not files.
- */
-const MEMORY_PROCESS =
-  "s=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \\n'); n=0; " +
-  "trap 'echo \"$s $n\" > /tmp/report.tmp && mv /tmp/report.tmp /tmp/report' USR1; : > /tmp/ms-ready; " +
-  "while :; do n=$((n+1)); sleep 0.1; done";
-
-/** Asks the process for its state; waits until its trap is set first (a signal before that would end it). */
-async function report(sandbox: Sandbox, pid: number): Promise<{ secret: string; count: number }> {
-  // Generous waits: TCG guests on a loaded 2-CPU host take seconds for a fork + exec.
-  const wait = (file: string) => `for i in $(seq 600); do [ -e ${file} ] && break; sleep 0.1; done`;
-  const out = (
-    await sandbox.commands.run(
-      `${wait("/tmp/ms-ready")}; rm -f /tmp/report; kill -USR1 ${pid}; ${wait("/tmp/report")}; cat /tmp/report`,
-      { timeoutMs: 180_000 },
-    )
-  ).stdout.trim();
-  const [secret, count] = out.split(" ");
-  expect(secret).toMatch(/^[0-9a-f]{16}$/);
-  return { secret: secret!, count: Number(count) };
-}
-
 async function envdSilent(instance: Instance): Promise<boolean> {
   return fetch(`${instance.envdUrl}/health`, { signal: AbortSignal.timeout(1500) }).then(
     () => false,
@@ -130,7 +106,7 @@ describe("microvm driver snapshots (QEMU microvm, TCG)", () => {
     const sandbox = sdkOf(source);
     await sandbox.files.write("/home/user/state.txt", "from the source");
     pid = (await sandbox.commands.run(MEMORY_PROCESS, { background: true })).pid;
-    before = await report(sandbox, pid);
+    before = await reportMemory(sandbox, pid);
 
     const image = await driver.snapshot(source.instanceId, "ms-run");
     expect(image).toMatchObject({
@@ -143,13 +119,13 @@ describe("microvm driver snapshots (QEMU microvm, TCG)", () => {
     });
     expect(image.sizeBytes).toBeGreaterThan(0);
     expect(driver.list().find((i) => i.instanceId === source.instanceId)?.paused).toBe(false);
-    const after = await report(sandbox, pid);
+    const after = await reportMemory(sandbox, pid);
     expect(after.secret).toBe(before.secret);
     expect(after.count).toBeGreaterThanOrEqual(before.count);
 
     await expect(driver.snapshot(source.instanceId, "ms-run")).rejects.toThrow("snapshot 'ms-run' already exists");
     await expect(driver.snapshot(source.instanceId, "../escape")).rejects.toThrow("invalid snapshot id '../escape'");
-    expect((await report(sandbox, pid)).secret).toBe(before.secret);
+    expect((await reportMemory(sandbox, pid)).secret).toBe(before.secret);
 
     expect((await driver.listSnapshots()).map((s) => s.snapshotId)).toEqual(["ms-run"]);
     // From disk: what an agent restarted now would see; its reconcile keeps the snapshot.
@@ -172,7 +148,7 @@ describe("microvm driver snapshots (QEMU microvm, TCG)", () => {
       const sandbox = sdkOf(fork);
       expect(await sandbox.files.read("/home/user/state.txt")).toBe("from the source");
       expect(await sh(sandbox, `tr '\\0' ' ' < /proc/${pid}/cmdline`)).toContain("while :; do n=$((n+1))");
-      const state = await report(sandbox, pid);
+      const state = await reportMemory(sandbox, pid);
       expect(state.secret).toBe(before.secret);
       expect(state.count).toBeGreaterThanOrEqual(before.count);
     }
@@ -204,7 +180,7 @@ describe("microvm driver snapshots (QEMU microvm, TCG)", () => {
     expect(await driver.resume(a.instanceId)).toEqual({ tier: "checkpoint" });
     expect(statSync(`${config.stateDir}/sandbox-snapshots/ms-checkpointed/memory.snap`).size).toBeGreaterThan(0);
     await driver.deleteSnapshot("ms-checkpointed");
-    const state = await report(sdkOf(a), pid);
+    const state = await reportMemory(sdkOf(a), pid);
     expect(state.secret).toBe(before.secret);
   }, 180_000);
 
@@ -256,7 +232,7 @@ describe("microvm driver snapshots (QEMU microvm, TCG)", () => {
     expect(await sandbox.files.read("/home/user/only-a.txt")).toBe("written in fork a");
     expect(await sandbox.files.read("/home/user/state.txt")).toBe("from the source");
     expect(await sh(sandbox, "echo still works")).toBe("still works");
-    expect((await report(sandbox, pid)).secret).toBe(before.secret);
+    expect((await reportMemory(sandbox, pid)).secret).toBe(before.secret);
 
     // The source and both forks of ms-run gone: c still needs ms-run's disk (through ms-paused's).
     await driver.kill(forks.shift()!.instanceId);

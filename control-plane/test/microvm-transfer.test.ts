@@ -12,6 +12,7 @@ import type { Instance } from "../src/runtime/driver.js";
 import type { MicrovmDriver } from "../src/runtime/microvm/driver.js";
 import { selectRuntime } from "../src/runtime/microvm/select.js";
 import { type BuiltTemplate, TemplateStore } from "../src/templates/store.js";
+import { MEMORY_PROCESS, reportMemory } from "./memory-process.js";
 import { BUILD_TIMEOUT_MS, sdkSandbox, testConfig } from "./node-agent-harness.js";
 
 // Sandbox snapshots moving between two microvm "nodes" (two drivers on this host with their own state dirs, tags
@@ -56,29 +57,6 @@ const sdkOf = (instance: Instance): Sandbox => sdkSandbox(instance.instanceId, i
 
 async function sh(sandbox: Sandbox, command: string): Promise<string> {
   return (await sandbox.commands.run(command, { timeoutMs: 60_000 })).stdout.trim();
-}
-
-/**
- * A process whose state is only in its memory (see microvm-snapshot.test.ts): a secret and a counter, reported on
- * SIGUSR1. `/tmp/mt-ready` says its trap is set (a signal before that would end it).
- */
-const MEMORY_PROCESS =
-  "s=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \\n'); n=0; " +
-  "trap 'echo \"$s $n\" > /tmp/report.tmp && mv /tmp/report.tmp /tmp/report' USR1; : > /tmp/mt-ready; " +
-  "while :; do n=$((n+1)); sleep 0.1; done";
-
-async function report(sandbox: Sandbox, pid: number): Promise<{ secret: string; count: number }> {
-  // Generous waits: TCG guests on a loaded 2-CPU host take seconds for a fork + exec.
-  const wait = (file: string) => `for i in $(seq 600); do [ -e ${file} ] && break; sleep 0.1; done`;
-  const out = (
-    await sandbox.commands.run(
-      `${wait("/tmp/mt-ready")}; rm -f /tmp/report; kill -USR1 ${pid}; ${wait("/tmp/report")}; cat /tmp/report`,
-      { timeoutMs: 180_000 },
-    )
-  ).stdout.trim();
-  const [secret, count] = out.split(" ");
-  expect(secret).toMatch(/^[0-9a-f]{16}$/);
-  return { secret: secret!, count: Number(count) };
 }
 
 /** `tar` of files in `dir`, in this order, as a stream (what a hand-made or tampered export looks like). */
@@ -135,7 +113,7 @@ describe("microvm snapshots moving between nodes (QEMU microvm, TCG)", () => {
     const sandbox = sdkOf(source);
     await sandbox.files.write("/home/user/moved.txt", "written on node A");
     pid = (await sandbox.commands.run(MEMORY_PROCESS, { background: true })).pid;
-    before = await report(sandbox, pid);
+    before = await reportMemory(sandbox, pid);
     expect((await a.snapshot(source.instanceId, "mt-run")).memory).toBe(true);
 
     // Straight from A's export into B's import, as the target agent pulls it from the source agent.
@@ -169,7 +147,7 @@ describe("microvm snapshots moving between nodes (QEMU microvm, TCG)", () => {
     const moved = sdkOf(fork);
     expect(await moved.files.read("/home/user/moved.txt")).toBe("written on node A");
     expect(await sh(moved, `tr '\\0' ' ' < /proc/${pid}/cmdline`)).toContain("while :; do n=$((n+1))");
-    const after = await report(moved, pid);
+    const after = await reportMemory(moved, pid);
     expect(after.secret).toBe(before.secret);
     expect(after.count).toBeGreaterThanOrEqual(before.count);
   }, 300_000);

@@ -13,6 +13,16 @@ import { checkpointTier } from "../src/host-capabilities.js";
 // CRIU dump where CRIU works on the host (the checkpoint tier): then sandboxes made from it continue the source's
 // processes; elsewhere they boot fresh over its files. The tests assert whichever the host does.
 const dataDir = mkdtempSync(join(tmpdir(), "warren-snap-"));
+
+/** The master's log lines about moving `sandboxId` (why a move did not happen, when a test expected one). */
+function moveLog(sandboxId: string): string {
+  const log = join(dataDir, "logs", "master.log");
+  if (!existsSync(log)) return "no master log";
+  const lines = readFileSync(log, "utf8")
+    .split("\n")
+    .filter((line) => line.includes(sandboxId) && /mov|relocat|resum/i.test(line));
+  return `the master's log about ${sandboxId}:\n${lines.join("\n") || "(nothing)"}`;
+}
 const agentStates = [join(dataDir, "agent-ka"), join(dataDir, "agent-kb")];
 let cluster: LocalCluster;
 const created: Sandbox[] = [];
@@ -240,7 +250,7 @@ describe("resume on another node (official e2b SDK, two namespace nodes)", () =>
       await sbx.connect();
       const to = await nodeOf(sbx.sandboxId);
       expect(to).toMatch(/^node-k[ab]$/);
-      expect(to).not.toBe(from);
+      expect(to, moveLog(sbx.sandboxId)).not.toBe(from);
       // The same sandbox (id, token: the SDK object keeps working), its files, a fresh boot on the new node.
       await assertShaped(sbx);
       expect(await run(sbx, "echo $WHO")).toBe("mover");
@@ -270,7 +280,7 @@ describe("resume on another node (official e2b SDK, two namespace nodes)", () =>
     try {
       await sbx.connect();
       const to = await nodeOf(sbx.sandboxId);
-      if (checkpointTier().usable) expect(to).not.toBe(from);
+      if (checkpointTier().usable) expect(to, moveLog(sbx.sandboxId)).not.toBe(from);
       else expect(to).toBe(from);
       expect((await sbx.commands.list()).map((p) => p.pid)).toContain(pid);
       expect(await sbx.files.read("/home/user/kept")).toBe("yes");
