@@ -581,13 +581,24 @@ export class SandboxLifecycle {
     const placeable = await this.deps.registry.placeableNodes();
     if (placeable.some((n) => n.nodeId === holder.nodeId)) return undefined;
     const reserved = await reservedMemoryByNode(this.deps.db);
-    return rankNodes(
-      placeable.filter((n) => n.driver === holder.driver),
+    const sameDriver = placeable.filter((n) => n.driver === holder.driver);
+    const target = rankNodes(
+      sameDriver,
       reserved,
       { templateId: row.templateId, memoryMB: row.memoryMB },
       this.placementOptions(),
       this.recentPlacements,
     )[0];
+    if (!target) {
+      // Said, because the sandbox then resumes on a node that takes no new sandboxes.
+      this.deps.log.warn("no node can take the paused sandbox; resuming it on its node", {
+        sandboxId: row.id,
+        node: holder.nodeId,
+        placeable: placeable.map((n) => n.nodeId),
+        sameDriver: sameDriver.map((n) => n.nodeId),
+      });
+    }
+    return target;
   }
 
   /**

@@ -407,13 +407,17 @@ export class NodeAgent {
     try {
       const claimed = instance;
       const [envdVersion] = await Promise.all([
-        initEnvd(claimed.envdUrl, {
-          envVars: input.envVars ?? {},
-          accessToken: input.envdAccessToken ?? "",
-          defaultUser: input.defaultUser || "user",
-          defaultWorkdir: input.defaultWorkdir || "/home/user",
-          ...(currentAccessToken ? { currentAccessToken } : {}),
-        }),
+        initEnvd(
+          claimed.envdUrl,
+          {
+            envVars: input.envVars ?? {},
+            accessToken: input.envdAccessToken ?? "",
+            defaultUser: input.defaultUser || "user",
+            defaultWorkdir: input.defaultWorkdir || "/home/user",
+            ...(currentAccessToken ? { currentAccessToken } : {}),
+          },
+          this.driver.envdInitTimeoutMs,
+        ),
         this.driver.setEgress?.(claimed.instanceId, egress),
       ]);
       const labels = {
@@ -636,12 +640,16 @@ export class NodeAgent {
         if (reboot) {
           // A cold start over the kept disk (filesystem-only pause, or `memory: false` asked at resume).
           const instance = await this.driver.reboot(sandbox.instanceId);
-          envdVersion = await initEnvd(instance.envdUrl, {
-            envVars: input.envVars ?? {},
-            accessToken: input.envdAccessToken ?? "",
-            defaultUser: "user",
-            defaultWorkdir: "/home/user",
-          });
+          envdVersion = await initEnvd(
+            instance.envdUrl,
+            {
+              envVars: input.envVars ?? {},
+              accessToken: input.envdAccessToken ?? "",
+              defaultUser: "user",
+              defaultWorkdir: "/home/user",
+            },
+            this.driver.envdInitTimeoutMs,
+          );
           tier = "reboot";
         } else {
           tier = (await this.driver.resume(sandbox.instanceId)).tier;

@@ -117,6 +117,11 @@ export interface ReconcileResult {
 
 export interface RuntimeDriver {
   readonly name: string;
+  /**
+   * How long envd's first call (/init) of a just-started or rebooted instance may take: a guest's first request
+   * is slow where a guest is emulated (a TCG microVM on a loaded host needed more than 5 s here).
+   */
+  readonly envdInitTimeoutMs: number;
   /** Host preparation (firewall chains, cgroup parents, network pool); idempotent. */
   start(): Promise<void>;
   /** Starts an instance; resolves once envd answers /health. On failure nothing is left behind. */

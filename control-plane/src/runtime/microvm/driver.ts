@@ -93,6 +93,7 @@ export class MicrovmDriver implements RuntimeDriver {
   readonly name: string;
   readonly canCheckpoint = true;
   readonly snapshotsKeepMemory = true;
+  readonly envdInitTimeoutMs: number;
   readonly network: VmNetwork;
   readonly snapshots: SandboxSnapshots;
   private readonly instances = new Map<string, InstanceRecord>();
@@ -106,6 +107,7 @@ export class MicrovmDriver implements RuntimeDriver {
 
   constructor(private readonly options: MicrovmDriverOptions) {
     this.name = options.accel === "kvm" ? "microvm" : "microvm-tcg";
+    this.envdInitTimeoutMs = options.accel === "kvm" ? 10_000 : 60_000;
     this.network = new VmNetwork({
       instance: options.instance,
       cidr: options.netCidr,

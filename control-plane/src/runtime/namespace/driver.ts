@@ -159,6 +159,7 @@ ${START_CONTAINER}`;
 
 export class NamespaceDriver implements RuntimeDriver {
   readonly name = "namespace";
+  readonly envdInitTimeoutMs = 10_000;
   private readonly instances = new Map<string, InstanceRecord>();
   private readonly cgroups: CgroupManager;
   readonly network: NetworkPool;
