@@ -12,7 +12,7 @@ import { createLogger, type Logger, silentLogger } from "../src/node-agent/log.j
 import { type RunningNodeAgent, startNodeAgent } from "../src/node-agent/node-agent.js";
 import type { MicrovmDriver } from "../src/runtime/microvm/driver.js";
 import { selectRuntime } from "../src/runtime/microvm/select.js";
-import { agentClient, BUILD_TIMEOUT_MS, sdkSandbox, slotOf, testConfig } from "./node-agent-harness.js";
+import { agentClient, BUILD_TIMEOUT_MS, sdkSandbox, slotOf, testConfig, until } from "./node-agent-harness.js";
 
 // Egress policies of microVM sandboxes (TCG). The "internet" is a network namespace this file creates
 // (e2e/src/outside-world.ts: servers on 198.18.x, a DNS server for *.test.warren): traffic goes only there, to
@@ -61,16 +61,6 @@ async function purge(cfg: NodeAgentConfig): Promise<void> {
     for (const snapshot of await microvm.listSnapshots()) await microvm.deleteSnapshot(snapshot.snapshotId);
   } finally {
     await microvm.close();
-  }
-}
-
-async function until<T>(what: string, timeoutMs: number, probe: () => Promise<T | undefined> | T | undefined) {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await probe();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`${what}: not within ${timeoutMs} ms`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
   }
 }
 

@@ -11,15 +11,21 @@ import { MicrovmDriver } from "../src/runtime/microvm/driver.js";
 import { processStartTime } from "../src/runtime/microvm/qemu.js";
 import { selectRuntime } from "../src/runtime/microvm/select.js";
 import { qemuOverheadMiB } from "../src/runtime/microvm/vm-cgroups.js";
-import { agentClient, BUILD_TIMEOUT_MS, sdkSandbox, slotOf, testConfig } from "./node-agent-harness.js";
+import { agentClient, BUILD_TIMEOUT_MS, sdkSandbox, slotOf, testConfig, until } from "./node-agent-harness.js";
 
 // TCG (software emulation) asked for explicitly: CI has no real KVM. The first run builds the guest root image and
 // the template snapshot (one cold boot, cached by content hash under /var/lib/warren/microvm); later runs only
 // restore. The agent checkpoints a paused sandbox to disk after 1.5 s, so the deep pause tier is what resumes.
+/** The cap on each guest's console.log on the node (far above a boot's few kB). */
+const LOG_CAP = 256 << 10;
 const SETUP = {
   instance: "mv",
   cidr: "10.236.0.0/22",
-  extraEnv: { WARREN_DRIVER: "microvm-tcg", WARREN_CHECKPOINT_AFTER_MS: "1500" },
+  extraEnv: {
+    WARREN_DRIVER: "microvm-tcg",
+    WARREN_CHECKPOINT_AFTER_MS: "1500",
+    WARREN_SANDBOX_LOG_MAX_BYTES: String(LOG_CAP),
+  },
 };
 const config = testConfig(SETUP);
 const redis = new Redis(config.redisUrl);
@@ -102,16 +108,6 @@ function ramMapping(pid: number): { path: string; perms: string; sharedCleanKiB:
     if (shared) sharedCleanKiB = Number(shared[1]);
   }
   return { path, perms, sharedCleanKiB };
-}
-
-async function until<T>(what: string, timeoutMs: number, probe: () => Promise<T | undefined> | T | undefined) {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await probe();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`${what}: not within ${timeoutMs} ms`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
 }
 
 async function createSandbox(sandboxId: string, extra: Record<string, unknown> = {}) {
@@ -312,6 +308,31 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
     expect(alive.stdout.trim()).toBe("running");
   });
 
+  it("the guest's console log on the node (written by the guest: a sandbox's root floods it) stays under its cap", async () => {
+    const placement = await createSandbox("mvlog");
+    const sandbox = sdkSandbox("mvlog", placement.envdUrl, "token-mvlog");
+    const consoleLog = join(running.driver.instanceDir(running.agent.get("mvlog")!.instanceId), "console.log");
+    const flood = await sandbox.commands.run(
+      "head -c 600000 /dev/zero | tr '\\0' y | fold -w 100 > /dev/console && echo flooded",
+      { user: "root", timeoutMs: 240_000 },
+    );
+    expect(flood.stdout).toBe("flooded\n");
+    const size = await until("console.log cut under the cap", 30_000, () => {
+      const bytes = statSync(consoleLog).size;
+      return bytes <= LOG_CAP ? bytes : undefined;
+    });
+    expect(size).toBeGreaterThan(LOG_CAP / 4); // cut to its end, not emptied
+    // QEMU writes on at the new end (its log file is opened O_APPEND).
+    await sandbox.commands.run("echo after-the-cut > /dev/console", { user: "root" });
+    const lines = await until("the line written after the cut, in the logs API", 30_000, async () => {
+      const all = await running.agent.logs("mvlog", 10_000);
+      return all.some((line) => line.message === "after-the-cut") ? all : undefined;
+    });
+    expect(lines[0]).toMatchObject({ level: "warn", fields: { component: "warren" } });
+    expect(readFileSync(consoleLog, "utf8")).not.toContain("\0");
+    await client.kill({ sandboxId: "mvlog" });
+  }, 300_000);
+
   it("a guest reaches neither the node's services, nor its namespace's gateway, nor another sandbox", async () => {
     const a = await createSandbox("mvneta");
     const b = await createSandbox("mvnetb");
@@ -385,7 +406,9 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
       log: silentLogger,
     });
     await failing.start();
+    // What an earlier, failed run of this test left is adopted here and removed first.
     await failing.reconcile();
+    for (const leftover of failing.list()) await failing.kill(leftover.instanceId);
     const template = running.templates.ready("base")!;
     await expect(failing.create({ template, resources: template.recipe.defaults })).rejects.toThrow(/within 1 ms/);
     expect(failing.list()).toEqual([]);

@@ -90,6 +90,17 @@ export async function purgeAgent(config: NodeAgentConfig): Promise<void> {
   }
 }
 
+/** Polls `probe` every 100 ms until it gives a value; fails naming `what` after `timeoutMs`. */
+export async function until<T>(what: string, timeoutMs: number, probe: () => Promise<T | undefined> | T | undefined) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`${what}: not within ${timeoutMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
 export function agentClient(running: { port: number }) {
   return createClient(
     NodeAgentService,

@@ -33,6 +33,7 @@ import type { LogLevel } from "./log.js";
  * | WARREN_HEARTBEAT_MS | 5000 | heartbeat period (the node key expires after NODE_TTL_SECONDS) |
  * | WARREN_READY_TIMEOUT_MS | 15000 | how long a start may take before it counts as failed |
  * | WARREN_LOG_LEVEL | info | debug, info, warn, error |
+ * | WARREN_SANDBOX_LOG_MAX_BYTES | 8388608 | cap on each sandbox's log file on the node (envd.log / the microVM's console.log, which the sandbox itself writes); a larger one is cut to its last half every second |
  * | WARREN_DNS_UPSTREAM | first nameserver of /etc/resolv.conf | DNS server (`ip` or `ip:port`) the egress gateway asks for sandboxes |
  * | WARREN_UPLINK_FORWARDING | 1 | turn on IPv4 forwarding for the default route's interface (replies to sandbox egress); 0: the operator manages it |
  * | WARREN_CRIU | /var/lib/warren/criu/criu when present | CRIU 4 wrapper (scripts/setup-host.sh); "off" or absent: paused sandboxes stay frozen in memory |
@@ -68,6 +69,7 @@ export interface NodeAgentConfig {
   readonly debianMirror: string | undefined;
   readonly heartbeatMs: number;
   readonly readyTimeoutMs: number;
+  readonly sandboxLogMaxBytes: number;
   readonly logLevel: LogLevel;
   readonly killOnStop: boolean;
   readonly criu: string | undefined;
@@ -176,6 +178,7 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     debianMirror: env.WARREN_DEBIAN_MIRROR || undefined,
     heartbeatMs: integer(env, "WARREN_HEARTBEAT_MS", 5000, 100, 60000),
     readyTimeoutMs: integer(env, "WARREN_READY_TIMEOUT_MS", 15000, 1000, 600000),
+    sandboxLogMaxBytes: integer(env, "WARREN_SANDBOX_LOG_MAX_BYTES", 8 << 20, 64 << 10, 2 ** 40),
     logLevel,
     criu: criuPath(env.WARREN_CRIU),
     dnsUpstream: env.WARREN_DNS_UPSTREAM || undefined,

@@ -1,6 +1,7 @@
 import { createServer, type Server } from "node:http";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { RuntimeDriver } from "../runtime/driver.js";
+import { sandboxLogCap } from "../runtime/log-cap.js";
 import { NamespaceDriver } from "../runtime/namespace/driver.js";
 import { TemplateStore } from "../templates/store.js";
 import { NodeAgent } from "./agent.js";
@@ -46,6 +47,7 @@ export async function startNodeAgent(
     nodeBinary: config.nodeBinary,
     envdRoot: config.envdRoot,
     readyTimeoutMs: config.readyTimeoutMs,
+    logCap: sandboxLogCap(config.sandboxLogMaxBytes),
     log: log.child({ part: "driver" }),
     ...(config.criu ? { criu: config.criu } : {}),
     ...(config.dnsUpstream ? { dnsUpstream: config.dnsUpstream } : {}),

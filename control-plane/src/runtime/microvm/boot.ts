@@ -41,8 +41,9 @@ export async function waitReady(
 async function waitGuestInit(path: string, from: number, timeoutMs: number, pid: number, startTime: string) {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
+    // A file shorter than `from` was cut to its end meanwhile (log-cap.ts): this boot's output is all there is.
     const text = await readFile(path).then(
-      (b) => b.subarray(from).toString("utf8"),
+      (b) => b.subarray(b.length < from ? 0 : from).toString("utf8"),
       () => "",
     );
     if (text.includes("WARREN-GUEST-INIT")) return;

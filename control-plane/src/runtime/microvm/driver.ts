@@ -17,6 +17,7 @@ import type {
 } from "../driver.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { exec } from "../exec.js";
+import { DEFAULT_LOG_CAP, LogCap, type LogCapLimits } from "../log-cap.js";
 import { healthy } from "../sandbox-process.js";
 import { bootLimits } from "./boot.js";
 import { VmEgress } from "./egress.js";
@@ -86,6 +87,8 @@ export interface MicrovmDriverOptions {
   readonly uplinkForwarding?: boolean;
   /** Template snapshots keep RAM in a file restored VMs map copy-on-write (qemu.ts `ramArgs`; default on). */
   readonly templateRamFile?: boolean;
+  /** The cap on each guest's console.log (log-cap.ts; default DEFAULT_LOG_CAP). */
+  readonly logCap?: LogCapLimits;
   readonly log: Logger;
 }
 
@@ -104,6 +107,8 @@ export class MicrovmDriver implements RuntimeDriver {
   private readonly egress: VmEgress;
   private readonly cgroups: VmCgroups;
   private readonly transfer: SnapshotTransfer;
+  /** Keeps each guest's console.log (its serial console, writable by the guest) under its cap. */
+  private readonly logCap: LogCap;
 
   constructor(private readonly options: MicrovmDriverOptions) {
     this.name = options.accel === "kvm" ? "microvm" : "microvm-tcg";
@@ -156,6 +161,11 @@ export class MicrovmDriver implements RuntimeDriver {
       identity: () => this.vmIdentity(),
       log: options.log,
     });
+    this.logCap = new LogCap(
+      () => [...this.instances.keys()].map((id) => join(this.instanceDir(id), "console.log")),
+      options.logCap ?? DEFAULT_LOG_CAP,
+      options.log.child({ part: "log-cap" }),
+    );
   }
 
   instanceDir(instanceId: string): string {
@@ -166,6 +176,7 @@ export class MicrovmDriver implements RuntimeDriver {
     await mkdir(this.records.root, { recursive: true });
     await this.cgroups.prepare();
     await this.egress.start();
+    this.logCap.start();
   }
 
   /** The template's snapshot for these resources (template-snapshots.ts), built on first use. */
@@ -481,6 +492,7 @@ export class MicrovmDriver implements RuntimeDriver {
   }
 
   async close(): Promise<void> {
+    this.logCap.close();
     await this.egress.close();
   }
 

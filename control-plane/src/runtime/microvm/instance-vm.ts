@@ -95,17 +95,26 @@ export class InstanceVms {
    * `memory` holds the device state only.
    */
   async restore(record: InstanceRecord, memory: string, ramFile?: string): Promise<void> {
+    const { readyTimeoutMs } = this.options;
+    // One budget for the whole restore, launch to ready: each phase gets what is left, and a restore past it fails
+    // even when its last phase succeeded at the first try.
+    const deadline = Date.now() + readyTimeoutMs;
+    const left = () => {
+      const ms = deadline - Date.now();
+      if (ms < 0) throw new Error(`the restored guest was not ready within ${readyTimeoutMs} ms`);
+      return ms;
+    };
     const phases: Record<string, number> = {};
     let mark = performance.now();
     const phase = (name: string) => {
       const now = performance.now();
       phases[name] = Math.round(now - mark);
       mark = now;
+      left();
     };
     let pid: number;
     try {
       pid = await launchVm(await this.launchOf(record, memory, ramFile));
-      phase("launchMs");
     } catch (error) {
       await this.release(record);
       throw error;
@@ -114,17 +123,12 @@ export class InstanceVms {
     record.pidStartTime = await processStartTime(pid);
     await this.options.records.persist(record);
     try {
-      await finishRestore(this.qmpPath(record), this.options.readyTimeoutMs, ramFile !== undefined);
+      phase("launchMs");
+      await finishRestore(this.qmpPath(record), left(), ramFile !== undefined);
       phase("loadMs");
       await this.syncClock(record);
       phase("clockMs");
-      await waitReady(
-        record.addr,
-        readyPorts(record.codeGateway),
-        this.options.readyTimeoutMs,
-        pid,
-        record.pidStartTime ?? "",
-      );
+      await waitReady(record.addr, readyPorts(record.codeGateway), left(), pid, record.pidStartTime ?? "");
       phase("readyMs");
       this.options.log.debug("microVM restored", { instanceId: record.instanceId, ramFile: !!ramFile, ...phases });
     } catch (error) {

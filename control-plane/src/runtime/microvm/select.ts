@@ -1,5 +1,6 @@
 import type { NodeAgentConfig } from "../../node-agent/config.js";
 import type { Logger } from "../../node-agent/log.js";
+import { sandboxLogCap } from "../log-cap.js";
 import { MicrovmDriver } from "./driver.js";
 import { ensureKernel } from "./guest-image.js";
 import { decideDriver, hostFacts, kvmBootTest, type ProbeResult } from "./probe.js";
@@ -45,6 +46,7 @@ export async function selectRuntime(config: NodeAgentConfig, log: Logger): Promi
     ...(config.dnsUpstream ? { dnsUpstream: config.dnsUpstream } : {}),
     uplinkForwarding: config.uplinkForwarding,
     templateRamFile: config.microvmRamFile,
+    logCap: sandboxLogCap(config.sandboxLogMaxBytes),
     log: log.child({ part: "driver" }),
   });
   return { probe, microvm };

@@ -18,6 +18,7 @@ import type {
 import { type EgressGateway, nodeEgressGateway } from "../egress/gateway.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { exec } from "../exec.js";
+import { DEFAULT_LOG_CAP, LogCap, type LogCapLimits } from "../log-cap.js";
 import { CODE_GATEWAY_PORT, ENVD_PORT, healthy, processStartTime } from "../sandbox-process.js";
 import { type CgroupManager, detectCgroupManager } from "./cgroups.js";
 import { criuDump, criuRestore, directorySize, externalFileKey } from "./criu.js";
@@ -67,6 +68,8 @@ export interface NamespaceDriverOptions {
   readonly instance: string;
   readonly netCidr: string;
   readonly netPoolSize: number;
+  /** The cap on each sandbox's envd.log (log-cap.ts; default DEFAULT_LOG_CAP). */
+  readonly logCap?: LogCapLimits;
   readonly uidBase: number;
   /** The host's node binary, bind-mounted read-only at /usr/local/bin/node (one copy of its pages per host). */
   readonly nodeBinary: string;
@@ -170,6 +173,8 @@ export class NamespaceDriver implements RuntimeDriver {
   /** The configured CRIU, once the start-up probe has seen it dump and restore a process. */
   private criuUsable = false;
   private readonly snapshots: LayerStore;
+  /** Keeps each sandbox's envd.log (PID 1's stdout/stderr, writable by the sandbox) under its cap. */
+  private readonly logCap: LogCap;
 
   constructor(private readonly options: NamespaceDriverOptions) {
     this.cgroups = detectCgroupManager(`warren/${options.instance}`);
@@ -184,6 +189,11 @@ export class NamespaceDriver implements RuntimeDriver {
     this.crunRoot = join(options.stateDir, "crun");
     this.snapshots = new LayerStore(options.stateDir, options.log.child({ part: "snapshots" }));
     this.gateway = nodeEgressGateway(options);
+    this.logCap = new LogCap(
+      () => [...this.instances.keys()].map((id) => join(this.instanceDir(id), "envd.log")),
+      options.logCap ?? DEFAULT_LOG_CAP,
+      options.log.child({ part: "log-cap" }),
+    );
   }
 
   get cgroupVersion(): 1 | 2 {
@@ -221,6 +231,7 @@ export class NamespaceDriver implements RuntimeDriver {
           reason: probe.reason,
         });
     }
+    this.logCap.start();
   }
 
   /** Starts refilling the network pool (after reconcile, so adopted slots are known). */
@@ -726,6 +737,7 @@ export class NamespaceDriver implements RuntimeDriver {
   }
 
   async close(): Promise<void> {
+    this.logCap.close();
     await this.network.close();
     await this.network.removeGatewayRules();
     await this.gateway.close();
