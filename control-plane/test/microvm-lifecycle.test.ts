@@ -165,6 +165,8 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
 
     const summary = running.agent.get("mvlife")!;
     const dir = running.driver.instanceDir(summary.instanceId);
+    // A restore is a clone of the snapshot's memory: the guest's kernel reseeded its CRNG with the host's bytes.
+    expect(readFileSync(join(dir, "console.log"), "utf8")).toMatch(/WARREN-CLOCK-SET \d+ reseeded/);
     // QEMU (the daemon, not only its launcher) runs in the instance's own cgroup: guest memory + QEMU's allowance.
     const cgroup = vmCgroup(config.instance, summary.instanceId);
     expect(inCgroup(qemuPidOf(dir), cgroup)).toBe(true);
@@ -358,6 +360,15 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
       ),
     );
     expect(body).toBe(200);
+    // One listening on the guest's loopback only is reachable too (envd forwards it, as E2B's does).
+    await sa.commands.run("cd /tmp && exec python3 -m http.server 8081 --bind 127.0.0.1", { background: true });
+    const local = await until("loopback-only guest port 8081 reachable from the node", 30_000, () =>
+      fetch(`http://${a.sandboxAddr}:8081/`).then(
+        (res) => (res.ok ? res.status : undefined),
+        () => undefined,
+      ),
+    );
+    expect(local).toBe(200);
   }, 120_000);
 
   it("a restarted agent re-adopts a running microVM sandbox (reconcile)", async () => {

@@ -176,6 +176,30 @@ describe("the official e2b SDK against a whole Warren cluster", () => {
     }
   });
 
+  it("a server listening on localhost only inside the sandbox is reachable through the proxy, as on E2B", async () => {
+    const sandbox = await Sandbox.create();
+    try {
+      await sandbox.commands.run(
+        "cd /tmp && echo local-only > index.html && exec python3 -m http.server 8123 --bind 127.0.0.1",
+        { background: true },
+      );
+      const get = () =>
+        fetch(`${process.env.E2B_SANDBOX_URL}/index.html`, {
+          headers: { "E2b-Sandbox-Id": sandbox.sandboxId, "E2b-Sandbox-Port": "8123" },
+        });
+      const body = await eventually(async () => {
+        const res = await get();
+        return res.ok ? res.text() : undefined;
+      }, 30_000);
+      expect(body).toBe("local-only\n");
+      // The forward ends with the server.
+      await sandbox.commands.run("pkill -f 'http.server 8123'");
+      await eventually(async () => ((await get()).ok ? undefined : true), 30_000);
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
   it("a wrong API key is refused with 401", async () => {
     await expect(Sandbox.create({ apiKey: "e2b_0000000000000000000000000000000000000000" })).rejects.toThrow(
       /401|[Ii]nvalid API key|[Aa]uthentication/,

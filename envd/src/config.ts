@@ -26,9 +26,15 @@ export interface EnvdConfig {
    * then really warm). ENVD_WARMUP=0 turns it off.
    */
   readonly warmup: boolean;
+  /**
+   * Forward ports that sandbox processes listen on at loopback only to the sandbox's own addresses, as E2B's envd
+   * does (ports/loopback-forwarder.ts). Only inside a sandbox (the drivers pass --expose-loopback): a host-side
+   * envd must never publish the host's loopback services.
+   */
+  readonly exposeLoopback: boolean;
 }
 
-const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR]
+const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback]
 environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000), ENVD_WARMUP (1)`;
 
 export class ConfigError extends Error {
@@ -62,6 +68,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
     processPath: env.PATH || "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     envVars: { E2B_SANDBOX: "true" },
     warmup: env.ENVD_WARMUP !== "0",
+    exposeLoopback: values["expose-loopback"] === true,
   };
 }
 
@@ -73,6 +80,7 @@ function parseFlags(argv: readonly string[]) {
       host: { type: "string" },
       "default-user": { type: "string" },
       "default-workdir": { type: "string" },
+      "expose-loopback": { type: "boolean" },
     },
     strict: true,
   });

@@ -12,6 +12,7 @@ import { handleInit } from "./http/init.js";
 import { MetricsSampler } from "./http/metrics.js";
 import { sendError, sendJson, sendJsonError } from "./http/respond.js";
 import { createLogger, type Logger } from "./log.js";
+import { LoopbackForwarder } from "./ports/loopback-forwarder.js";
 import { createProcessService } from "./process/service.js";
 import { SandboxState } from "./state.js";
 import { UserDirectory } from "./users.js";
@@ -93,6 +94,8 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
   const host = config.host.includes(":") ? `[${config.host}]` : config.host;
   log.info("envd listening", { host: config.host, port });
   const warmed = config.warmup ? warmUp(port, context.state.accessToken, log) : Promise.resolve();
+  const forwarder = config.exposeLoopback ? new LoopbackForwarder({ log }) : undefined;
+  forwarder?.start();
 
   let closing: Promise<void> | undefined;
   return {
@@ -103,7 +106,7 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
       closing ??= (async () => {
         await warmed;
         const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
-        await Promise.all([processes.close(), filesystem.close()]);
+        await Promise.all([processes.close(), filesystem.close(), forwarder?.close()]);
         server.closeAllConnections();
         await stopped;
         log.info("envd stopped");

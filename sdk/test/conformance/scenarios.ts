@@ -207,7 +207,8 @@ export const codeScenarios: Record<string, (s: CommonCodeSandbox) => Promise<unk
   },
   "stdout and error": async (s) => {
     const execution = await s.runCode("print('p')\nnot_defined_name");
-    return { stdout: execution.logs.stdout, error: pick(execution.error, ["name", "value"]) };
+    // Joined: the kernel sends print's "p" and "\n" as one stream message or two, depending on timing.
+    return { stdout: execution.logs.stdout.join(""), error: pick(execution.error, ["name", "value"]) };
   },
   "context state": async (s) => {
     const context = await s.createCodeContext({ language: "python", cwd: "/tmp" });

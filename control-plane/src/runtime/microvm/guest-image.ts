@@ -78,7 +78,12 @@ exec $B switch_root /newroot "$rinit"
  * under a running request breaks deadlines computed from wall time (connect-es computes a handler's remaining
  * timeout from Date.now(): a forward jump made envd kill a fresh command at once). So the driver sets the clock
  * before it hands the sandbox out: it writes `warren-clock <epoch>` to the serial console after every `cont`, and
- * this listener (blocked in read(), no cost while idle) sets the time and acknowledges. `warren-stop <n>` is the
+ * this listener (blocked in read(), no cost while idle) sets the time and acknowledges. After a restore the line
+ * also carries 32 random bytes from the host: every restore of a snapshot starts with the same kernel CRNG state,
+ * so the listener credits them to the input pool (RNDADDENTROPY) and forces a reseed (RNDRESEEDCRNG), through
+ * perl (Debian's perl-base is essential: in every Debian template; without it the bytes are only written to
+ * /dev/urandom, which mixes them in at the next scheduled reseed), and says which in its acknowledgement.
+ * Firecracker documents the same step for its clones. `warren-stop <n>` is the
  * shutdown before a filesystem-only pause: the page cache goes to the disk the reboot will mount, then every
  * process gets SIGTERM, so the guest's kernel closes their connections with a FIN (clients drop them instead of
  * reusing them after the reboot, where they would meet a RST). envd's exit ends tini, PID 1, and the kernel
@@ -102,11 +107,20 @@ $B rm -f /etc/resolv.conf
 printf 'nameserver ${GUEST_GATEWAY}\noptions timeout:2 attempts:2\n' > /etc/resolv.conf
 $B hwclock -s -u 2>/dev/null
 $B stty -F /dev/ttyS0 -echo
+RESEED='open(my $f, "+<", "/dev/urandom") or exit 1; my $s = pack("H*", $ARGV[0]);
+ioctl($f, 0x40085203, pack("i i", 8 * length($s), length($s)) . $s) or exit 1; ioctl($f, 0x5207, 0) or exit 1;'
 (
   trap '' TERM
-  while read -r cmd arg; do
+  while read -r cmd arg seed; do
     case "$cmd" in
-      warren-clock) $B date -u -s "@$arg" >/dev/null 2>&1 && echo "WARREN-CLOCK-SET $arg" > /dev/ttyS0 ;;
+      warren-clock)
+        $B date -u -s "@$arg" >/dev/null 2>&1 || continue
+        how=""
+        if [ -n "$seed" ]; then
+          if [ -x /usr/bin/perl ] && /usr/bin/perl -e "$RESEED" "$seed" 2>/dev/null; then how=reseeded
+          else printf '%s' "$seed" > /dev/urandom; how=mixed; fi
+        fi
+        echo "WARREN-CLOCK-SET $arg $how" > /dev/ttyS0 ;;
       warren-stop) $B sync; echo "WARREN-STOPPED $arg" > /dev/ttyS0; $B kill -TERM -1 ;;
     esac
   done
@@ -115,7 +129,7 @@ mem=$($B awk '/MemTotal/ {print int($2/2048)}' /proc/meminfo)
 ${codeGateway ? CODE_GATEWAY_START : ""}echo "WARREN-GUEST-INIT envd starting"
 exec /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \\
   /usr/bin/tini -g -- /usr/local/bin/node --max-old-space-size=$mem --max-semi-space-size=1 \\
-  /opt/warren/envd/dist/envd.mjs --host 0.0.0.0 --port ${ENVD_PORT} --default-user user
+  /opt/warren/envd/dist/envd.mjs --host 0.0.0.0 --port ${ENVD_PORT} --default-user user --expose-loopback
 `;
 }
 

@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "../../node-agent/log.js";
@@ -126,7 +127,8 @@ export class InstanceVms {
       phase("launchMs");
       await finishRestore(this.qmpPath(record), left(), ramFile !== undefined);
       phase("loadMs");
-      await this.syncClock(record);
+      // Every restore is a clone of a snapshot's memory, its kernel's random number generator included.
+      await this.syncClock(record, true);
       phase("clockMs");
       await waitReady(record.addr, readyPorts(record.codeGateway), left(), pid, record.pidStartTime ?? "");
       phase("readyMs");
@@ -156,9 +158,16 @@ export class InstanceVms {
   }
 
   /** The guest's wall clock := the host's, before anyone uses the sandbox (see guest-image.ts for why). */
-  async syncClock(record: InstanceRecord): Promise<void> {
-    if (!(await syncGuestClock(this.consolePath(record), this.options.accel === "kvm" ? 2000 : 10_000))) {
+  async syncClock(record: InstanceRecord, reseed = false): Promise<void> {
+    const timeoutMs = this.options.accel === "kvm" ? 2000 : 10_000;
+    const done = await syncGuestClock(this.consolePath(record), timeoutMs, reseed ? randomBytes(32) : undefined);
+    if (done === undefined) {
       this.options.log.warn("the guest did not confirm its clock", { instanceId: record.instanceId });
+    } else if (reseed && done !== "reseeded") {
+      this.options.log.warn("the guest could not force a reseed of its random number generator (no perl?)", {
+        instanceId: record.instanceId,
+        seed: done || "ignored",
+      });
     }
   }
 

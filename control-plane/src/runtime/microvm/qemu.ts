@@ -359,36 +359,52 @@ export async function processUsage(pid: number): Promise<{ rssBytes: number; cpu
 
 /**
  * Sends one line to the guest's console listener (guest-image.ts) and waits for its acknowledgement line.
- * Resolves false when the guest did not answer in time.
+ * Resolves with what follows `ack` on that line (trimmed), or undefined when the guest did not answer in time.
  */
-export function guestCommand(consolePath: string, line: string, ack: string, timeoutMs: number): Promise<boolean> {
+export function guestCommand(
+  consolePath: string,
+  line: string,
+  ack: string,
+  timeoutMs: number,
+): Promise<string | undefined> {
   return new Promise((resolve) => {
     const socket = connect(consolePath);
     let seen = "";
-    const done = (ok: boolean) => {
+    const done = (rest: string | undefined) => {
       clearTimeout(timer);
       socket.destroy();
-      resolve(ok);
+      resolve(rest);
     };
-    const timer = setTimeout(() => done(false), timeoutMs);
+    const timer = setTimeout(() => done(undefined), timeoutMs);
     socket.setEncoding("utf8");
     socket.on("data", (chunk: string) => {
       seen = (seen + chunk).slice(-400);
-      if (seen.includes(ack)) done(true);
+      const at = seen.indexOf(ack);
+      const end = at < 0 ? -1 : seen.indexOf("\n", at);
+      if (end >= 0) done(seen.slice(at + ack.length, end).trim());
     });
-    socket.once("error", () => done(false));
+    socket.once("error", () => done(undefined));
     socket.once("connect", () => socket.write(`${line}\n`));
   });
 }
 
-/** Sets the guest's wall clock to the host's (to the second) and waits until the guest confirms. */
-export function syncGuestClock(consolePath: string, timeoutMs: number): Promise<boolean> {
+/**
+ * Sets the guest's wall clock to the host's (to the second) and waits until the guest confirms. With `seed`, the
+ * guest also feeds those bytes to its kernel's entropy pool and forces a reseed of its random number generator
+ * (guest-image.ts): a guest restored from a snapshot shares the CRNG state of every other restore of it. Resolves
+ * with what the guest did with the seed ("reseeded", "mixed": written to the pool only, "": no seed), or
+ * undefined when it did not answer.
+ */
+export function syncGuestClock(consolePath: string, timeoutMs: number, seed?: Buffer): Promise<string | undefined> {
   const now = String(Math.floor(Date.now() / 1000));
-  return guestCommand(consolePath, `warren-clock ${now}`, `WARREN-CLOCK-SET ${now}`, timeoutMs);
+  const line = seed ? `warren-clock ${now} ${seed.toString("hex")}` : `warren-clock ${now}`;
+  return guestCommand(consolePath, line, `WARREN-CLOCK-SET ${now}`, timeoutMs);
 }
 
 /** Ends the guest's processes (their connections close) and flushes its disk; resolves when the guest confirms. */
 export function stopGuest(consolePath: string, timeoutMs: number): Promise<boolean> {
   const tag = String(Date.now());
-  return guestCommand(consolePath, `warren-stop ${tag}`, `WARREN-STOPPED ${tag}`, timeoutMs);
+  return guestCommand(consolePath, `warren-stop ${tag}`, `WARREN-STOPPED ${tag}`, timeoutMs).then(
+    (rest) => rest !== undefined,
+  );
 }

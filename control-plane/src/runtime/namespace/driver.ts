@@ -409,6 +409,8 @@ export class NamespaceDriver implements RuntimeDriver {
       String(ENVD_PORT),
       "--default-user",
       "user",
+      // Ports sandbox processes listen on at loopback only are reachable through the proxy, as on E2B.
+      "--expose-loopback",
     ];
     const init = record.codeGateway ? ["/bin/sh", "-c", SANDBOX_INIT, "sandbox-init"] : [];
     const args = command ?? ["/usr/bin/tini", "-g", "--", ...init, ...envd];
