@@ -8,6 +8,7 @@ import type { EnvdConfig } from "./config.js";
 import type { EnvdContext } from "./context.js";
 import { createFilesystemService } from "./filesystem/service.js";
 import { handleFiles } from "./http/files.js";
+import { handleFilesCompose } from "./http/files-compose.js";
 import { handleInit } from "./http/init.js";
 import { MetricsSampler } from "./http/metrics.js";
 import { sendError, sendJson, sendJsonError } from "./http/respond.js";
@@ -80,6 +81,7 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
     }
     if (path === "/envs" && req.method === "GET") return sendJson(res, 200, context.state.envVars());
     if (path === "/metrics" && req.method === "GET") return sendJson(res, 200, await metrics.sample());
+    if (path === "/files/compose" && req.method === "POST") return handleFilesCompose(req, res, context);
     rpc(req, res);
   };
 

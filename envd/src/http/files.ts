@@ -60,8 +60,8 @@ export function authorizeFiles(
   }
 }
 
-/** The `username` query's account, else the sandbox default; unknown names are 401 as in E2B. */
-function fileUser(ctx: EnvdContext, username: string | undefined): SandboxUser {
+/** The requested account (`username`), else the sandbox default; unknown names are 401 as in E2B. */
+export function fileUser(ctx: EnvdContext, username: string | undefined): SandboxUser {
   const name = username ?? ctx.state.defaultUser;
   const user = ctx.users.find(name);
   if (!user) throw unauthenticated(`error looking up user '${name}': user: unknown user ${name}`);
