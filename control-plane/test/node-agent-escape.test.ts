@@ -164,6 +164,26 @@ describe("escape suite: nothing inside a sandbox reaches the host or another san
     expect(curl.exitCode).not.toBe(0);
   });
 
+  it("sandbox root cannot send with another sandbox's address (binding one is allowed, for restored forks)", async () => {
+    const spoof = [
+      "import socket",
+      "s = socket.socket()",
+      `s.bind(("${b.placement.sandboxAddr}", 0))`,
+      "s.settimeout(5)",
+      "try:",
+      `    s.connect(("${a.slot.hostAddr}", 53)); print("sent")`,
+      "except OSError as e: print(e.errno)",
+      "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)",
+      `u.bind(("${b.placement.sandboxAddr}", 0))`,
+      "try:",
+      `    u.sendto(b"x", ("${a.slot.hostAddr}", 53)); print("sent")`,
+      "except OSError as e: print(e.errno)",
+    ].join("\n");
+    const attempt = await run(a.sandbox, `python3 -c '${spoof}'`, "root");
+    // ENETUNREACH both times: the kernel's route lookup refuses a source address that is not local.
+    expect(attempt.stdout.trim().split("\n")).toEqual(["101", "101"]);
+  });
+
   it("routes and firewall rules leave no path to host addresses, other networks or link-local metadata", async () => {
     // Inside: the sandbox's own /30 and a default route via the node (egress is the policy's to allow; this
     // sandbox has the agent's default, closed).

@@ -5,6 +5,7 @@ import { CommandExitError, Sandbox, SandboxNotFoundError, TimeoutError } from "e
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LocalCluster } from "../src/cluster.js";
+import { checkpointTier } from "../src/host-capabilities.js";
 
 // The whole cluster as separate processes (private PostgreSQL and Redis, master, api, two node
 // agents, proxy), driven by the official e2b SDK with E2B_SANDBOX_URL header routing.
@@ -183,15 +184,26 @@ describe("the official e2b SDK against a whole Warren cluster", () => {
         "cd /tmp && echo local-only > index.html && exec python3 -m http.server 8123 --bind 127.0.0.1",
         { background: true },
       );
-      const get = () =>
+      const get = (sandboxId = sandbox.sandboxId) =>
         fetch(`${process.env.E2B_SANDBOX_URL}/index.html`, {
-          headers: { "E2b-Sandbox-Id": sandbox.sandboxId, "E2b-Sandbox-Port": "8123" },
+          headers: { "E2b-Sandbox-Id": sandboxId, "E2b-Sandbox-Port": "8123" },
         });
-      const body = await eventually(async () => {
-        const res = await get();
-        return res.ok ? res.text() : undefined;
-      }, 30_000);
-      expect(body).toBe("local-only\n");
+      const page = (sandboxId?: string) =>
+        eventually(async () => {
+          const res = await get(sandboxId);
+          return res.ok ? res.text() : undefined;
+        }, 30_000);
+      expect(await page()).toBe("local-only\n");
+      if (checkpointTier().usable) {
+        // A memory fork goes on running the server in another network slot; the forward follows it there.
+        const [fork] = await sandbox.fork({ count: 1, timeoutMs: 120_000 });
+        if (!(fork instanceof Sandbox)) throw fork;
+        try {
+          expect(await page(fork.sandboxId)).toBe("local-only\n");
+        } finally {
+          await fork.kill();
+        }
+      }
       // The forward ends with the server.
       await sandbox.commands.run("pkill -f 'http.server 8123'");
       await eventually(async () => ((await get()).ok ? undefined : true), 30_000);

@@ -73,8 +73,7 @@ describe("/proc/net/tcp parsing", () => {
         { family: 4, address: "127.0.0.1", port: 7000 },
         { family: 4, address: "10.0.0.2", port: 7000 }, // our own forward
       ],
-      ["10.0.0.2"],
-      new Map([[7000, {}]]),
+      new Map([[7000, { addresses: ["10.0.0.2"] }]]),
     );
     expect(Object.fromEntries(ports)).toEqual({
       5173: "127.0.0.1",
@@ -98,6 +97,23 @@ describe("loopback forwarder", () => {
     await new Promise((resolve) => server.close(resolve));
     await forwarder.refresh();
     expect(forwarder.active()).toEqual([]);
+    await expect(fetch(`http://${FORWARD_ADDRESS}:${port}/`)).rejects.toThrow();
+  });
+
+  it("moves its forwards when the sandbox's address changes (a fork restored from a memory snapshot)", async () => {
+    const { port } = await serve("127.0.0.1", "moved");
+    let address = FORWARD_ADDRESS;
+    const forwarder = new LoopbackForwarder({
+      listeners: async () => (await readTcpListeners()).filter((l) => l.port === port),
+      bindAddresses: () => [address],
+      log: silentLogger,
+    });
+    forwarders.push(forwarder);
+    await forwarder.refresh();
+    address = "127.0.0.3";
+    await forwarder.refresh();
+    expect(forwarder.active()).toEqual([{ port, target: "127.0.0.1" }]);
+    expect(await (await fetch(`http://127.0.0.3:${port}/`)).text()).toBe("moved");
     await expect(fetch(`http://${FORWARD_ADDRESS}:${port}/`)).rejects.toThrow();
   });
 

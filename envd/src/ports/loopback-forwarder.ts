@@ -26,6 +26,8 @@ interface Forward {
   readonly port: number;
   /** The loopback address connections go to. */
   readonly target: string;
+  /** The sandbox addresses it listens on (a sandbox forked from a memory snapshot has new ones). */
+  readonly addresses: readonly string[];
   readonly servers: Server[];
   readonly sockets: Set<Socket>;
 }
@@ -76,9 +78,10 @@ export class LoopbackForwarder {
       return;
     }
     const bindAddresses = (this.options.bindAddresses ?? sandboxAddresses)();
-    const wanted = loopbackOnlyPorts(listeners, bindAddresses, this.forwards);
+    const wanted = loopbackOnlyPorts(listeners, this.forwards);
+    const addressesKey = bindAddresses.join(",");
     for (const [port, forward] of this.forwards) {
-      if (wanted.get(port) !== forward.target) await this.end(forward);
+      if (wanted.get(port) !== forward.target || forward.addresses.join(",") !== addressesKey) await this.end(forward);
     }
     for (const [port, target] of this.failed) if (wanted.get(port) !== target) this.failed.delete(port);
     for (const [port, target] of wanted) {
@@ -90,7 +93,7 @@ export class LoopbackForwarder {
   }
 
   private async begin(port: number, target: string, bindAddresses: readonly string[]): Promise<Forward | undefined> {
-    const forward: Forward = { port, target, servers: [], sockets: new Set() };
+    const forward: Forward = { port, target, addresses: [...bindAddresses], servers: [], sockets: new Set() };
     for (const address of bindAddresses) {
       const server = createServer({ allowHalfOpen: true }, (client) => this.pipe(forward, client));
       try {
@@ -138,18 +141,17 @@ export class LoopbackForwarder {
 
 /**
  * Port → loopback address for every port listened on at loopback and nowhere else a client outside could reach
- * it (no wildcard listener, none at a sandbox address other than our own forward). 127.0.0.1 is preferred over
+ * it (no wildcard listener, none at another address than our own forwards'). 127.0.0.1 is preferred over
  * another 127.x, and IPv4 over ::1.
  */
 export function loopbackOnlyPorts(
   listeners: readonly TcpListener[],
-  bindAddresses: readonly string[],
-  ours: ReadonlyMap<number, unknown>,
+  ours: ReadonlyMap<number, { readonly addresses: readonly string[] }>,
 ): Map<number, string> {
   const reachable = new Set<number>();
   const loopback = new Map<number, string>();
   for (const { address, port } of listeners) {
-    if (ours.has(port) && bindAddresses.includes(address)) continue; // our own forward
+    if (ours.get(port)?.addresses.includes(address)) continue; // our own forward (at old addresses after a fork)
     if (isWildcard(address)) reachable.add(port);
     else if (isLoopback(address)) {
       const current = loopback.get(port);

@@ -59,6 +59,13 @@ const SANDBOX_RULES = `*filter
 COMMIT
 `;
 
+/**
+ * One sandbox network. `ip_nonlocal_bind` in the sandbox's namespace: a fork restored from a memory snapshot (CRIU)
+ * into another slot re-binds the source's listening sockets at the source's address (envd's loopback forwards,
+ * a server bound to that address), which fails without it; such sockets then never see traffic, and sending from
+ * an address that is not local still fails (the kernel's route lookup refuses it without IP_TRANSPARENT, which
+ * needs CAP_NET_ADMIN the sandbox does not have here), so no sandbox can speak with another's address.
+ */
 const SLOT_SCRIPT = `set -e
 ip netns add "$NS"
 ip link add "$HV" address "$HMAC" type veth peer name eth0 address "$SMAC" netns "$NS"
@@ -68,7 +75,7 @@ ip link set "$HV" up
 ip neigh replace "$SIP" lladdr "$SMAC" dev "$HV" nud permanent
 ip netns exec "$NS" sh -c '
 set -e
-sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 net.ipv4.ip_unprivileged_port_start=0 "net.ipv4.ping_group_range=0 2147483647"
+sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 net.ipv4.ip_unprivileged_port_start=0 "net.ipv4.ping_group_range=0 2147483647" net.ipv4.ip_nonlocal_bind=1
 ip link set lo up
 ip addr add "$SIP/30" dev eth0
 ip link set eth0 up
