@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { cpus, freemem, totalmem } from "node:os";
-import { isSandboxId, isSnapshotId, type SandboxRoute } from "@warren/proto/redis";
-import type { Instance, InstanceStats, RuntimeDriver, SandboxResources, SnapshotImage } from "../runtime/driver.js";
+import { isSandboxId } from "@warren/proto/redis";
+import type { Instance, InstanceStats, RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
 import {
   CLOSED_EGRESS,
   compileEgress,
@@ -14,97 +14,27 @@ import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
 import type { NodeAgentConfig } from "./config.js";
 import { initEnvd } from "./envd-client.js";
 import { AgentError } from "./errors.js";
-import type { Logger } from "./log.js";
+import { type Logger, tenths } from "./log.js";
+import { NodeSnapshots } from "./node-snapshots.js";
 import type { RouteStore } from "./routes.js";
 import { parseSandboxLog, type SandboxLogLine } from "./sandbox-log.js";
+import {
+  type CreateSandboxInput,
+  type NodeInfo,
+  placementOf,
+  type ResumeSandboxInput,
+  resolveResources,
+  type SandboxPlacement,
+  type SandboxSummary,
+  sandboxRoute,
+  summaryOf,
+} from "./sandbox-model.js";
+import { SandboxQueue } from "./sandbox-queue.js";
 import { StartGate } from "./start-gate.js";
 import { WarmPool } from "./warm-pool.js";
 
-export interface CreateSandboxInput {
-  readonly sandboxId: string;
-  readonly teamId: string;
-  readonly templateId: string;
-  /** Zero or absent fields take the template's defaults. */
-  readonly resources?: Partial<Pick<SandboxResources, "cpuCount" | "memoryMiB" | "diskMiB">>;
-  readonly envVars?: Readonly<Record<string, string>>;
-  readonly envdAccessToken?: string;
-  readonly trafficTokenHash?: string;
-  readonly publicTraffic?: boolean;
-  readonly autoResume?: boolean;
-  readonly metadata?: Readonly<Record<string, string>>;
-  readonly defaultUser?: string;
-  readonly defaultWorkdir?: string;
-  /** Replaces the sandbox's start command (tests of failing starts only; never pooled). */
-  readonly command?: readonly string[];
-  /** Egress policy (E2B allowOut/denyOut, internet access folded in by the master); default: nothing leaves. */
-  readonly egress?: EgressPolicy;
-  /** Start from this snapshot on this node (`templateId` must be its template). */
-  readonly snapshotId?: string;
-  /** The access token envd holds in a memory snapshot (its source's), presented to /init to set the new one. */
-  readonly snapshotEnvdAccessToken?: string;
-}
-
-export interface ResumeSandboxInput {
-  readonly sandboxId: string;
-  /** false: a cold start over the kept filesystem (new boot, processes lost), whatever the pause kept. */
-  readonly memory: boolean;
-  /** For envd's /init after a cold start (the same token as before: clients keep theirs). */
-  readonly envVars?: Readonly<Record<string, string>>;
-  readonly envdAccessToken?: string;
-}
-
-export interface SandboxPlacement {
-  readonly sandboxId: string;
-  readonly exec: string;
-  readonly generation: number;
-  readonly sandboxAddr: string;
-  readonly envdUrl: string;
-  readonly envdVersion: string;
-  readonly pooled: boolean;
-}
-
-export interface SandboxSummary {
-  readonly sandboxId: string;
-  readonly exec: string;
-  readonly generation: number;
-  readonly instanceId: string;
-  readonly templateId: string;
-  readonly teamId: string;
-  readonly sandboxAddr: string;
-  readonly envdUrl: string;
-  readonly resources: SandboxResources;
-  readonly startedAt: number;
-  readonly metadata: Readonly<Record<string, string>>;
-  readonly paused: boolean;
-}
-
-export interface NodeInfo {
-  readonly nodeId: string;
-  readonly addr: string;
-  readonly driver: string;
-  readonly cpuCount: number;
-  readonly memoryTotalBytes: number;
-  readonly memoryFreeBytes: number;
-  readonly sandboxes: number;
-  readonly pools: Readonly<Record<string, number>>;
-  readonly templates: readonly string[];
-  /** Templates this node's driver may run (built or not). */
-  readonly servable: readonly string[];
-}
-
 /** A failed checkpoint is tried again this much later (at the earliest). */
 const CHECKPOINT_RETRY_MS = 5_000;
-
-function round(value: number): number {
-  return Math.round(value * 10) / 10;
-}
-
-/** Limits on what a create may ask for; beyond them a request is refused as absurd. */
-export const RESOURCE_LIMITS = {
-  cpuCount: { min: 0.05, max: 64 },
-  memoryMiB: { min: 64, max: 256 * 1024 },
-  diskMiB: { min: 64, max: 1024 * 1024 },
-} as const;
 
 /**
  * The node agent: sandboxes by id on top of a runtime driver. Create takes a warm sandbox (or starts one),
@@ -114,8 +44,9 @@ export const RESOURCE_LIMITS = {
 export class NodeAgent {
   private readonly sandboxes = new Map<string, SandboxSummary>();
   private readonly creating = new Set<string>();
-  /** Per-sandbox queue of pause/resume/checkpoint/kill, so they never interleave. */
-  private readonly locks = new Map<string, Promise<void>>();
+  /** Per-sandbox queue of pause/resume/checkpoint/snapshot/kill, so they never interleave. */
+  private readonly queue = new SandboxQueue();
+  private readonly snapshots: NodeSnapshots;
   private readonly checkpointTimers = new Map<string, NodeJS.Timeout>();
   private readonly pools = new Map<string, WarmPool>();
   /** Cold starts run at most `maxConcurrentStarts` at once (claims from a warm pool never wait). */
@@ -140,6 +71,7 @@ export class NodeAgent {
   ) {
     // Tests build configs by hand; an absent limit is the loader's default.
     this.startGate = new StartGate(config.maxConcurrentStarts || Math.max(2, cpus().length * 2));
+    this.snapshots = new NodeSnapshots(driver, this.queue, (sandboxId) => this.requireSandbox(sandboxId), log);
   }
 
   /** Re-adopts or removes what a previous agent left, then starts heartbeats, template builds and pools. */
@@ -259,9 +191,9 @@ export class NodeAgent {
       this.ensureTemplate(input.templateId).catch(() => undefined);
       throw new AgentError("unavailable", `template '${input.templateId}' is being built on this node; retry later`);
     }
-    const snapshot = input.snapshotId ? await this.findSnapshot(input.snapshotId, input.templateId) : undefined;
+    const snapshot = input.snapshotId ? await this.snapshots.find(input.snapshotId, input.templateId) : undefined;
     // A memory snapshot's processes run in the memory they had: the snapshot's resources, not the request's.
-    const resources = snapshot?.memory ? snapshot.resources : this.resolveResources(template, input.resources);
+    const resources = snapshot?.memory ? snapshot.resources : resolveResources(template, input.resources);
     const egress = this.checkEgress(input.egress ?? CLOSED_EGRESS);
     this.creating.add(input.sandboxId);
     const log = this.log.child({ sandboxId: input.sandboxId, templateId: input.templateId });
@@ -297,95 +229,27 @@ export class NodeAgent {
     }
   }
 
-  private async findSnapshot(snapshotId: string, templateId: string): Promise<SnapshotImage> {
-    const snapshot = (await this.driver.listSnapshots()).find((s) => s.snapshotId === snapshotId);
-    if (!snapshot) throw new AgentError("not_found", `snapshot '${snapshotId}' is not on this node`);
-    if (snapshot.templateId !== templateId) {
-      throw new AgentError(
-        "invalid_argument",
-        `snapshot '${snapshotId}' is of template '${snapshot.templateId}', not '${templateId}'`,
-      );
-    }
-    return snapshot;
+  /** Captures a sandbox as snapshot `snapshotId` on this node (NodeSnapshots.capture). */
+  snapshot(sandboxId: string, snapshotId: string): Promise<SnapshotImage> {
+    return this.snapshots.capture(sandboxId, snapshotId);
   }
 
-  /**
-   * Captures a sandbox as a snapshot on this node (files; processes and memory where the driver keeps them). It
-   * waits for any pause/resume/checkpoint of the sandbox, like those wait for each other; a running sandbox is
-   * still for the copy only (its route stays `running`: requests wait, streams stay open).
-   */
-  async snapshot(sandboxId: string, snapshotId: string): Promise<SnapshotImage> {
-    if (!isSnapshotId(snapshotId)) {
-      throw new AgentError("invalid_argument", `invalid snapshot id '${snapshotId}' (a-z, 0-9, '_', '-'; at most 63)`);
-    }
-    return this.exclusive(sandboxId, async () => {
-      const sandbox = this.requireSandbox(sandboxId);
-      if ((await this.driver.listSnapshots()).some((s) => s.snapshotId === snapshotId)) {
-        throw new AgentError("already_exists", `snapshot '${snapshotId}' already exists on this node`);
-      }
-      const startedAt = performance.now();
-      let image: SnapshotImage;
-      try {
-        image = await this.driver.snapshot(sandbox.instanceId, snapshotId);
-      } catch (error) {
-        throw new AgentError("internal", `snapshot of sandbox '${sandboxId}' failed: ${(error as Error).message}`);
-      }
-      this.log.info("sandbox snapshotted", {
-        sandboxId,
-        snapshotId,
-        memory: image.memory,
-        sizeMiB: round(image.sizeBytes / 2 ** 20),
-        ms: round(performance.now() - startedAt),
-      });
-      return image;
-    });
-  }
-
-  async deleteSnapshot(snapshotId: string): Promise<void> {
-    if (!isSnapshotId(snapshotId)) return;
-    await this.driver.deleteSnapshot(snapshotId);
-    this.log.info("snapshot deleted", { snapshotId });
+  deleteSnapshot(snapshotId: string): Promise<void> {
+    return this.snapshots.delete(snapshotId);
   }
 
   listSnapshots(): Promise<SnapshotImage[]> {
-    return this.driver.listSnapshots();
+    return this.snapshots.list();
   }
 
   /** The snapshot as a byte stream for another node (ImportSnapshot there). */
-  async exportSnapshot(snapshotId: string): Promise<AsyncIterable<Uint8Array>> {
-    if (!this.driver.exportSnapshot) {
-      throw new AgentError("unimplemented", `the ${this.driver.name} driver cannot move snapshots between nodes`);
-    }
-    if (!(await this.driver.listSnapshots()).some((s) => s.snapshotId === snapshotId)) {
-      throw new AgentError("not_found", `snapshot '${snapshotId}' is not on this node`);
-    }
-    return this.driver.exportSnapshot(snapshotId);
+  exportSnapshot(snapshotId: string): Promise<AsyncIterable<Uint8Array>> {
+    return this.snapshots.export(snapshotId);
   }
 
   /** Stores a snapshot streamed from another node agent; on failure nothing of it is left. */
-  async importSnapshot(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<SnapshotImage> {
-    if (!isSnapshotId(snapshotId)) {
-      throw new AgentError("invalid_argument", `invalid snapshot id '${snapshotId}' (a-z, 0-9, '_', '-'; at most 63)`);
-    }
-    if (!this.driver.importSnapshot) {
-      throw new AgentError("unimplemented", `the ${this.driver.name} driver cannot move snapshots between nodes`);
-    }
-    if ((await this.driver.listSnapshots()).some((s) => s.snapshotId === snapshotId)) {
-      throw new AgentError("already_exists", `snapshot '${snapshotId}' already exists on this node`);
-    }
-    const startedAt = performance.now();
-    let image: SnapshotImage;
-    try {
-      image = await this.driver.importSnapshot(snapshotId, data);
-    } catch (error) {
-      throw new AgentError("internal", `importing snapshot '${snapshotId}' failed: ${(error as Error).message}`);
-    }
-    this.log.info("snapshot imported", {
-      snapshotId,
-      sizeMiB: round(image.sizeBytes / 2 ** 20),
-      ms: round(performance.now() - startedAt),
-    });
-    return image;
+  importSnapshot(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<SnapshotImage> {
+    return this.snapshots.import(snapshotId, data);
   }
 
   /**
@@ -432,7 +296,7 @@ export class NodeAgent {
         metadata: JSON.stringify(input.metadata ?? {}),
       };
       instance = await this.driver.label(instance.instanceId, labels);
-      const summary = this.summaryOf(instance);
+      const summary = summaryOf(instance);
       if (!summary) throw new Error("instance lost its labels");
       routeWritten = await this.routes.write(this.routeOf(summary));
       if (!routeWritten) throw new Error("Redis holds a newer route for this sandbox id");
@@ -487,7 +351,7 @@ export class NodeAgent {
   /** Replaces a sandbox's egress policy while it runs or is paused (E2B `PUT /sandboxes/{id}/network`). */
   async updateEgress(sandboxId: string, policy: EgressPolicy): Promise<void> {
     const checked = this.checkEgress(policy);
-    await this.exclusive(sandboxId, async () => {
+    await this.queue.run(sandboxId, async () => {
       const sandbox = this.requireSandbox(sandboxId);
       await this.driver.setEgress?.(sandbox.instanceId, checked);
       this.log.info("sandbox egress policy replaced", {
@@ -498,29 +362,11 @@ export class NodeAgent {
     });
   }
 
-  private resolveResources(template: BuiltTemplate, asked: CreateSandboxInput["resources"]): SandboxResources {
-    const defaults = template.recipe.defaults;
-    const pick = (name: keyof typeof RESOURCE_LIMITS, value: number | undefined, fallback: number) => {
-      if (value === undefined || value === 0) return fallback;
-      const { min, max } = RESOURCE_LIMITS[name];
-      if (!Number.isFinite(value) || value < min || value > max) {
-        throw new AgentError("invalid_argument", `${name} must be in [${min}, ${max}], got ${value}`);
-      }
-      return value;
-    };
-    return {
-      cpuCount: pick("cpuCount", asked?.cpuCount, defaults.cpuCount),
-      memoryMiB: Math.round(pick("memoryMiB", asked?.memoryMiB, defaults.memoryMiB)),
-      diskMiB: Math.round(pick("diskMiB", asked?.diskMiB, defaults.diskMiB)),
-      pidsMax: defaults.pidsMax,
-    };
-  }
-
   /** Deletes the route first (the proxy stops sending traffic), then removes the sandbox entirely. */
   async kill(sandboxId: string, exec?: string): Promise<void> {
     clearTimeout(this.checkpointTimers.get(sandboxId));
     this.checkpointTimers.delete(sandboxId);
-    return this.exclusive(sandboxId, () => this.killNow(sandboxId, exec));
+    return this.queue.run(sandboxId, () => this.killNow(sandboxId, exec));
   }
 
   private async killNow(sandboxId: string, exec?: string): Promise<void> {
@@ -545,7 +391,7 @@ export class NodeAgent {
    * released. `memory: false` (filesystem only) ends every process right after the freeze; resume reboots.
    */
   async pause(sandboxId: string, memory: boolean): Promise<void> {
-    await this.exclusive(sandboxId, async () => {
+    await this.queue.run(sandboxId, async () => {
       const sandbox = this.requireSandbox(sandboxId);
       if (sandbox.paused) throw new AgentError("failed_precondition", `sandbox '${sandboxId}' is already paused`);
       const startedAt = performance.now();
@@ -574,7 +420,7 @@ export class NodeAgent {
         exec: sandbox.exec,
         tier: memory ? "freezer" : "filesystem",
         memory,
-        ms: round(performance.now() - startedAt),
+        ms: tenths(performance.now() - startedAt),
       });
     });
   }
@@ -593,29 +439,31 @@ export class NodeAgent {
 
   /** Converts a frozen sandbox to a checkpoint; a failure leaves it frozen (still resumable) and is logged. */
   private async checkpoint(sandboxId: string): Promise<void> {
-    await this.exclusive(sandboxId, async () => {
-      const sandbox = this.sandboxes.get(sandboxId);
-      if (!sandbox?.paused || this.draining) return;
-      const instance = this.driver.list().find((i) => i.instanceId === sandbox.instanceId);
-      if (!instance || instance.checkpointed || instance.stopped) return;
-      const startedAt = performance.now();
-      try {
-        const result = await this.driver.checkpoint(sandbox.instanceId);
-        this.log.info("paused sandbox checkpointed to disk", {
-          sandboxId,
-          ms: round(performance.now() - startedAt),
-          imageMiB: round(result.imageBytes / 2 ** 20),
-          memoryBeforeMiB: round(result.memoryBeforeBytes / 2 ** 20),
-          memoryAfterMiB: round(result.memoryAfterBytes / 2 ** 20),
-        });
-      } catch (error) {
-        this.log.warn("checkpoint failed; the sandbox stays frozen in memory and is tried again later", {
-          sandboxId,
-          error: (error as Error).message,
-        });
-        this.scheduleCheckpoint(sandboxId, Math.max(this.config.checkpointAfterMs, CHECKPOINT_RETRY_MS));
-      }
-    }).catch((error) => this.log.warn("checkpoint skipped", { sandboxId, error: (error as Error).message }));
+    await this.queue
+      .run(sandboxId, async () => {
+        const sandbox = this.sandboxes.get(sandboxId);
+        if (!sandbox?.paused || this.draining) return;
+        const instance = this.driver.list().find((i) => i.instanceId === sandbox.instanceId);
+        if (!instance || instance.checkpointed || instance.stopped) return;
+        const startedAt = performance.now();
+        try {
+          const result = await this.driver.checkpoint(sandbox.instanceId);
+          this.log.info("paused sandbox checkpointed to disk", {
+            sandboxId,
+            ms: tenths(performance.now() - startedAt),
+            imageMiB: tenths(result.imageBytes / 2 ** 20),
+            memoryBeforeMiB: tenths(result.memoryBeforeBytes / 2 ** 20),
+            memoryAfterMiB: tenths(result.memoryAfterBytes / 2 ** 20),
+          });
+        } catch (error) {
+          this.log.warn("checkpoint failed; the sandbox stays frozen in memory and is tried again later", {
+            sandboxId,
+            error: (error as Error).message,
+          });
+          this.scheduleCheckpoint(sandboxId, Math.max(this.config.checkpointAfterMs, CHECKPOINT_RETRY_MS));
+        }
+      })
+      .catch((error) => this.log.warn("checkpoint skipped", { sandboxId, error: (error as Error).message }));
   }
 
   /**
@@ -626,9 +474,9 @@ export class NodeAgent {
    * intact. A sandbox already running answers with its current placement (a retried resume).
    */
   async resume(input: ResumeSandboxInput): Promise<SandboxPlacement> {
-    return this.exclusive(input.sandboxId, async () => {
+    return this.queue.run(input.sandboxId, async () => {
       const sandbox = this.requireSandbox(input.sandboxId);
-      if (!sandbox.paused) return this.placementOf(sandbox);
+      if (!sandbox.paused) return placementOf(sandbox);
       clearTimeout(this.checkpointTimers.get(input.sandboxId));
       this.checkpointTimers.delete(input.sandboxId);
       const startedAt = performance.now();
@@ -664,7 +512,7 @@ export class NodeAgent {
         generation: String(generation),
         pausedMemory: "",
       });
-      const summary = this.summaryOf(instance);
+      const summary = summaryOf(instance);
       if (!summary) throw new AgentError("internal", "instance lost its labels");
       this.sandboxes.set(input.sandboxId, summary);
       if (!(await this.routes.write(this.routeOf(summary)))) {
@@ -675,37 +523,10 @@ export class NodeAgent {
         exec,
         previousExec: sandbox.exec,
         tier,
-        ms: round(performance.now() - startedAt),
+        ms: tenths(performance.now() - startedAt),
       });
-      return { ...this.placementOf(summary), envdVersion };
+      return { ...placementOf(summary), envdVersion };
     });
-  }
-
-  /** Runs `fn` after every earlier pause/resume/checkpoint/kill of the same sandbox has finished. */
-  private async exclusive<T>(sandboxId: string, fn: () => Promise<T>): Promise<T> {
-    const previous = this.locks.get(sandboxId) ?? Promise.resolve();
-    const run = previous.then(fn, fn);
-    const tail = run.then(
-      () => undefined,
-      () => undefined,
-    );
-    this.locks.set(sandboxId, tail);
-    void tail.then(() => {
-      if (this.locks.get(sandboxId) === tail) this.locks.delete(sandboxId);
-    });
-    return run;
-  }
-
-  private placementOf(summary: SandboxSummary): SandboxPlacement {
-    return {
-      sandboxId: summary.sandboxId,
-      exec: summary.exec,
-      generation: summary.generation,
-      sandboxAddr: summary.sandboxAddr,
-      envdUrl: summary.envdUrl,
-      envdVersion: "",
-      pooled: false,
-    };
   }
 
   private requireSandbox(sandboxId: string): SandboxSummary {
@@ -784,7 +605,7 @@ export class NodeAgent {
     const { adopted, removed } = await this.driver.reconcile();
     let pooledRemoved = 0;
     for (const instance of adopted) {
-      const summary = this.summaryOf(instance);
+      const summary = summaryOf(instance);
       if (!summary || !isSandboxId(summary.sandboxId)) {
         // A warm sandbox of the previous agent (never initialised, cheaper to replace than to track), or one whose
         // id the route contract no longer accepts.
@@ -816,47 +637,8 @@ export class NodeAgent {
     });
   }
 
-  private summaryOf(instance: Instance): SandboxSummary | undefined {
-    const labels = instance.labels;
-    if (!labels.sandboxId || !labels.exec) return undefined;
-    let metadata: Record<string, string> = {};
-    try {
-      metadata = JSON.parse(labels.metadata ?? "{}") as Record<string, string>;
-    } catch {
-      metadata = {};
-    }
-    return {
-      sandboxId: labels.sandboxId,
-      exec: labels.exec,
-      generation: Number(labels.generation ?? 0),
-      instanceId: instance.instanceId,
-      templateId: instance.templateId,
-      teamId: labels.teamId ?? "",
-      sandboxAddr: instance.addr,
-      envdUrl: instance.envdUrl,
-      resources: instance.resources,
-      startedAt: instance.createdAt,
-      metadata,
-      paused: instance.paused,
-    };
-  }
-
-  private routeOf(summary: SandboxSummary): SandboxRoute {
+  private routeOf(summary: SandboxSummary) {
     const labels = this.driver.list().find((i) => i.instanceId === summary.instanceId)?.labels ?? {};
-    return {
-      sandboxId: summary.sandboxId,
-      exec: summary.exec,
-      generation: summary.generation,
-      node: this.config.nodeId,
-      nodeAddr: this.config.nodeAddr,
-      sandboxAddr: summary.sandboxAddr,
-      ports: {},
-      state: summary.paused ? "paused" : "running",
-      team: summary.teamId,
-      public: labels.publicTraffic === "1",
-      trafficTokenHash: labels.trafficTokenHash ?? "",
-      autoResume: labels.autoResume === "1",
-      maskRequestHost: "",
-    };
+    return sandboxRoute(summary, labels, this.config);
   }
 }

@@ -42,3 +42,8 @@ export function createLogger(
 
 /** A logger that prints nothing (tests and benchmarks that do not want the noise). */
 export const silentLogger: Logger = createLogger("silent", { write: () => undefined });
+
+/** Figures in log fields (milliseconds, MiB) to one decimal. */
+export function tenths(value: number): number {
+  return Math.round(value * 10) / 10;
+}

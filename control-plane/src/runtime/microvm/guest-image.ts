@@ -135,8 +135,8 @@ exec /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 
 /**
  * Code templates: the code gateway (port 49999) next to envd, as the namespace driver runs it (SANDBOX_INIT in
- * ../namespace/driver.ts: same settings, same restart loop), started by the guest init before it becomes tini: in
- * a session of its own (tini's signals to envd's process group do not reach it), re-parented to tini, which reaps
+ * ../namespace/instance-container.ts: same settings, same restart loop), started by the guest init before it
+ * becomes tini: in a session of its own (tini's signals to envd's process group do not reach it), re-parented to tini, which reaps
  * it. Its settings go to its environment only; envd and what envd starts never see them. Deadlines on envd's
  * token check and a kernel's start are wider than the gateway's defaults: under TCG (software emulation) Node's
  * first `fetch` and a Python kernel's imports take many times longer than on a real CPU.

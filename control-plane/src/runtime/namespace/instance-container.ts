@@ -1,0 +1,228 @@
+import { spawn } from "node:child_process";
+import { randomUUID } from "node:crypto";
+import { existsSync } from "node:fs";
+import { open, readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { Logger } from "../../node-agent/log.js";
+import { exec } from "../exec.js";
+import { CODE_GATEWAY_PORT, ENVD_PORT, healthy, processStartTime } from "../sandbox-process.js";
+import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
+import type { NetworkSlot } from "./network.js";
+import { sandboxSpec } from "./oci-spec.js";
+
+/**
+ * PID 1's child in code templates (`tini -g -- sh -c SANDBOX_INIT sandbox-init <envd command>`): starts the code
+ * gateway in its own session (`setsid -f`: re-parented to tini, which reaps it; tini's signals to envd's process
+ * group do not reach it; no parent-death signal), restarted if it exits, then becomes envd. The gateway's settings
+ * go to its environment only, so envd and the processes it starts never see them. Kernels get their own sessions
+ * from the gateway (setpriv --pdeathsig KILL: they never outlive it). The runtime directory is the gateway's
+ * default, /tmp/warren-cg-<pid> (a restarted gateway removes the dead one's).
+ */
+const SANDBOX_INIT = `env CODE_GATEWAY_HOST=0.0.0.0 CODE_GATEWAY_PORT=${CODE_GATEWAY_PORT} \
+  CODE_GATEWAY_ENVD_URL=http://127.0.0.1:${ENVD_PORT} CODE_GATEWAY_AUTH=envd \
+  CODE_GATEWAY_NODE=/usr/local/bin/node CODE_GATEWAY_PYTHON=/usr/bin/python3 \
+  setsid -f /bin/sh -c 'while :; do /usr/local/bin/node --max-semi-space-size=1 /opt/warren/code-gateway/dist/main.js; sleep 1; done' </dev/null
+exec "$@"
+`;
+
+const ID_COUNT = 65536;
+/** Per-instance files bind-mounted into the sandbox. */
+export const RESOLV_CONF = "/etc/resolv.conf";
+export const BOOT_ID = "/proc/sys/kernel/random/boot_id";
+
+/** The writable layer (a size-limited tmpfs) and the overlay root over the template (and snapshot layers). */
+const MOUNT_ROOT = `set -e
+D="$1"
+mkdir -p "$D/disk" "$D/rootfs"
+mount -t tmpfs -o "size=\${DISK_MIB}m,mode=0755,nodev" warren-disk "$D/disk"
+mkdir "$D/disk/upper" "$D/disk/work"
+chown "$UID_BASE:$UID_BASE" "$D/disk/upper"
+chmod 0755 "$D/disk/upper"
+mount -t overlay -o "lowerdir=$LOWER,upperdir=$D/disk/upper,workdir=$D/disk/work" warren-root "$D/rootfs"
+`;
+
+const START_CONTAINER = `for f in $CGROUP_PROCS; do echo $$ > "$f"; done
+exec crun --root "$CRUN_ROOT" --cgroup-manager=disabled run --detach --bundle "$D/bundle" --pid-file "$D/pid" "$CID"
+`;
+
+const LAUNCHER = MOUNT_ROOT + START_CONTAINER;
+
+/** A reboot: the disk and overlay are still mounted; only the container starts again. */
+const RELAUNCHER = `set -e
+D="$1"
+${START_CONTAINER}`;
+
+export interface InstanceContainersOptions {
+  /** Tag in each container's name (`warren-<instance>-<id>`). */
+  readonly instance: string;
+  /** crun's state directory for this agent's containers. */
+  readonly crunRoot: string;
+  readonly records: InstanceRecords;
+  readonly uidBase: number;
+  /** The host's node binary, bind-mounted read-only at /usr/local/bin/node (one copy of its pages per host). */
+  readonly nodeBinary: string;
+  /** Directory holding envd/, proto/ and node_modules/ (the repository root), bind-mounted read-only. */
+  readonly envdRoot: string;
+  readonly readyTimeoutMs: number;
+}
+
+/**
+ * The crun side of an instance: its bundle and bind-mounted files, the launcher that mounts its root and starts
+ * the container in its cgroups (sets `record.pid`/`pidStartTime` and persists the record), the wait until envd
+ * (and the code gateway) answer, and removing containers. The caller owns the rest of the record.
+ */
+export class InstanceContainers {
+  constructor(private readonly options: InstanceContainersOptions) {}
+
+  containerId(instanceId: string): string {
+    return `warren-${this.options.instance}-${instanceId}`;
+  }
+
+  /** envd's esbuild bundle (one file: fast to load) when built, else its tsc output. */
+  private get envdEntry(): string {
+    return existsSync(join(this.options.envdRoot, "envd", "dist", "envd.mjs")) ? "envd.mjs" : "main.js";
+  }
+
+  /** The bundle (OCI config), boot id and resolv.conf of an instance: what crun and its bind mounts need. */
+  async writeFiles(record: InstanceRecord, slot: NetworkSlot, command: readonly string[] | undefined): Promise<void> {
+    const dir = this.options.records.dir(record.instanceId);
+    const maxOldSpace = Math.max(32, Math.floor(record.resources.memoryMiB / 2));
+    const envd = [
+      "/usr/local/bin/node",
+      `--max-old-space-size=${maxOldSpace}`,
+      // envd's own measurement: a 1 MiB semi-space cuts idle PSS by about a third.
+      "--max-semi-space-size=1",
+      `/opt/warren/envd/dist/${this.envdEntry}`,
+      "--host",
+      "0.0.0.0",
+      "--port",
+      String(ENVD_PORT),
+      "--default-user",
+      "user",
+      // Ports sandbox processes listen on at loopback only are reachable through the proxy, as on E2B.
+      "--expose-loopback",
+    ];
+    const init = record.codeGateway ? ["/bin/sh", "-c", SANDBOX_INIT, "sandbox-init"] : [];
+    const args = command ?? ["/usr/bin/tini", "-g", "--", ...init, ...envd];
+    const config = sandboxSpec({
+      rootfs: join(dir, "rootfs"),
+      netnsPath: slot.netnsPath,
+      uidBase: this.options.uidBase,
+      idCount: ID_COUNT,
+      allowSetuid: record.allowSetuid,
+      args,
+      env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"],
+      hostBinds: [
+        { source: this.options.nodeBinary, destination: "/usr/local/bin/node" },
+        { source: join(this.options.envdRoot, "envd"), destination: "/opt/warren/envd" },
+        { source: join(this.options.envdRoot, "proto"), destination: "/opt/warren/proto" },
+        { source: join(this.options.envdRoot, "node_modules"), destination: "/opt/warren/node_modules" },
+        // The gateway's imports (zeromq, sucrase, acorn) resolve from /opt/warren/node_modules above.
+        ...(record.codeGateway
+          ? ["dist", "python", "package.json"].map((name) => ({
+              source: join(this.options.envdRoot, "code-gateway", name),
+              destination: `/opt/warren/code-gateway/${name}`,
+            }))
+          : []),
+        { source: join(dir, "resolv.conf"), destination: RESOLV_CONF },
+        // Per boot, as in a VM: a reboot (resume after a filesystem-only pause) writes a new one.
+        { source: join(dir, "boot_id"), destination: BOOT_ID },
+      ],
+    });
+    await writeFile(join(dir, "boot_id"), `${randomUUID()}\n`);
+    // DNS goes to the node's egress gateway at the host side of the veth (its rules redirect any port-53 UDP).
+    await writeFile(join(dir, "resolv.conf"), `nameserver ${slot.hostAddr}\noptions timeout:2 attempts:2\n`);
+    await writeFile(join(dir, "bundle", "config.json"), JSON.stringify(config));
+  }
+
+  /** Mounts the instance's writable layer and root, then starts its container in the cgroups of `procsFiles`. */
+  launch(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
+    return this.startContainer(record, procsFiles, LAUNCHER);
+  }
+
+  /** Starts the container again over the root that is still mounted (a reboot). */
+  relaunch(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
+    return this.startContainer(record, procsFiles, RELAUNCHER);
+  }
+
+  /** Mounts the writable layer and root only (a CRIU restore then brings the processes). */
+  mountRoot(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
+    return this.runLauncher(record, procsFiles, MOUNT_ROOT);
+  }
+
+  private async startContainer(record: InstanceRecord, procsFiles: readonly string[], script: string): Promise<void> {
+    await this.runLauncher(record, procsFiles, script);
+    const pid = Number((await readFile(join(this.options.records.dir(record.instanceId), "pid"), "utf8")).trim());
+    record.pid = pid;
+    record.pidStartTime = await processStartTime(pid);
+    await this.options.records.persist(record);
+  }
+
+  private async runLauncher(record: InstanceRecord, procsFiles: readonly string[], script: string): Promise<void> {
+    const dir = this.options.records.dir(record.instanceId);
+    const logFile = await open(join(dir, "envd.log"), "a");
+    try {
+      const code = await new Promise<number>((resolve, reject) => {
+        const child = spawn("sh", ["-c", script, "launcher", dir], {
+          env: {
+            PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            DISK_MIB: String(record.resources.diskMiB),
+            UID_BASE: String(this.options.uidBase),
+            LOWER: [...(record.layers ?? []), record.lowerDir].join(":"),
+            CGROUP_PROCS: procsFiles.join(" "),
+            CRUN_ROOT: this.options.crunRoot,
+            CID: this.containerId(record.instanceId),
+          },
+          stdio: ["ignore", logFile.fd, logFile.fd],
+        });
+        child.once("error", reject);
+        child.once("exit", (exitCode) => resolve(exitCode ?? 1));
+      });
+      if (code !== 0) {
+        const tail = (await readFile(join(dir, "envd.log"), "utf8").catch(() => "")).slice(-500);
+        throw new Error(`sandbox launcher failed (${code}): ${tail.trim()}`);
+      }
+    } finally {
+      await logFile.close();
+    }
+  }
+
+  /** Resolves once envd (and the code gateway, in code templates) answer; throws if the sandbox exits first. */
+  async waitReady(record: InstanceRecord, log: Logger): Promise<void> {
+    const deadline = Date.now() + this.options.readyTimeoutMs;
+    let envdUp = false;
+    for (let attempt = 0; ; attempt++) {
+      envdUp ||= await healthy(record.addr, 250);
+      if (envdUp && (!record.codeGateway || (await healthy(record.addr, 250, CODE_GATEWAY_PORT)))) return;
+      if (!record.pid || (await processStartTime(record.pid)) !== record.pidStartTime) {
+        const logPath = join(this.options.records.dir(record.instanceId), "envd.log");
+        const tail = (await readFile(logPath, "utf8").catch(() => "")).slice(-500).trim();
+        throw new Error(`sandbox exited before ${envdUp ? "the code gateway" : "envd"} answered: ${tail}`);
+      }
+      if (Date.now() > deadline) {
+        throw new Error(
+          `${envdUp ? "the code gateway" : "envd"} did not answer within ${this.options.readyTimeoutMs} ms`,
+        );
+      }
+      if (attempt % 500 === 499) log.debug("still waiting for envd", { attempt });
+      await new Promise((resolve) => setTimeout(resolve, attempt < 100 ? 2 : 10));
+    }
+  }
+
+  /** Removes the instance's container from crun's state, whatever state it is in (none is fine). */
+  async remove(instanceId: string): Promise<void> {
+    await exec("crun", ["--root", this.options.crunRoot, "delete", "-f", this.containerId(instanceId)], {
+      allowFailure: true,
+    });
+  }
+
+  /** Removes every container of this agent whose instance `known` does not accept (orphans after a crash). */
+  async removeUnknown(known: (instanceId: string) => boolean): Promise<void> {
+    const crunList = await exec("crun", ["--root", this.options.crunRoot, "list", "-q"], { allowFailure: true });
+    for (const cid of crunList.stdout.split("\n").filter(Boolean)) {
+      const instanceId = cid.slice(this.containerId("").length);
+      if (!known(instanceId))
+        await exec("crun", ["--root", this.options.crunRoot, "delete", "-f", cid], { allowFailure: true });
+    }
+  }
+}

@@ -1,0 +1,110 @@
+import { existsSync } from "node:fs";
+import { readdir, readFile, rename, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { Instance, InstanceSpec, SandboxResources } from "../driver.js";
+import { CLOSED_EGRESS, type EgressPolicy } from "../egress/policy.js";
+import { ENVD_PORT } from "../sandbox-process.js";
+import type { LayeredSnapshot } from "./layer-store.js";
+import type { NetworkSlot } from "./network.js";
+
+/** What the driver keeps of an instance, in `<stateDir>/instances/<id>/instance.json` (reconcile reads it back). */
+export interface InstanceRecord {
+  instanceId: string;
+  templateId: string;
+  templateHash: string;
+  /** The template's rootfs. */
+  lowerDir: string;
+  /** Snapshot layers stacked above it, topmost first (an instance made from a snapshot). */
+  layers?: string[];
+  allowSetuid: boolean;
+  /** Runs the code gateway next to envd (ready only when both answer). */
+  codeGateway?: boolean;
+  slot: number;
+  addr: string;
+  resources: SandboxResources;
+  createdAt: number;
+  labels: Record<string, string>;
+  /** Egress policy in force (re-applied after an agent restart: the gateway's ports change). */
+  egress?: EgressPolicy;
+  pid?: number;
+  pidStartTime?: string;
+  paused: boolean;
+  /** Paused with its processes ended (filesystem-only pause): the next start is a reboot. */
+  stopped?: boolean;
+  /** Set while the instance is checkpointed to `<dir>/checkpoint` (no process runs). */
+  checkpoint?: {
+    /** CRIU's key of the host file the sandbox's stdout/stderr point to (envd.log), re-attached on restore. */
+    readonly logFileKey: string;
+  };
+}
+
+/** The instance directories and their records (written atomically: a crash leaves the old or the new one). */
+export class InstanceRecords {
+  constructor(readonly root: string) {}
+
+  /** The directory of an instance's files and mounts. */
+  dir(instanceId: string): string {
+    return join(this.root, instanceId);
+  }
+
+  /** Names of every instance directory, records or not. */
+  async names(): Promise<string[]> {
+    return existsSync(this.root) ? await readdir(this.root) : [];
+  }
+
+  async persist(record: InstanceRecord): Promise<void> {
+    const path = join(this.dir(record.instanceId), "instance.json");
+    await writeFile(`${path}.tmp`, JSON.stringify(record));
+    await rename(`${path}.tmp`, path);
+  }
+
+  async load(instanceId: string): Promise<InstanceRecord | undefined> {
+    try {
+      const record = JSON.parse(await readFile(join(this.dir(instanceId), "instance.json"), "utf8")) as InstanceRecord;
+      return record.instanceId === instanceId ? record : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+}
+
+export function toInstance(record: InstanceRecord): Instance {
+  return {
+    instanceId: record.instanceId,
+    templateId: record.templateId,
+    templateHash: record.templateHash,
+    addr: record.addr,
+    envdUrl: `http://${record.addr}:${ENVD_PORT}`,
+    resources: record.resources,
+    createdAt: record.createdAt,
+    labels: { ...record.labels },
+    paused: record.paused,
+    checkpointed: record.checkpoint !== undefined,
+    stopped: record.stopped === true,
+  };
+}
+
+/** A new instance's record, before anything of it exists: on `slot`, over `base`'s layers when made from one. */
+export function newInstanceRecord(
+  instanceId: string,
+  spec: InstanceSpec,
+  slot: NetworkSlot,
+  base: LayeredSnapshot | undefined,
+): InstanceRecord {
+  return {
+    instanceId,
+    templateId: spec.template.templateId,
+    templateHash: spec.template.hash,
+    lowerDir: spec.template.rootfs,
+    ...(base ? { layers: [...base.layers] } : {}),
+    allowSetuid: spec.template.allowSetuid,
+    codeGateway: spec.template.codeGateway === true,
+    slot: slot.index,
+    addr: slot.sandboxAddr,
+    resources: spec.resources,
+    createdAt: Date.now(),
+    labels: { ...spec.labels },
+    egress: spec.egress ?? CLOSED_EGRESS,
+    paused: false,
+  };
+}

@@ -1,0 +1,143 @@
+import { readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { Logger } from "../../node-agent/log.js";
+import type { SnapshotImage } from "../driver.js";
+import { exec } from "../exec.js";
+import type { CgroupManager } from "./cgroups.js";
+import { criuDump, externalFileKey } from "./criu.js";
+import type { InstanceContainers } from "./instance-container.js";
+import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
+import { type LayeredSnapshot, LayerStore, type MemoryImage } from "./layer-store.js";
+import type { NetworkPool } from "./network.js";
+import type { PauseTiers } from "./pause-tiers.js";
+
+export interface InstanceSnapshotsOptions {
+  readonly stateDir: string;
+  /** The driver's live instances: the layers they stack are never collected. */
+  readonly instances: ReadonlyMap<string, InstanceRecord>;
+  readonly records: InstanceRecords;
+  readonly containers: InstanceContainers;
+  readonly tiers: PauseTiers;
+  readonly cgroups: CgroupManager;
+  readonly network: NetworkPool;
+  /** CRIU 4 (NamespaceDriverOptions.criu): dumps the processes into memory snapshots. */
+  readonly criu: string | undefined;
+  readonly log: Logger;
+}
+
+/**
+ * Sandbox snapshots of namespace instances, kept by the layer store (layer-store.ts): capturing an instance (its
+ * writable layer, and its processes where CRIU works), starting an instance's processes from a memory snapshot,
+ * and the store's list, delete, export and import as the driver offers them.
+ */
+export class InstanceSnapshots {
+  private readonly store: LayerStore;
+
+  constructor(private readonly options: InstanceSnapshotsOptions) {
+    this.store = new LayerStore(options.stateDir, options.log.child({ part: "snapshots" }));
+  }
+
+  start(): Promise<void> {
+    return this.store.start();
+  }
+
+  /** The snapshot, its layers held until `release` (an instance being created from it stacks them). */
+  pin(snapshotId: string): Promise<{ snapshot: LayeredSnapshot; release: () => void }> {
+    return this.store.pin(snapshotId);
+  }
+
+  /**
+   * The writable layer is copied while the sandbox is frozen, then (where CRIU works and it has processes) its
+   * processes are dumped from that same frozen moment, left in place: a running sandbox thaws right after (same
+   * processes), a paused one stays paused, a checkpointed one lends its checkpoint.
+   */
+  async capture(record: InstanceRecord, snapshotId: string): Promise<SnapshotImage> {
+    const { instanceId } = record;
+    const cgroup = this.options.cgroups.open(instanceId);
+    const freeze = !record.paused;
+    if (freeze) await cgroup.freeze();
+    const withMemory =
+      this.options.tiers.canCheckpoint && !record.stopped && (record.checkpoint || record.pid !== undefined);
+    try {
+      const {
+        layers: _layers,
+        criu: _criu,
+        ...image
+      } = await this.store.capture(
+        snapshotId,
+        {
+          templateId: record.templateId,
+          templateHash: record.templateHash,
+          resources: record.resources,
+          upperDir: join(this.options.records.dir(instanceId), "disk", "upper"),
+          layers: record.layers ?? [],
+        },
+        withMemory ? (imagesDir) => this.dumpForSnapshot(record, imagesDir) : undefined,
+      );
+      return image;
+    } finally {
+      // Frozen again whatever CRIU did to the freezer (a paused sandbox stays paused), then thawed if it ran.
+      if (withMemory && !record.checkpoint) await cgroup.freeze().catch(() => undefined);
+      if (freeze) await cgroup.thaw();
+    }
+  }
+
+  private async dumpForSnapshot(record: InstanceRecord, imagesDir: string): Promise<MemoryImage> {
+    const dir = this.options.records.dir(record.instanceId);
+    const bootId = (await readFile(join(dir, "boot_id"), "utf8")).trim();
+    if (record.checkpoint) {
+      await exec("cp", ["-a", "--", join(dir, "checkpoint"), imagesDir]);
+      return { logFileKey: record.checkpoint.logFileKey, bootId };
+    }
+    const criu = this.options.criu;
+    if (!criu || record.pid === undefined) throw new Error(`instance '${record.instanceId}' has no processes to dump`);
+    const logFileKey = await externalFileKey(record.pid, join(dir, "envd.log"));
+    await criuDump({
+      criu,
+      netnsPath: this.options.network.slot(record.slot).netnsPath,
+      pid: record.pid,
+      imagesDir,
+      freezerDir: this.options.cgroups.open(record.instanceId).freezerDir,
+      logFileKey,
+      leaveRunning: true,
+    });
+    return { logFileKey, bootId };
+  }
+
+  /** The snapshot's processes continue in `record`: same boot, this instance's root, network and cgroups. */
+  async startFromMemory(
+    record: InstanceRecord,
+    procsFiles: readonly string[],
+    snapshotId: string,
+    memory: MemoryImage,
+  ): Promise<void> {
+    await writeFile(join(this.options.records.dir(record.instanceId), "boot_id"), `${memory.bootId}\n`);
+    await this.options.containers.mountRoot(record, procsFiles);
+    await this.options.tiers.restoreFrom(record, this.store.memoryDir(snapshotId), memory.logFileKey);
+  }
+
+  async delete(snapshotId: string): Promise<void> {
+    await this.store.delete(snapshotId);
+    await this.collectLayers();
+  }
+
+  async list(): Promise<SnapshotImage[]> {
+    return (await this.store.list()).map(({ layers: _layers, ...image }) => image);
+  }
+
+  export(snapshotId: string): AsyncIterable<Uint8Array> {
+    return this.store.export(snapshotId);
+  }
+
+  async import(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<SnapshotImage> {
+    const { layers: _layers, ...image } = await this.store.import(snapshotId, data);
+    return image;
+  }
+
+  /** Removes layers that neither a snapshot nor a live instance uses; never throws (logged). */
+  async collectLayers(): Promise<void> {
+    await this.store
+      .collect(() => [...this.options.instances.values()].flatMap((r) => r.layers ?? []))
+      .catch((error) => this.options.log.error("removing unused snapshot layers failed", { error }));
+  }
+}
