@@ -4,7 +4,7 @@ import { appendEvent } from "../store/events.js";
 import { type SandboxRow, toSandboxRow } from "../store/sandboxes.js";
 import type { Team } from "../store/teams.js";
 import { MasterError } from "./errors.js";
-import type { CreateInput } from "./lifecycle.js";
+import type { CreateInput } from "./sandbox-creation.js";
 import { newSandboxId, sha256Hex, type TokenIssuer } from "./tokens.js";
 
 /** What the admitted row copies from the template and the request. */

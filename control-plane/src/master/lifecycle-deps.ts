@@ -1,0 +1,29 @@
+import type { Redis } from "ioredis";
+import type { Db } from "../store/db.js";
+import type { Logger } from "./log.js";
+import type { NodeAgentConnector } from "./node-agent-client.js";
+import type { NodeRegistry } from "./node-registry.js";
+import type { TokenIssuer } from "./tokens.js";
+
+export interface LifecycleConfig {
+  /** Base domain handed to clients; empty means "use your own". */
+  readonly domain: string;
+  readonly placementAttempts: number;
+  readonly memoryOvercommit: number;
+  /** How long a replayed create waits for the original to finish. */
+  readonly replayWaitMs: number;
+}
+
+/** What every part of the sandbox lifecycle (see `lifecycle.ts`) is built from. */
+export interface LifecycleDeps {
+  readonly db: Db;
+  readonly redis: Redis;
+  readonly registry: NodeRegistry;
+  readonly nodeAgent: NodeAgentConnector;
+  readonly tokens: TokenIssuer;
+  readonly log: Logger;
+  readonly config: LifecycleConfig;
+}
+
+/** The timeout a create, connect or auto-resume gives a sandbox when the request names none. */
+export const DEFAULT_TIMEOUT_SECONDS = 300;

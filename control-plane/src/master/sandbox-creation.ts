@@ -1,0 +1,264 @@
+import type { NodeHeartbeat } from "@warren/proto/redis";
+import { withTransaction } from "../store/db.js";
+import { appendEvent } from "../store/events.js";
+import { findTemplate, reservedMemoryByNode } from "../store/nodes.js";
+import { getSandbox, lockSandbox, type SandboxRow, toSandboxRow } from "../store/sandboxes.js";
+import { findSnapshot, parseSnapshotRef, type SnapshotRow, teamNamespace } from "../store/snapshots.js";
+import { getTeam, type Team } from "../store/teams.js";
+import { admitSandbox } from "./admission.js";
+import { MasterError, notFound } from "./errors.js";
+import { DEFAULT_TIMEOUT_SECONDS, type LifecycleDeps } from "./lifecycle-deps.js";
+import type { SandboxPlacement } from "./node-agent-client.js";
+import { type RecentPlacements, rankNodes } from "./placement.js";
+import { nodeCreateRequest } from "./relocation.js";
+
+export interface CreateInput {
+  readonly teamId: string;
+  readonly templateId: string;
+  readonly timeoutSeconds: number;
+  readonly metadata: Record<string, string>;
+  readonly envVars: Record<string, string>;
+  readonly autoPause: boolean;
+  readonly autoPauseMemory: boolean;
+  readonly autoResume: boolean;
+  readonly network: Record<string, unknown> | null;
+  readonly allowInternetAccess: boolean | null;
+  readonly volumeMounts: unknown[];
+  readonly idempotencyKey?: string;
+  readonly requestHash?: string;
+  /** Start from this snapshot (a fork's); otherwise `templateId` may name one of the team's snapshots. */
+  readonly snapshot?: SnapshotRow;
+}
+
+/**
+ * A create, from the request to a running sandbox: resolves the template (or the team's snapshot), admits the
+ * `starting` row, then tries nodes best first until one starts it. A replayed create (same Idempotency-Key)
+ * waits for its original instead.
+ */
+export class SandboxCreation {
+  constructor(
+    private readonly deps: LifecycleDeps,
+    private readonly recentPlacements: RecentPlacements,
+  ) {}
+
+  async create(input: CreateInput): Promise<{ row: SandboxRow; replayed: boolean }> {
+    const { db } = this.deps;
+    const [team, named, allNodes, reserved] = await Promise.all([
+      getTeam(db, input.teamId),
+      input.snapshot ? undefined : findTemplate(db, input.templateId),
+      this.deps.registry.placeableNodes(),
+      reservedMemoryByNode(db),
+    ]);
+    if (!team) throw new MasterError("not_found", `team '${input.teamId}' not found`);
+    // A template first; else one of the team's snapshots, which starts only on the node that holds it.
+    const snapshot = input.snapshot ?? (named ? undefined : await this.teamSnapshot(team, input.templateId));
+    const template = snapshot ? await findTemplate(db, snapshot.templateId) : named;
+    if (!template) throw new MasterError("not_found", `template '${input.templateId}' not found`);
+    const nodes = snapshot ? allNodes.filter((node) => node.nodeId === snapshot.nodeId) : allNodes;
+    if (snapshot && nodes.length === 0) {
+      throw new MasterError(
+        "unavailable",
+        `snapshot '${input.templateId}' is on node ${snapshot.nodeId}, which is not taking sandboxes now; retry later`,
+      );
+    }
+    if (nodes.length > 0 && nodes.every((node) => node.servable && !node.servable.includes(template.id))) {
+      const drivers = [...new Set(nodes.map((node) => node.driver))].join(", ");
+      throw new MasterError(
+        "unavailable",
+        `no live node can run template '${input.templateId}': it requires a runtime driver none of them has (${drivers})`,
+      );
+    }
+    const resources = snapshot
+      ? { cpuCount: snapshot.cpuCount, memoryMB: snapshot.memoryMB, diskSizeMB: snapshot.diskSizeMB }
+      : { cpuCount: template.cpuCount, memoryMB: template.memoryMB, diskSizeMB: template.diskSizeMB };
+    const admittedInput = snapshot ? { ...input, envVars: { ...snapshot.envVars, ...input.envVars } } : input;
+    const timeout = input.timeoutSeconds > 0 ? input.timeoutSeconds : DEFAULT_TIMEOUT_SECONDS;
+    if (timeout > team.maxLengthHours * 3600) {
+      throw new MasterError("invalid", `Timeout cannot be greater than ${team.maxLengthHours} hours`);
+    }
+    const publicTraffic = input.network?.allowPublicTraffic !== false;
+    const firstChoice = rankNodes(
+      nodes,
+      reserved,
+      { templateId: template.id, memoryMB: resources.memoryMB },
+      this.placementOptions(),
+      this.recentPlacements,
+    )[0];
+    if (snapshot && !firstChoice) {
+      throw new MasterError(
+        "unavailable",
+        `node ${snapshot.nodeId} (holding the snapshot) has no room now; retry later`,
+      );
+    }
+    if (firstChoice) this.recentPlacements.record(firstChoice.nodeId, template.id);
+    const admitted = await withTransaction(db, (tx) =>
+      admitSandbox(tx, this.deps.tokens, team, admittedInput, {
+        templateId: template.id,
+        alias: template.alias,
+        ...resources,
+        envdVersion: template.envdVersion,
+        timeout,
+        publicTraffic,
+        nodeId: firstChoice?.nodeId ?? null,
+      }),
+    );
+    if (admitted.replayed) {
+      const row = await this.awaitSettled(admitted.row.id);
+      if (row.state === "failed" && row.endReason === "placement_failed") {
+        throw new MasterError("unavailable", `the original create with this Idempotency-Key failed; retry`);
+      }
+      if (row.state === "killed" || row.state === "failed") throw notFound(row.id);
+      return { row, replayed: true };
+    }
+    const row = await this.place(admitted.row, timeout, input.templateId, firstChoice, snapshot);
+    return { row, replayed: false };
+  }
+
+  private async teamSnapshot(team: Team, ref: string): Promise<SnapshotRow | undefined> {
+    const parsed = parseSnapshotRef(ref, teamNamespace(team.name));
+    return parsed ? findSnapshot(this.deps.db, team.id, parsed.idOrName) : undefined;
+  }
+
+  /** How a sandbox starts from a snapshot on its node; a memory snapshot's envd holds its source's token. */
+  private async snapshotStart(
+    snapshot: SnapshotRow,
+  ): Promise<{ snapshotId: string; snapshotEnvdAccessToken?: string }> {
+    if (!snapshot.memory) return { snapshotId: snapshot.id };
+    const source = await getSandbox(this.deps.db, snapshot.sourceSandboxId);
+    if (!source) throw new MasterError("internal", `the source of snapshot '${snapshot.id}' is not recorded`);
+    return {
+      snapshotId: snapshot.id,
+      snapshotEnvdAccessToken: this.deps.tokens.envdToken(source.id, source.tokenNonce),
+    };
+  }
+
+  private placementOptions() {
+    return { memoryOvercommit: this.deps.config.memoryOvercommit };
+  }
+
+  /** Live nodes that can take the sandbox, best first, skipping `exclude`. */
+  private async rank(row: SandboxRow, exclude: ReadonlySet<string>) {
+    const [nodes, reserved] = await Promise.all([
+      this.deps.registry.placeableNodes(),
+      reservedMemoryByNode(this.deps.db),
+    ]);
+    // The row's own reservation sits on a node already tried (excluded), so it does not count against others.
+    return rankNodes(
+      nodes.filter((node) => !exclude.has(node.nodeId)),
+      reserved,
+      { templateId: row.templateId, memoryMB: row.memoryMB },
+      this.placementOptions(),
+      this.recentPlacements,
+    );
+  }
+
+  /** Tries nodes best first; a node that refuses or fails is skipped for the next one. */
+  private async place(
+    row: SandboxRow,
+    timeout: number,
+    templateRef: string,
+    firstChoice: NodeHeartbeat | undefined,
+    snapshot?: SnapshotRow,
+  ): Promise<SandboxRow> {
+    const { db, nodeAgent, tokens, log, config } = this.deps;
+    const tried = new Set<string>();
+    const reasons: string[] = [];
+    const fromSnapshot = snapshot ? await this.snapshotStart(snapshot) : {};
+    // A snapshot is on one node: no other node can start it.
+    const attempts = snapshot ? 1 : config.placementAttempts;
+    for (let attempt = 0; attempt < attempts; attempt++) {
+      // The admitted row already names the first choice; a retry moves the reservation to the next node.
+      const node = attempt === 0 && firstChoice ? firstChoice : (await this.rank(row, tried))[0];
+      if (!node) break;
+      if (node !== firstChoice) this.recentPlacements.record(node.nodeId, row.templateId);
+      tried.add(node.nodeId);
+      if (node.nodeId !== row.nodeId || attempt > 0) {
+        await db.query("UPDATE sandboxes SET node_id = $2 WHERE id = $1 AND state = 'starting'", [row.id, node.nodeId]);
+      }
+      let placement: SandboxPlacement;
+      try {
+        placement = await nodeAgent(node.nodeId, node.addr).create({
+          ...nodeCreateRequest(row, tokens),
+          ...fromSnapshot,
+        });
+      } catch (error) {
+        const reason = error instanceof Error ? error.message : String(error);
+        reasons.push(`${node.nodeId}: ${reason}`);
+        log.warn("node refused sandbox", { sandboxId: row.id, node: node.nodeId, reason });
+        continue;
+      }
+      return await this.markStarted(row, node.nodeId, placement, timeout);
+    }
+    await this.failCreate(row, reasons);
+    const detail = reasons.length > 0 ? `: ${reasons.join("; ")}` : "";
+    throw new MasterError("unavailable", `no node could start a sandbox from template '${templateRef}'${detail}`);
+  }
+
+  private async markStarted(
+    row: SandboxRow,
+    nodeId: string,
+    placement: SandboxPlacement,
+    timeout: number,
+  ): Promise<SandboxRow> {
+    const { db, nodeAgent, registry, log } = this.deps;
+    const started = await withTransaction(db, async (tx) => {
+      const current = await lockSandbox(tx, row.id);
+      if (current?.state !== "starting") return undefined;
+      const result = await tx.query(
+        `UPDATE sandboxes SET state = 'running', node_id = $2, exec_id = $3, envd_version = COALESCE($4, envd_version),
+           end_at = now() + make_interval(secs => $5) WHERE id = $1 RETURNING *`,
+        [row.id, nodeId, placement.exec, placement.envdVersion ?? null, timeout],
+      );
+      await appendEvent(tx, {
+        sandboxId: row.id,
+        teamId: row.teamId,
+        type: "sandbox.started",
+        fromState: "starting",
+        toState: "running",
+        data: { node: nodeId, exec: placement.exec },
+      });
+      return toSandboxRow(result.rows[0]);
+    });
+    if (started) return started;
+    // Killed while starting: the kill saw no node to call, so the sandbox is ours to remove.
+    const node = (await registry.liveNodes()).find((n) => n.nodeId === nodeId);
+    if (node)
+      await nodeAgent(nodeId, node.addr)
+        .kill(row.id)
+        .catch(() => undefined);
+    log.info("sandbox killed while starting", { sandboxId: row.id, node: nodeId });
+    throw notFound(row.id);
+  }
+
+  private async failCreate(row: SandboxRow, reasons: string[]): Promise<void> {
+    await withTransaction(this.deps.db, async (tx) => {
+      const current = await lockSandbox(tx, row.id);
+      if (current?.state !== "starting") return;
+      await tx.query(
+        `UPDATE sandboxes SET state = 'failed', node_id = NULL, idempotency_key = NULL, ended_at = now(),
+           end_reason = 'placement_failed' WHERE id = $1`,
+        [row.id],
+      );
+      await appendEvent(tx, {
+        sandboxId: row.id,
+        teamId: row.teamId,
+        type: "sandbox.create_failed",
+        fromState: "starting",
+        toState: "failed",
+        data: { reasons },
+      });
+    });
+  }
+
+  /** Waits for a replayed create's original to leave `starting`. */
+  private async awaitSettled(id: string): Promise<SandboxRow> {
+    const deadline = Date.now() + this.deps.config.replayWaitMs;
+    for (;;) {
+      const row = await getSandbox(this.deps.db, id);
+      if (!row) throw notFound(id);
+      if (row.state !== "starting") return row;
+      if (Date.now() > deadline) throw new MasterError("busy", `sandbox ${id} is still starting`);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
+}

@@ -1,0 +1,41 @@
+import { type Db, type DbClient, withTransaction } from "../store/db.js";
+import { appendEvent } from "../store/events.js";
+import { lockSandbox, type SandboxRow, type SandboxState, toSandboxRow } from "../store/sandboxes.js";
+import { notFound } from "./errors.js";
+
+/**
+ * Runs one transition under the row lock. `teamId` undefined means the master itself (evictor, reconciler).
+ * Returns what `fn` returns; `fn` sees the locked row.
+ */
+export async function transition<T>(
+  db: Db,
+  sandboxId: string,
+  teamId: string | undefined,
+  fn: (tx: DbClient, row: SandboxRow) => Promise<T>,
+): Promise<T> {
+  return withTransaction(db, async (tx) => {
+    await tx.query("SET LOCAL lock_timeout = '30s'");
+    const row = await lockSandbox(tx, sandboxId);
+    if (!row || (teamId !== undefined && row.teamId !== teamId)) throw notFound(sandboxId);
+    if (row.state === "killed" || row.state === "failed") throw notFound(sandboxId);
+    return fn(tx, row);
+  });
+}
+
+export async function setState(
+  tx: DbClient,
+  row: SandboxRow,
+  to: SandboxState,
+  type: string,
+  data: Record<string, unknown> = {},
+  extraSql = "",
+  extraParams: unknown[] = [],
+): Promise<SandboxRow> {
+  const result = await tx.query(`UPDATE sandboxes SET state = $2${extraSql} WHERE id = $1 RETURNING *`, [
+    row.id,
+    to,
+    ...extraParams,
+  ]);
+  await appendEvent(tx, { sandboxId: row.id, teamId: row.teamId, type, fromState: row.state, toState: to, data });
+  return toSandboxRow(result.rows[0]);
+}

@@ -1,0 +1,54 @@
+import type { SandboxRow } from "../store/sandboxes.js";
+import { MasterError } from "./errors.js";
+import type { LifecycleDeps } from "./lifecycle-deps.js";
+import { NodeAgentError } from "./node-agent-client.js";
+import { deleteRoute } from "./routes.js";
+import { setState, transition } from "./sandbox-transition.js";
+
+/**
+ * How a sandbox ends: killed (by its team, the evictor at its end time, or the master) or recorded lost (the
+ * reconciler's verdict). Either way its route stops answering.
+ */
+export class SandboxTermination {
+  constructor(private readonly deps: LifecycleDeps) {}
+
+  async kill(sandboxId: string, teamId: string | undefined, reason = "killed"): Promise<void> {
+    await transition(this.deps.db, sandboxId, teamId, async (tx, row) => {
+      if (row.state === "pausing" || row.state === "resuming") {
+        throw new MasterError("busy", `sandbox ${sandboxId} is ${row.state}; retry shortly`);
+      }
+      if (row.state !== "starting" && row.nodeId) await this.killOnNode(row);
+      await setState(tx, row, "killed", "sandbox.killed", { reason }, ", ended_at = now(), end_reason = $3", [reason]);
+    });
+  }
+
+  /** Kills on the node; an unreachable node does not stop the kill (its route is removed here instead). */
+  private async killOnNode(row: SandboxRow): Promise<void> {
+    const { registry, nodeAgent, redis, log } = this.deps;
+    const node = (await registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
+    try {
+      if (!node) throw new NodeAgentError("unavailable", `node ${row.nodeId} is not heartbeating`);
+      await nodeAgent(node.nodeId, node.addr).kill(row.id);
+    } catch (error) {
+      if (error instanceof NodeAgentError && error.kind === "not_found") return;
+      log.warn("kill on node failed; removing the route", { sandboxId: row.id, node: row.nodeId, error });
+      if (row.execId) await deleteRoute(redis, row.id, row.execId).catch(() => undefined);
+    }
+  }
+
+  /** The reconciler's verdict: the sandbox is gone (node lost it or went down); its route is removed. */
+  async markLost(sandboxId: string, reason: string, data: Record<string, unknown>): Promise<boolean> {
+    try {
+      const row = await transition(this.deps.db, sandboxId, undefined, async (tx, current) =>
+        setState(tx, current, "failed", "sandbox.lost", { reason, ...data }, ", ended_at = now(), end_reason = $3", [
+          reason,
+        ]),
+      );
+      if (row.execId) await deleteRoute(this.deps.redis, row.id, row.execId).catch(() => undefined);
+      return true;
+    } catch (error) {
+      if (error instanceof MasterError && error.kind === "not_found") return false;
+      throw error;
+    }
+  }
+}
