@@ -1,4 +1,4 @@
-import type { SandboxRoute } from "@warren/proto/redis";
+import type { NodeHeartbeat, SandboxRoute } from "@warren/proto/redis";
 import type { Instance, SandboxResources } from "../runtime/driver.js";
 import type { EgressPolicy } from "../runtime/egress/policy.js";
 import type { BuiltTemplate } from "../templates/store.js";
@@ -65,19 +65,11 @@ export interface SandboxSummary {
   readonly paused: boolean;
 }
 
-export interface NodeInfo {
-  readonly nodeId: string;
-  readonly addr: string;
-  readonly driver: string;
-  readonly cpuCount: number;
-  readonly memoryTotalBytes: number;
-  readonly memoryFreeBytes: number;
-  readonly sandboxes: number;
-  readonly pools: Readonly<Record<string, number>>;
-  readonly templates: readonly string[];
-  /** Templates this node's driver may run (built or not). */
+/** What the agent reports of its node: the heartbeat contract's fields (`@warren/proto/redis`) but the time. */
+export type NodeInfo = Omit<NodeHeartbeat, "updatedAt" | "servable"> & {
+  /** Templates this node's driver may run (built or not); always sent by this agent. */
   readonly servable: readonly string[];
-}
+};
 
 /** Limits on what a create may ask for; beyond them a request is refused as absurd. */
 export const RESOURCE_LIMITS = {

@@ -1,8 +1,6 @@
-import { existsSync } from "node:fs";
-import { readdir, readFile, rename, writeFile } from "node:fs/promises";
-import { join } from "node:path";
 import type { Instance, SandboxResources } from "../driver.js";
 import type { EgressPolicy } from "../egress/policy.js";
+import { InstanceRecordFiles } from "../instance-record-files.js";
 import { ENVD_PORT } from "./guest-image.js";
 
 /** What the driver keeps of an instance, in `<stateDir>/instances/<id>/instance.json` (reconcile reads it back). */
@@ -38,34 +36,8 @@ export interface InstanceRecord {
   fromSnapshot?: string;
 }
 
-/** The instance directories and their records (written atomically: a crash leaves the old or the new one). */
-export class InstanceRecords {
-  constructor(readonly root: string) {}
-
-  dir(instanceId: string): string {
-    return join(this.root, instanceId);
-  }
-
-  /** Names of every instance directory, records or not. */
-  async names(): Promise<string[]> {
-    return existsSync(this.root) ? await readdir(this.root) : [];
-  }
-
-  async persist(record: InstanceRecord): Promise<void> {
-    const path = join(this.dir(record.instanceId), "instance.json");
-    await writeFile(`${path}.tmp`, JSON.stringify(record));
-    await rename(`${path}.tmp`, path);
-  }
-
-  async load(instanceId: string): Promise<InstanceRecord | undefined> {
-    try {
-      const record = JSON.parse(await readFile(join(this.dir(instanceId), "instance.json"), "utf8")) as InstanceRecord;
-      return record.instanceId === instanceId ? record : undefined;
-    } catch {
-      return undefined;
-    }
-  }
-}
+/** This driver's instance directories and records (instance-record-files.ts). */
+export class InstanceRecords extends InstanceRecordFiles<InstanceRecord> {}
 
 export function toInstance(record: InstanceRecord): Instance {
   return {

@@ -1,0 +1,37 @@
+import { existsSync } from "node:fs";
+import { readdir, readFile, rename, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+
+/**
+ * A driver's instance directories, `<root>/<instanceId>/`, each with the driver's record of it in `instance.json`
+ * (written atomically: a crash leaves the old or the new one). Each driver has its own record type.
+ */
+export class InstanceRecordFiles<R extends { readonly instanceId: string }> {
+  constructor(readonly root: string) {}
+
+  /** The directory of an instance's files. */
+  dir(instanceId: string): string {
+    return join(this.root, instanceId);
+  }
+
+  /** Names of every instance directory, records or not. */
+  async names(): Promise<string[]> {
+    return existsSync(this.root) ? await readdir(this.root) : [];
+  }
+
+  async persist(record: R): Promise<void> {
+    const path = join(this.dir(record.instanceId), "instance.json");
+    await writeFile(`${path}.tmp`, JSON.stringify(record));
+    await rename(`${path}.tmp`, path);
+  }
+
+  /** The record, or undefined when there is none (or it names another instance). */
+  async load(instanceId: string): Promise<R | undefined> {
+    try {
+      const record = JSON.parse(await readFile(join(this.dir(instanceId), "instance.json"), "utf8")) as R;
+      return record.instanceId === instanceId ? record : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+}
