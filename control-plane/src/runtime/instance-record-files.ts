@@ -1,6 +1,8 @@
 import { existsSync } from "node:fs";
 import { readdir, readFile, rename, writeFile } from "node:fs/promises";
 import { join } from "node:path";
+import type { Instance, SandboxResources } from "./driver.js";
+import { ENVD_PORT } from "./sandbox-process.js";
 
 /**
  * A driver's instance directories, `<root>/<instanceId>/`, each with the driver's record of it in `instance.json`
@@ -34,4 +36,34 @@ export class InstanceRecordFiles<R extends { readonly instanceId: string }> {
       return undefined;
     }
   }
+}
+
+/** What every driver's instance record holds. */
+export interface CommonInstanceRecord {
+  readonly instanceId: string;
+  readonly templateId: string;
+  readonly templateHash: string;
+  readonly addr: string;
+  readonly resources: SandboxResources;
+  readonly createdAt: number;
+  readonly labels: Record<string, string>;
+  readonly paused: boolean;
+  readonly stopped?: boolean;
+}
+
+/** The driver interface's view of a record (`checkpointed`: the driver's own notion of it). */
+export function instanceOf(record: CommonInstanceRecord, checkpointed: boolean): Instance {
+  return {
+    instanceId: record.instanceId,
+    templateId: record.templateId,
+    templateHash: record.templateHash,
+    addr: record.addr,
+    envdUrl: `http://${record.addr}:${ENVD_PORT}`,
+    resources: record.resources,
+    createdAt: record.createdAt,
+    labels: { ...record.labels },
+    paused: record.paused,
+    checkpointed,
+    stopped: record.stopped === true,
+  };
 }

@@ -1,7 +1,6 @@
 import type { Instance, SandboxResources } from "../driver.js";
 import type { EgressPolicy } from "../egress/policy.js";
-import { InstanceRecordFiles } from "../instance-record-files.js";
-import { ENVD_PORT } from "./guest-image.js";
+import { InstanceRecordFiles, instanceOf } from "../instance-record-files.js";
 
 /** What the driver keeps of an instance, in `<stateDir>/instances/<id>/instance.json` (reconcile reads it back). */
 export interface InstanceRecord {
@@ -40,17 +39,5 @@ export interface InstanceRecord {
 export class InstanceRecords extends InstanceRecordFiles<InstanceRecord> {}
 
 export function toInstance(record: InstanceRecord): Instance {
-  return {
-    instanceId: record.instanceId,
-    templateId: record.templateId,
-    templateHash: record.templateHash,
-    addr: record.addr,
-    envdUrl: `http://${record.addr}:${ENVD_PORT}`,
-    resources: record.resources,
-    createdAt: record.createdAt,
-    labels: { ...record.labels },
-    paused: record.paused,
-    checkpointed: record.checkpointed === true,
-    stopped: record.stopped === true,
-  };
+  return instanceOf(record, record.checkpointed === true);
 }

@@ -1,7 +1,6 @@
 import type { Instance, InstanceSpec, SandboxResources } from "../driver.js";
 import { CLOSED_EGRESS, type EgressPolicy } from "../egress/policy.js";
-import { InstanceRecordFiles } from "../instance-record-files.js";
-import { ENVD_PORT } from "../sandbox-process.js";
+import { InstanceRecordFiles, instanceOf } from "../instance-record-files.js";
 import type { LayeredSnapshot } from "./layer-store.js";
 import type { NetworkSlot } from "./network.js";
 
@@ -40,19 +39,7 @@ export interface InstanceRecord {
 export class InstanceRecords extends InstanceRecordFiles<InstanceRecord> {}
 
 export function toInstance(record: InstanceRecord): Instance {
-  return {
-    instanceId: record.instanceId,
-    templateId: record.templateId,
-    templateHash: record.templateHash,
-    addr: record.addr,
-    envdUrl: `http://${record.addr}:${ENVD_PORT}`,
-    resources: record.resources,
-    createdAt: record.createdAt,
-    labels: { ...record.labels },
-    paused: record.paused,
-    checkpointed: record.checkpoint !== undefined,
-    stopped: record.stopped === true,
-  };
+  return instanceOf(record, record.checkpoint !== undefined);
 }
 
 /** A new instance's record, before anything of it exists: on `slot`, over `base`'s layers when made from one. */
