@@ -275,8 +275,6 @@ describe("api REST surface", () => {
 
   it("answers E2B paths Warren does not serve yet with 501, not a 404 the SDK would read as 'not found'", async () => {
     for (const [method, path] of [
-      ["POST", "/v3/templates"],
-      ["GET", "/templates"],
       ["GET", "/volumes"],
       ["GET", "/secrets/s1"],
     ] as const) {

@@ -41,6 +41,12 @@ describe("schema migrations", () => {
       "schema_migrations",
       "snapshots",
       "teams",
+      "template_build_logs",
+      "template_builds",
+      "template_files",
+      "template_layers",
+      "template_tags",
+      "template_upload_links",
       "templates",
     ]);
   });

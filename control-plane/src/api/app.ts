@@ -13,6 +13,7 @@ import type { ApiMetrics } from "./metrics.js";
 import { OPENAPI_DOCUMENT } from "./openapi.js";
 import { sandboxRoutes } from "./sandboxes.js";
 import { snapshotRoutes } from "./snapshots.js";
+import { templateRoutes, templateUploadRoute } from "./templates.js";
 
 export interface AppDeps {
   readonly db: Db;
@@ -24,18 +25,13 @@ export interface AppDeps {
   readonly internalToken?: string;
   readonly streams: Set<() => void>;
   readonly ssePollMs?: number;
+  /** Largest template COPY archive accepted (bytes); default 256 MiB. */
+  readonly maxUploadBytes?: number;
+  /** Template builds a team may have waiting or running at once; default 5. */
+  readonly maxActiveBuildsPerTeam?: number;
 }
 
-const NOT_YET = [
-  "/templates",
-  "/templates/*rest",
-  "/v2/templates/*rest",
-  "/v3/templates",
-  "/volumes",
-  "/volumes/*rest",
-  "/secrets",
-  "/secrets/*rest",
-];
+const NOT_YET = ["/volumes", "/volumes/*rest", "/secrets", "/secrets/*rest"];
 
 /** Paths answered without an API key. */
 const PUBLIC = new Set(["/health", "/metrics", "/openapi.json", "/warren/v1/openapi.json"]);
@@ -80,6 +76,14 @@ export function createApp(deps: AppDeps): express.Express {
     res.status(200).json(OPENAPI_DOCUMENT);
   });
 
+  const templates = {
+    db: deps.db,
+    master: deps.master,
+    maxUploadBytes: deps.maxUploadBytes ?? 256 * 1024 * 1024,
+    maxActiveBuildsPerTeam: deps.maxActiveBuildsPerTeam ?? 5,
+  };
+  // Before the JSON parser and the API key check: the upload's body is an archive and its link authorizes it.
+  app.use(templateUploadRoute(templates));
   app.use(express.json({ limit: "1mb", type: () => true }));
   app.use(adminRoutes(deps.db, deps.adminToken));
   app.use(internalRoutes(deps.master, deps.internalToken ?? ""));
@@ -94,6 +98,7 @@ export function createApp(deps: AppDeps): express.Express {
     next();
   });
   app.use(sandboxRoutes(deps));
+  app.use(templateRoutes(templates));
   app.use(snapshotRoutes(deps));
   app.use(eventRoutes({ db: deps.db, pollMs: deps.ssePollMs ?? 250, streams: deps.streams }));
 

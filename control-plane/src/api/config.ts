@@ -14,6 +14,18 @@ export interface ApiConfig {
   readonly adminToken: string;
   /** WARREN_INTERNAL_TOKEN: enables /warren/v1/internal/* (the proxy's auto-resume) when set (≥ 16 characters). */
   readonly internalToken: string;
+  /** WARREN_TEMPLATE_UPLOAD_MAX_BYTES: the largest template COPY archive accepted (default 256 MiB). */
+  readonly maxTemplateUploadBytes: number;
+  /** WARREN_TEAM_MAX_BUILDS: template builds a team may have waiting or running at once (default 5). */
+  readonly maxActiveBuildsPerTeam: number;
+}
+
+function positiveInt(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
+  const raw = env[name];
+  if (raw === undefined || raw === "") return fallback;
+  const value = Number(raw);
+  if (!Number.isInteger(value) || value < 1) throw new Error(`${name} must be a positive integer, got '${raw}'`);
+  return value;
 }
 
 export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
@@ -35,5 +47,7 @@ export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
     masterUrl: env.WARREN_MASTER_URL || "http://127.0.0.1:3100",
     adminToken,
     internalToken,
+    maxTemplateUploadBytes: positiveInt(env, "WARREN_TEMPLATE_UPLOAD_MAX_BYTES", 256 * 1024 * 1024),
+    maxActiveBuildsPerTeam: positiveInt(env, "WARREN_TEAM_MAX_BUILDS", 5),
   };
 }

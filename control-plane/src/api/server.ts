@@ -45,6 +45,8 @@ export class ApiServer {
       log,
       adminToken: config.adminToken,
       internalToken: config.internalToken,
+      maxUploadBytes: config.maxTemplateUploadBytes,
+      maxActiveBuildsPerTeam: config.maxActiveBuildsPerTeam,
       streams,
       ...(options.ssePollMs ? { ssePollMs: options.ssePollMs } : {}),
     });

@@ -19,7 +19,7 @@ function network(row: SandboxRow): Record<string, unknown> | undefined {
 export function listedSandbox(row: SandboxRow): Record<string, unknown> {
   return {
     sandboxID: row.id,
-    templateID: row.templateId,
+    templateID: row.sourceTemplateId ?? row.templateId,
     ...(row.alias ? { alias: row.alias } : {}),
     clientID: CLIENT_ID,
     startedAt: row.startedAt.toISOString(),

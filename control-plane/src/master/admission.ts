@@ -19,6 +19,9 @@ export interface AdmissionTemplate {
   readonly publicTraffic: boolean;
   /** The first-choice node, so its reservation counts from the start. */
   readonly nodeId: string | null;
+  /** A team's custom template (templateId is then the node template it runs on) and its build. */
+  readonly sourceTemplateId?: string;
+  readonly buildId?: string;
 }
 
 /**
@@ -79,8 +82,9 @@ export async function admitSandbox(
     `INSERT INTO sandboxes (id, team_id, template_id, alias, state, cpu_count, memory_mb, disk_size_mb,
        envd_version, token_nonce, envd_token_hash, traffic_token_hash, metadata, env_vars, network,
        allow_internet_access, volume_mounts, auto_pause, auto_pause_memory, auto_resume, idempotency_key,
-       request_hash, created_at, started_at, end_at, node_id, egress)
-     VALUES ($1,$2,$3,$4,'starting',$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$22,$23,$24,$25)
+       request_hash, created_at, started_at, end_at, node_id, egress, source_template_id, build_id)
+     VALUES ($1,$2,$3,$4,'starting',$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$22,$23,$24,$25,
+       $26,$27)
      RETURNING *`,
     [
       id,
@@ -108,6 +112,8 @@ export async function admitSandbox(
       new Date(now.getTime() + t.timeout * 1000),
       t.nodeId,
       JSON.stringify(effectiveEgress(input.network, input.allowInternetAccess, team.egressMode)),
+      t.sourceTemplateId ?? null,
+      t.buildId ?? null,
     ],
   );
   const row = toSandboxRow(result.rows[0]);
@@ -116,7 +122,12 @@ export async function admitSandbox(
     teamId: team.id,
     type: "sandbox.created",
     toState: "starting",
-    data: { templateId: t.templateId, timeoutSeconds: t.timeout, metadata: input.metadata },
+    data: {
+      templateId: t.sourceTemplateId ?? t.templateId,
+      ...(t.buildId ? { buildId: t.buildId } : {}),
+      timeoutSeconds: t.timeout,
+      metadata: input.metadata,
+    },
   });
   return { row, replayed: false };
 }

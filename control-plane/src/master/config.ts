@@ -1,4 +1,5 @@
 import { hostname } from "node:os";
+import type { TemplateBuildConfig } from "./templates/template-builder.js";
 
 /**
  * The master's Kubernetes integration (`kubernetes/`): node agents discovered from their pods, Node cordon /
@@ -67,6 +68,9 @@ export interface MasterConfig {
   /** WARREN_MEMORY_OVERCOMMIT (default 4). */
   readonly memoryOvercommit: number;
   /** Undefined unless WARREN_KUBERNETES turns the integration on. */
+  /** Template builds: WARREN_BUILD_CONCURRENCY per node (2), WARREN_BUILD_TIMEOUT_MS (1 h), WARREN_BUILD_DISK_MB
+   * (the build sandbox's writable disk, 8192), WARREN_TEMPLATE_DISK_MB (sandboxes from built templates, 2048). */
+  readonly builds: TemplateBuildConfig;
   readonly kubernetes?: KubernetesConfig;
 }
 
@@ -162,6 +166,12 @@ export function loadMasterConfig(env: NodeJS.ProcessEnv = process.env): MasterCo
     nodeDownAfterMs: int(env, "WARREN_NODE_DOWN_AFTER_MS", 30_000),
     placementAttempts: int(env, "WARREN_PLACEMENT_ATTEMPTS", 3),
     memoryOvercommit: int(env, "WARREN_MEMORY_OVERCOMMIT", 4),
+    builds: {
+      maxConcurrentPerNode: int(env, "WARREN_BUILD_CONCURRENCY", 2),
+      timeoutMs: int(env, "WARREN_BUILD_TIMEOUT_MS", 3_600_000),
+      diskMB: int(env, "WARREN_BUILD_DISK_MB", 8192),
+      sandboxDiskMB: int(env, "WARREN_TEMPLATE_DISK_MB", 2048),
+    },
     ...(kube ? { kubernetes: kube } : {}),
   };
 }

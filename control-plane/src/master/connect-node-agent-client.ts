@@ -95,6 +95,8 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
             egress: { allowOut: [...request.egress.allowOut], denyOut: [...request.egress.denyOut] },
             snapshotId: request.snapshotId ?? "",
             snapshotEnvdAccessToken: request.snapshotEnvdAccessToken ?? "",
+            defaultUser: request.defaultUser ?? "",
+            defaultWorkdir: request.defaultWorkdir ?? "",
           },
           { timeoutMs: TIMEOUT_MS.create },
         );
@@ -172,11 +174,48 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
       );
     });
 
-  snapshot: NodeAgentClient["snapshot"] = (sandboxId, snapshotId) =>
+  snapshot: NodeAgentClient["snapshot"] = (sandboxId, snapshotId, options) =>
     call(async () => {
-      const response = await this.client.snapshot({ sandboxId, snapshotId }, { timeoutMs: TIMEOUT_MS.snapshot });
+      const response = await this.client.snapshot(
+        { sandboxId, snapshotId, filesOnly: options?.filesOnly === true },
+        { timeoutMs: TIMEOUT_MS.snapshot },
+      );
       if (!response.snapshot) throw new NodeAgentError("failed", "node agent answered without a snapshot");
       return snapshotOnNode(response.snapshot);
+    });
+
+  runCommand: NodeAgentClient["runCommand"] = (sandboxId, envdAccessToken, command, signal) => {
+    const stream = this.client.runCommand(
+      {
+        sandboxId,
+        envdAccessToken,
+        command: command.command,
+        user: command.user,
+        cwd: command.cwd,
+        env: { ...command.env },
+        timeoutMs: command.timeoutMs,
+      },
+      { signal },
+    );
+    return (async function* () {
+      try {
+        for await (const message of stream) {
+          const event = message.event;
+          if (event.case === "pid") yield { kind: "pid" as const, pid: event.value };
+          else if (event.case === "stdout" || event.case === "stderr") yield { kind: event.case, data: event.value };
+          else if (event.case === "exit") {
+            yield { kind: "exit" as const, exitCode: event.value.exitCode, status: event.value.status };
+          }
+        }
+      } catch (error) {
+        throw toNodeAgentError(error);
+      }
+    })();
+  };
+
+  writeFile: NodeAgentClient["writeFile"] = (sandboxId, envdAccessToken, path, data) =>
+    call(async () => {
+      await this.client.writeFile({ sandboxId, envdAccessToken, path, data }, { timeoutMs: TIMEOUT_MS.snapshot });
     });
 
   deleteSnapshot: NodeAgentClient["deleteSnapshot"] = (snapshotId) =>

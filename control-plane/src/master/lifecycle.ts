@@ -54,7 +54,7 @@ export class SandboxLifecycle {
     const { tokens, config } = this.deps;
     return {
       sandboxId: row.id,
-      templateId: row.templateId,
+      templateId: row.sourceTemplateId ?? row.templateId,
       alias: row.alias ?? "",
       envdVersion: row.envdVersion,
       envdAccessToken: tokens.envdToken(row.id, row.tokenNonce),

@@ -33,7 +33,26 @@ export interface CreateOnNodeRequest {
   readonly snapshotId?: string;
   /** A memory snapshot's envd holds its source's access token: the node presents it to /init. Never logged. */
   readonly snapshotEnvdAccessToken?: string;
+  /** envd's default user and working directory (a custom template's last USER/WORKDIR); absent: `user`, home. */
+  readonly defaultUser?: string;
+  readonly defaultWorkdir?: string;
 }
+
+/** A command for a sandbox's envd (RunCommand): `/bin/bash -l -c <command>` as `user` (empty: root). */
+export interface CommandOnNode {
+  readonly command: string;
+  readonly user: string;
+  /** Empty: the user's home. */
+  readonly cwd: string;
+  readonly env: Readonly<Record<string, string>>;
+  /** 0: no limit but the caller's signal. */
+  readonly timeoutMs: number;
+}
+
+export type CommandEventOnNode =
+  | { readonly kind: "pid"; readonly pid: number }
+  | { readonly kind: "stdout" | "stderr"; readonly data: Uint8Array }
+  | { readonly kind: "exit"; readonly exitCode: number; readonly status: string };
 
 /** A snapshot as the node made it. */
 export interface SnapshotOnNode {
@@ -120,7 +139,19 @@ export interface NodeAgentClient {
   /** The newest `limit` lines of the sandbox's own log (envd), oldest first; not_found when not on the node. */
   logs(sandboxId: string, limit: number): Promise<SandboxLogLine[]>;
   /** Captures the sandbox as a snapshot on the node (it runs on, or stays paused); not_found when not there. */
-  snapshot(sandboxId: string, snapshotId: string): Promise<SnapshotOnNode>;
+  snapshot(sandboxId: string, snapshotId: string, options?: { readonly filesOnly?: boolean }): Promise<SnapshotOnNode>;
+  /**
+   * Runs a command in a running sandbox through its envd (template builds); the events end with its exit.
+   * Aborting `signal` stops the stream and leaves the process running.
+   */
+  runCommand(
+    sandboxId: string,
+    envdAccessToken: string,
+    command: CommandOnNode,
+    signal: AbortSignal,
+  ): AsyncIterable<CommandEventOnNode>;
+  /** Writes a file (as root, parents created) into a running sandbox through its envd. */
+  writeFile(sandboxId: string, envdAccessToken: string, path: string, data: Uint8Array): Promise<void>;
   /** Deletes a snapshot's files on the node; idempotent. */
   deleteSnapshot(snapshotId: string): Promise<void>;
   listSnapshots(): Promise<SnapshotOnNode[]>;

@@ -3,14 +3,23 @@ import { withTransaction } from "../store/db.js";
 import { appendEvent } from "../store/events.js";
 import { findTemplate, reservedMemoryByNode } from "../store/nodes.js";
 import { getSandbox, lockSandbox, type SandboxRow, toSandboxRow } from "../store/sandboxes.js";
-import { findSnapshot, parseSnapshotRef, type SnapshotRow, teamNamespace } from "../store/snapshots.js";
+import {
+  findSnapshot,
+  getLiveSnapshot,
+  parseSnapshotRef,
+  type SnapshotRow,
+  teamNamespace,
+} from "../store/snapshots.js";
 import { getTeam, type Team } from "../store/teams.js";
+import { findTemplateByRef, readyBuildOf } from "../store/template-refs.js";
+import { type BuildRecord, recordSpawn, type TemplateRecord } from "../store/templates.js";
 import { admitSandbox } from "./admission.js";
 import { MasterError, notFound } from "./errors.js";
 import { DEFAULT_TIMEOUT_SECONDS, type LifecycleDeps } from "./lifecycle-deps.js";
-import type { SandboxPlacement } from "./node-agent-client.js";
+import type { NodeAgentClient, SandboxPlacement } from "./node-agent-client.js";
 import { type RecentPlacements, rankNodes } from "./placement.js";
 import { nodeCreateRequest } from "./relocation.js";
+import { startAndAwaitReady } from "./templates/start-ready.js";
 
 export interface CreateInput {
   readonly teamId: string;
@@ -43,16 +52,25 @@ export class SandboxCreation {
 
   async create(input: CreateInput): Promise<{ row: SandboxRow; replayed: boolean }> {
     const { db } = this.deps;
-    const [team, named, allNodes, reserved] = await Promise.all([
+    const [team, allNodes, reserved] = await Promise.all([
       getTeam(db, input.teamId),
-      input.snapshot ? undefined : findTemplate(db, input.templateId),
       this.deps.registry.placeableNodes(),
       reservedMemoryByNode(db),
     ]);
     if (!team) throw new MasterError("not_found", `team '${input.teamId}' not found`);
-    // A template first; else one of the team's snapshots, which starts only on the node that holds it.
-    const snapshot = input.snapshot ?? (named ? undefined : await this.teamSnapshot(team, input.templateId));
-    const template = snapshot ? await findTemplate(db, snapshot.templateId) : named;
+    // A template (the team's own, then Warren's), else one of the team's snapshots, which starts only on the node
+    // that holds it. A team template's build starts from its ready snapshot, on that node.
+    const custom = input.snapshot ? undefined : await this.customTemplate(team, input.templateId);
+    const named = input.snapshot || custom ? undefined : await findTemplate(db, input.templateId);
+    const snapshot =
+      input.snapshot ??
+      custom?.snapshot ??
+      (named || custom ? undefined : await this.teamSnapshot(team, input.templateId));
+    const template = custom
+      ? await findTemplate(db, custom.build.baseTemplateId ?? "")
+      : snapshot
+        ? await findTemplate(db, snapshot.templateId)
+        : named;
     if (!template) throw new MasterError("not_found", `template '${input.templateId}' not found`);
     const nodes = snapshot ? allNodes.filter((node) => node.nodeId === snapshot.nodeId) : allNodes;
     if (snapshot && nodes.length === 0) {
@@ -94,7 +112,8 @@ export class SandboxCreation {
     const admitted = await withTransaction(db, (tx) =>
       admitSandbox(tx, this.deps.tokens, team, admittedInput, {
         templateId: template.id,
-        alias: template.alias,
+        alias: custom ? custom.template.alias : template.alias,
+        ...(custom ? { sourceTemplateId: custom.template.id, buildId: custom.build.id } : {}),
         ...resources,
         envdVersion: template.envdVersion,
         timeout,
@@ -110,8 +129,33 @@ export class SandboxCreation {
       if (row.state === "killed" || row.state === "failed") throw notFound(row.id);
       return { row, replayed: true };
     }
-    const row = await this.place(admitted.row, timeout, input.templateId, firstChoice, snapshot);
+    const row = await this.place(admitted.row, timeout, input.templateId, firstChoice, snapshot, custom?.build);
+    if (custom) await recordSpawn(db, custom.template.id).catch(() => undefined);
     return { row, replayed: false };
+  }
+
+  /**
+   * A team's (or a public) custom template and the ready build its tag names. A name that resolves to a template
+   * without a ready build under that tag is a 404 naming the tag, as E2B answers.
+   */
+  private async customTemplate(
+    team: Team,
+    ref: string,
+  ): Promise<{ template: TemplateRecord; build: BuildRecord; snapshot?: SnapshotRow } | undefined> {
+    const { db } = this.deps;
+    const resolved = await findTemplateByRef(db, { id: team.id, namespace: teamNamespace(team.name) }, ref);
+    if (!resolved || resolved.template.teamId === null) return undefined;
+    const build = await readyBuildOf(db, resolved);
+    if (!build) {
+      throw new MasterError(
+        "not_found",
+        `tag '${resolved.tag}' does not exist for template '${resolved.template.alias ?? resolved.template.id}' (no ready build)`,
+      );
+    }
+    if (!build.snapshotId) return { template: resolved.template, build };
+    const snapshot = await getLiveSnapshot(db, build.snapshotId);
+    if (!snapshot) throw new MasterError("unavailable", `the build of template '${ref}' is no longer on any node`);
+    return { template: resolved.template, build, snapshot };
   }
 
   private async teamSnapshot(team: Team, ref: string): Promise<SnapshotRow | undefined> {
@@ -122,8 +166,16 @@ export class SandboxCreation {
   /** How a sandbox starts from a snapshot on its node; a memory snapshot's envd holds its source's token. */
   private async snapshotStart(
     snapshot: SnapshotRow,
+    build?: BuildRecord,
   ): Promise<{ snapshotId: string; snapshotEnvdAccessToken?: string }> {
     if (!snapshot.memory) return { snapshotId: snapshot.id };
+    if (build?.buildSandboxId && build.tokenNonce) {
+      // A template's ready snapshot: its envd holds the build sandbox's token.
+      return {
+        snapshotId: snapshot.id,
+        snapshotEnvdAccessToken: this.deps.tokens.envdToken(build.buildSandboxId, build.tokenNonce),
+      };
+    }
     const source = await getSandbox(this.deps.db, snapshot.sourceSandboxId);
     if (!source) throw new MasterError("internal", `the source of snapshot '${snapshot.id}' is not recorded`);
     return {
@@ -159,11 +211,17 @@ export class SandboxCreation {
     templateRef: string,
     firstChoice: NodeHeartbeat | undefined,
     snapshot?: SnapshotRow,
+    build?: BuildRecord,
   ): Promise<SandboxRow> {
     const { db, nodeAgent, tokens, log, config } = this.deps;
     const tried = new Set<string>();
     const reasons: string[] = [];
-    const fromSnapshot = snapshot ? await this.snapshotStart(snapshot) : {};
+    const fromSnapshot = {
+      ...(snapshot ? await this.snapshotStart(snapshot, build) : {}),
+      // A custom template's last USER and WORKDIR are envd's defaults.
+      ...(build?.defaultUser ? { defaultUser: build.defaultUser } : {}),
+      ...(build?.defaultWorkdir ? { defaultWorkdir: build.defaultWorkdir } : {}),
+    };
     // A snapshot is on one node: no other node can start it.
     const attempts = snapshot ? 1 : config.placementAttempts;
     for (let attempt = 0; attempt < attempts; attempt++) {
@@ -187,11 +245,53 @@ export class SandboxCreation {
         log.warn("node refused sandbox", { sandboxId: row.id, node: node.nodeId, reason });
         continue;
       }
+      if (build && (build.startCmd || build.readyCmd) && !snapshot?.memory) {
+        // No memory in the template's snapshot (no CRIU here): its start command runs now, before the create
+        // returns, as E2B's sandboxes have it running.
+        const failure = await this.startTemplateProcess(row, build, nodeAgent(node.nodeId, node.addr));
+        if (failure) {
+          await this.failCreate(row, [failure]);
+          throw new MasterError(
+            "unavailable",
+            `sandbox from template '${templateRef}' did not become ready: ${failure}`,
+          );
+        }
+      }
       return await this.markStarted(row, node.nodeId, placement, timeout);
     }
     await this.failCreate(row, reasons);
     const detail = reasons.length > 0 ? `: ${reasons.join("; ")}` : "";
     throw new MasterError("unavailable", `no node could start a sandbox from template '${templateRef}'${detail}`);
+  }
+
+  /** Runs a template's start and ready commands in a just-created sandbox; the failure, or undefined. */
+  private async startTemplateProcess(
+    row: SandboxRow,
+    build: BuildRecord,
+    node: NodeAgentClient,
+  ): Promise<string | undefined> {
+    const abort = new AbortController();
+    const timer = setTimeout(
+      () => abort.abort(new Error("the template's ready command did not pass in time")),
+      120_000,
+    );
+    try {
+      await startAndAwaitReady({
+        node,
+        sandboxId: row.id,
+        envdAccessToken: this.deps.tokens.envdToken(row.id, row.tokenNonce),
+        context: { user: build.defaultUser ?? "user", workdir: build.defaultWorkdir, env: build.envVars },
+        startCmd: build.startCmd,
+        readyCmd: build.readyCmd,
+        signal: abort.signal,
+      });
+      return undefined;
+    } catch (error) {
+      await node.kill(row.id).catch(() => undefined);
+      return (error as Error).message;
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   private async markStarted(

@@ -22,6 +22,7 @@ import { NodeRegistry } from "./node-registry.js";
 import { reconcile } from "./reconciler.js";
 import { masterRoutes } from "./service.js";
 import { SnapshotService } from "./snapshots.js";
+import { TemplateBuilder } from "./templates/template-builder.js";
 import { TokenIssuer } from "./tokens.js";
 
 export interface MasterOptions {
@@ -36,6 +37,7 @@ export class Master {
   readonly snapshots: SnapshotService;
   readonly registry: NodeRegistry;
   readonly metrics: SandboxMetricsSampler;
+  readonly builder: TemplateBuilder;
   private readonly loops: NodeJS.Timeout[] = [];
   private readonly leader: Leadership;
   /** Set in Kubernetes mode: pauses the sandboxes of draining nodes (leader only). */
@@ -79,6 +81,15 @@ export class Master {
       lifecycle: this.lifecycle,
       log,
     });
+    this.builder = new TemplateBuilder({
+      db,
+      registry: this.registry,
+      nodeAgent,
+      tokens: new TokenIssuer(config.tokenSecret),
+      log: log.child({ part: "templates" }),
+      config: config.builds,
+      memoryOvercommit: config.memoryOvercommit,
+    });
     const onElected = () => this.startLeaderLoops();
     const onDemoted = () => this.stopLeaderLoops();
     // In Kubernetes the Lease elects the leader; elsewhere the PostgreSQL advisory lock does.
@@ -118,7 +129,7 @@ export class Master {
     const master = new Master(config, db, redis, options.nodeAgent, log, kubernetes);
     const metrics = new MasterMetrics(db, () => master.isLeader);
     const handler = connectNodeAdapter({
-      routes: masterRoutes(master.lifecycle, master.metrics, master.snapshots),
+      routes: masterRoutes(master.lifecycle, master.metrics, master.snapshots, master.builder),
       interceptors: [metrics.interceptor(log)],
     });
     const server = http.createServer((req, res) => {
@@ -181,6 +192,7 @@ export class Master {
       }),
     );
     this.every(this.config.reconcileIntervalMs, () => this.snapshots.sweepNodes());
+    this.every(this.config.reconcileIntervalMs, () => this.builder.failAbandoned());
   }
 
   /** Runs `task` repeatedly, never overlapping itself. */
@@ -214,6 +226,7 @@ export class Master {
     const sweep = setInterval(() => server?.closeIdleConnections(), 50);
     const deadline = setTimeout(() => server?.closeAllConnections(), 10_000);
     server?.closeIdleConnections();
+    await this.builder.stop();
     await this.leader.stop();
     await this.kubernetes?.view.stop();
     // Leader tasks end on their own (node calls have timeouts); do not let one hold the shutdown long.

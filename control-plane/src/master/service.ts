@@ -4,6 +4,7 @@ import { MasterError, toConnectError } from "./errors.js";
 import type { SandboxLifecycle } from "./lifecycle.js";
 import type { SandboxMetricsSampler } from "./metrics-sampler.js";
 import { FORK_DEFAULT_TIMEOUT_SECONDS, FORK_MAX_COUNT, type SnapshotService } from "./snapshots.js";
+import type { TemplateBuilder } from "./templates/template-builder.js";
 
 function parseJsonObject(value: string, field: string): Record<string, unknown> | null {
   if (!value) return null;
@@ -29,8 +30,14 @@ export function masterServiceImpl(
   lifecycle: SandboxLifecycle,
   metrics: SandboxMetricsSampler,
   snapshots: SnapshotService,
+  builder: TemplateBuilder,
 ): ServiceImpl<typeof MasterService> {
   return {
+    startTemplateBuild: (req) =>
+      guarded(async () => {
+        await builder.start(req.teamId, req.templateId, req.buildId);
+        return {};
+      }),
     createSandbox: (req) =>
       guarded(async () => {
         const volumeMounts = req.volumeMountsJson ? (JSON.parse(req.volumeMountsJson) as unknown[]) : [];
@@ -145,8 +152,9 @@ export function masterRoutes(
   lifecycle: SandboxLifecycle,
   metrics: SandboxMetricsSampler,
   snapshots: SnapshotService,
+  builder: TemplateBuilder,
 ): (router: ConnectRouter) => void {
   return (router) => {
-    router.service(MasterService, masterServiceImpl(lifecycle, metrics, snapshots));
+    router.service(MasterService, masterServiceImpl(lifecycle, metrics, snapshots, builder));
   };
 }

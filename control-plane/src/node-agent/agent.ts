@@ -17,6 +17,7 @@ import { AgentError } from "./errors.js";
 import { type Logger, tenths } from "./log.js";
 import { NodeSnapshots } from "./node-snapshots.js";
 import type { RouteStore } from "./routes.js";
+import { type CommandEvent, type CommandSpec, runInSandbox, writeInSandbox } from "./sandbox-exec.js";
 import { parseSandboxLog, type SandboxLogLine } from "./sandbox-log.js";
 import {
   type CreateSandboxInput,
@@ -230,8 +231,30 @@ export class NodeAgent {
   }
 
   /** Captures a sandbox as snapshot `snapshotId` on this node (NodeSnapshots.capture). */
-  snapshot(sandboxId: string, snapshotId: string): Promise<SnapshotImage> {
-    return this.snapshots.capture(sandboxId, snapshotId);
+  snapshot(sandboxId: string, snapshotId: string, filesOnly = false): Promise<SnapshotImage> {
+    return this.snapshots.capture(sandboxId, snapshotId, filesOnly);
+  }
+
+  /**
+   * Runs a command in a running sandbox through its envd (a template build's steps, start and ready commands).
+   * Ending the iteration early leaves the process running.
+   */
+  runCommand(
+    sandboxId: string,
+    envdAccessToken: string,
+    spec: CommandSpec,
+    signal: AbortSignal,
+  ): AsyncGenerator<CommandEvent> {
+    const sandbox = this.requireSandbox(sandboxId);
+    if (sandbox.paused) throw new AgentError("failed_precondition", `sandbox '${sandboxId}' is paused`);
+    return runInSandbox(sandbox.envdUrl, envdAccessToken, spec, signal);
+  }
+
+  /** Writes a file into a running sandbox through its envd, as root (a template build's COPY archive). */
+  async writeFile(sandboxId: string, envdAccessToken: string, path: string, data: Uint8Array): Promise<void> {
+    const sandbox = this.requireSandbox(sandboxId);
+    if (sandbox.paused) throw new AgentError("failed_precondition", `sandbox '${sandboxId}' is paused`);
+    await writeInSandbox(sandbox.envdUrl, envdAccessToken, path, data);
   }
 
   deleteSnapshot(snapshotId: string): Promise<void> {

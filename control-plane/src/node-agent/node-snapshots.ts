@@ -34,7 +34,7 @@ export class NodeSnapshots {
    * waits for any pause/resume/checkpoint of the sandbox, like those wait for each other; a running sandbox is
    * still for the copy only (its route stays `running`: requests wait, streams stay open).
    */
-  async capture(sandboxId: string, snapshotId: string): Promise<SnapshotImage> {
+  async capture(sandboxId: string, snapshotId: string, filesOnly = false): Promise<SnapshotImage> {
     if (!isSnapshotId(snapshotId)) {
       throw new AgentError("invalid_argument", `invalid snapshot id '${snapshotId}' (a-z, 0-9, '_', '-'; at most 63)`);
     }
@@ -46,7 +46,7 @@ export class NodeSnapshots {
       const startedAt = performance.now();
       let image: SnapshotImage;
       try {
-        image = await this.driver.snapshot(sandbox.instanceId, snapshotId);
+        image = await this.driver.snapshot(sandbox.instanceId, snapshotId, { filesOnly });
       } catch (error) {
         throw new AgentError("internal", `snapshot of sandbox '${sandboxId}' failed: ${(error as Error).message}`);
       }

@@ -149,8 +149,34 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
       })),
     snapshot: (req) =>
       guard("Snapshot", { sandboxId: req.sandboxId, snapshotId: req.snapshotId }, async () => ({
-        snapshot: snapshotInfo(await agent.snapshot(req.sandboxId, req.snapshotId)),
+        snapshot: snapshotInfo(await agent.snapshot(req.sandboxId, req.snapshotId, req.filesOnly)),
       })),
+    async *runCommand(req, context) {
+      // The command and its output are the user's (build steps): never logged here.
+      const events = await guard("RunCommand", { sandboxId: req.sandboxId }, async () =>
+        agent.runCommand(
+          req.sandboxId,
+          req.envdAccessToken,
+          { command: req.command, user: req.user, cwd: req.cwd, env: { ...req.env }, timeoutMs: req.timeoutMs },
+          context.signal,
+        ),
+      );
+      try {
+        for await (const event of events) {
+          if (event.kind === "pid") yield { event: { case: "pid", value: event.pid } };
+          else if (event.kind === "exit") {
+            yield { event: { case: "exit", value: { exitCode: event.exitCode, status: event.status } } };
+          } else yield { event: { case: event.kind, value: event.data } };
+        }
+      } catch (error) {
+        throw toConnectError(error);
+      }
+    },
+    writeFile: (req) =>
+      guard("WriteFile", { sandboxId: req.sandboxId, path: req.path, bytes: req.data.byteLength }, async () => {
+        await agent.writeFile(req.sandboxId, req.envdAccessToken, req.path, req.data);
+        return {};
+      }),
     deleteSnapshot: (req) =>
       guard("DeleteSnapshot", { snapshotId: req.snapshotId }, async () => {
         await agent.deleteSnapshot(req.snapshotId);

@@ -104,6 +104,14 @@ export interface SnapshotImage {
   readonly createdAt: number;
 }
 
+export interface SnapshotOptions {
+  /**
+   * Files only, even where the driver keeps memory (a template build's step layers: a sandbox started from one
+   * boots fresh over its files). Drivers whose snapshots always hold memory (microvm) ignore it.
+   */
+  readonly filesOnly?: boolean;
+}
+
 export interface ResumeResult {
   readonly tier: "freezer" | "checkpoint";
 }
@@ -155,7 +163,7 @@ export interface RuntimeDriver {
    * snapshot never depend on it being kept (deleteSnapshot may run while they live). On failure nothing of the
    * snapshot is left and the instance is as it was.
    */
-  snapshot(instanceId: string, snapshotId: string): Promise<SnapshotImage>;
+  snapshot(instanceId: string, snapshotId: string, options?: SnapshotOptions): Promise<SnapshotImage>;
   /** Removes a snapshot's files; unknown ids are ignored (idempotent). */
   deleteSnapshot(snapshotId: string): Promise<void>;
   /** Every snapshot this driver keeps (after an agent restart, too). */

@@ -168,6 +168,104 @@ INSERT INTO templates (id, alias, cpu_count, memory_mb, disk_size_mb, envd_versi
   VALUES ('base-vm', 'base-vm', 1, 512, 1024, '0.6.4') ON CONFLICT (id) DO NOTHING;
 `,
   },
+  {
+    version: 6,
+    name: "custom templates: team templates, builds with logs, tags, uploaded files, cached step layers",
+    sql: `
+-- team_id NULL: shipped with Warren (public to every team, the null namespace). Aliases are unique per namespace.
+ALTER TABLE templates DROP CONSTRAINT IF EXISTS templates_alias_key;
+ALTER TABLE templates ADD COLUMN team_id text REFERENCES teams(id);
+ALTER TABLE templates ADD COLUMN public boolean NOT NULL DEFAULT false;
+ALTER TABLE templates ADD COLUMN updated_at timestamptz NOT NULL DEFAULT now();
+ALTER TABLE templates ADD COLUMN deleted_at timestamptz;
+ALTER TABLE templates ADD COLUMN spawn_count bigint NOT NULL DEFAULT 0;
+ALTER TABLE templates ADD COLUMN last_spawned_at timestamptz;
+UPDATE templates SET public = true WHERE team_id IS NULL;
+CREATE UNIQUE INDEX templates_alias_shipped ON templates (alias) WHERE team_id IS NULL AND deleted_at IS NULL;
+CREATE UNIQUE INDEX templates_alias_team ON templates (team_id, alias) WHERE team_id IS NOT NULL AND deleted_at IS NULL;
+CREATE TABLE template_builds (
+  id uuid PRIMARY KEY,
+  template_id text NOT NULL REFERENCES templates(id),
+  team_id text NOT NULL REFERENCES teams(id),
+  status text NOT NULL CHECK (status IN ('waiting', 'building', 'ready', 'error')),
+  reason jsonb,
+  cpu_count integer NOT NULL,
+  memory_mb integer NOT NULL,
+  disk_size_mb integer NOT NULL,
+  envd_version text NOT NULL,
+  -- The trigger's body (E2B TemplateBuildStartV2), stored before the master runs it.
+  spec jsonb,
+  -- The result: the node holding the ready snapshot, the snapshot, the node template under it, and what
+  -- sandboxes from it start with.
+  node_id text,
+  snapshot_id text,
+  layer_snapshot_id text,
+  base_template_id text,
+  start_cmd text,
+  ready_cmd text,
+  default_user text,
+  default_workdir text,
+  env_vars jsonb NOT NULL DEFAULT '{}',
+  layer_keys text[] NOT NULL DEFAULT '{}',
+  build_sandbox_id text,
+  token_nonce text,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  finished_at timestamptz
+);
+CREATE INDEX template_builds_template ON template_builds (template_id, created_at DESC);
+CREATE TABLE template_build_logs (
+  build_id uuid NOT NULL REFERENCES template_builds(id) ON DELETE CASCADE,
+  seq integer NOT NULL,
+  ts timestamptz NOT NULL DEFAULT now(),
+  level text NOT NULL,
+  message text NOT NULL,
+  step text,
+  PRIMARY KEY (build_id, seq)
+);
+-- Append-only history: name:tag resolves to the newest assignment whose build is ready.
+CREATE TABLE template_tags (
+  id bigserial PRIMARY KEY,
+  template_id text NOT NULL REFERENCES templates(id),
+  tag text NOT NULL,
+  build_id uuid NOT NULL REFERENCES template_builds(id),
+  created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX template_tags_lookup ON template_tags (template_id, tag, id DESC);
+-- COPY archives, per team under the SDK's filesHash.
+CREATE TABLE template_files (
+  team_id text NOT NULL REFERENCES teams(id),
+  hash text NOT NULL,
+  size_bytes bigint NOT NULL,
+  data bytea NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (team_id, hash)
+);
+-- One-time upload links the files handshake hands out (the SDK's PUT carries no API key): the token's hash.
+CREATE TABLE template_upload_links (
+  token_hash text PRIMARY KEY,
+  team_id text NOT NULL REFERENCES teams(id),
+  hash text NOT NULL,
+  expires_at timestamptz NOT NULL
+);
+-- Step layers by E2B's key chain (previous key, step, files hash): the files-only snapshot after that step and the
+-- build context (user, workdir, env) there.
+CREATE TABLE template_layers (
+  team_id text NOT NULL REFERENCES teams(id),
+  key text NOT NULL,
+  snapshot_id text NOT NULL,
+  node_id text NOT NULL,
+  context jsonb NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (team_id, key)
+);
+ALTER TABLE snapshots DROP CONSTRAINT IF EXISTS snapshots_kind_check;
+ALTER TABLE snapshots ADD CONSTRAINT snapshots_kind_check CHECK (kind IN ('snapshot', 'fork', 'template', 'layer'));
+-- A sandbox of a custom template: the template (template_id stays the node template it runs on) and its build.
+ALTER TABLE sandboxes ADD COLUMN source_template_id text;
+ALTER TABLE sandboxes ADD COLUMN build_id uuid;
+`,
+  },
 ];
 
 const MIGRATION_LOCK = 0x5741_5252; // "WARR"

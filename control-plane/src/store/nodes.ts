@@ -67,7 +67,10 @@ export interface TemplateRow {
 /** A template by id or alias (`name:tag` resolves to `name`, the only tag for now). */
 export async function findTemplate(db: Queryable, ref: string): Promise<TemplateRow | undefined> {
   const name = ref.replace(/:default$/, "");
-  const result = await db.query("SELECT * FROM templates WHERE id = $1 OR alias = $1", [name]);
+  const result = await db.query(
+    "SELECT * FROM templates WHERE (id = $1 OR alias = $1) AND team_id IS NULL AND deleted_at IS NULL",
+    [name],
+  );
   const row = result.rows[0];
   if (!row) return undefined;
   return {

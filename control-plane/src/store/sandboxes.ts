@@ -8,8 +8,12 @@ export const LIVE_STATES: readonly SandboxState[] = ["starting", "running", "pau
 export interface SandboxRow {
   readonly id: string;
   readonly teamId: string;
+  /** The node template it runs on (`base`, `code-interpreter-v1`, …). */
   readonly templateId: string;
   readonly alias: string | null;
+  /** Started from a team's custom template: that template (shown as the sandbox's templateID) and its build. */
+  readonly sourceTemplateId: string | null;
+  readonly buildId: string | null;
   readonly state: SandboxState;
   readonly nodeId: string | null;
   readonly execId: string | null;
@@ -47,6 +51,8 @@ export function toSandboxRow(row: any): SandboxRow {
     teamId: row.team_id,
     templateId: row.template_id,
     alias: row.alias,
+    sourceTemplateId: row.source_template_id ?? null,
+    buildId: row.build_id ?? null,
     state: row.state,
     nodeId: row.node_id,
     execId: row.exec_id,
@@ -148,7 +154,7 @@ export async function listSandboxes(db: Queryable, query: ListQuery): Promise<Li
   }
   if (query.template !== undefined) {
     params.push(query.template);
-    where.push(`(template_id = $${params.length} OR alias = $${params.length})`);
+    where.push(`(COALESCE(source_template_id, template_id) = $${params.length} OR alias = $${params.length})`);
   }
   const filter = where.join(" AND ");
   const totals = await db.query<{ n: string }>(

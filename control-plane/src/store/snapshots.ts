@@ -1,7 +1,7 @@
 import { decodeTimeCursor, encodeTimeCursor } from "./cursor.js";
 import type { Queryable } from "./db.js";
 
-export type SnapshotKind = "snapshot" | "fork";
+export type SnapshotKind = "snapshot" | "fork" | "template" | "layer";
 
 /** A snapshot of a sandbox, kept as files on one node (the node agent's Snapshot RPC). */
 export interface SnapshotRow {
@@ -98,6 +98,12 @@ export async function findSnapshot(
      ORDER BY (id = $2) DESC LIMIT 1`,
     [teamId, idOrName, kinds],
   );
+  return result.rows[0] ? toSnapshotRow(result.rows[0]) : undefined;
+}
+
+/** A live snapshot of any kind by id (a template build's ready snapshot or layer, too). */
+export async function getLiveSnapshot(db: Queryable, id: string): Promise<SnapshotRow | undefined> {
+  const result = await db.query("SELECT * FROM snapshots WHERE id = $1 AND deleted_at IS NULL", [id]);
   return result.rows[0] ? toSnapshotRow(result.rows[0]) : undefined;
 }
 

@@ -42,6 +42,9 @@ const BASE_PACKAGES = [
   "util-linux",
   "procps",
   "tini",
+  // E2B's ready helpers (waitForPort) run `ss`; E2B's base answers `python`.
+  "iproute2",
+  "python-is-python3",
 ];
 
 /** Everything after debootstrap for the E2B-compatible base: `user` with passwordless sudo, mount points. */

@@ -11,6 +11,7 @@ import type {
   ResumeResult,
   RuntimeDriver,
   SnapshotImage,
+  SnapshotOptions,
 } from "../driver.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { DEFAULT_LOG_CAP, LogCap, type LogCapLimits } from "../log-cap.js";
@@ -230,8 +231,8 @@ export class NamespaceDriver implements RuntimeDriver {
   }
 
   /** See InstanceSnapshots.capture: a running sandbox is frozen for the copy and runs on, a paused one stays paused. */
-  async snapshot(instanceId: string, snapshotId: string): Promise<SnapshotImage> {
-    return this.snapshots.capture(this.require(instanceId), snapshotId);
+  async snapshot(instanceId: string, snapshotId: string, options: SnapshotOptions = {}): Promise<SnapshotImage> {
+    return this.snapshots.capture(this.require(instanceId), snapshotId, options.filesOnly === true);
   }
 
   async deleteSnapshot(snapshotId: string): Promise<void> {

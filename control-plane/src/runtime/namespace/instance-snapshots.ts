@@ -51,13 +51,16 @@ export class InstanceSnapshots {
    * processes are dumped from that same frozen moment, left in place: a running sandbox thaws right after (same
    * processes), a paused one stays paused, a checkpointed one lends its checkpoint.
    */
-  async capture(record: InstanceRecord, snapshotId: string): Promise<SnapshotImage> {
+  async capture(record: InstanceRecord, snapshotId: string, filesOnly = false): Promise<SnapshotImage> {
     const { instanceId } = record;
     const cgroup = this.options.cgroups.open(instanceId);
     const freeze = !record.paused;
     if (freeze) await cgroup.freeze();
     const withMemory =
-      this.options.tiers.canCheckpoint && !record.stopped && (record.checkpoint || record.pid !== undefined);
+      !filesOnly &&
+      this.options.tiers.canCheckpoint &&
+      !record.stopped &&
+      (record.checkpoint || record.pid !== undefined);
     try {
       const {
         layers: _layers,

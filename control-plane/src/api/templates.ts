@@ -1,0 +1,480 @@
+import { createHash, randomBytes, randomUUID } from "node:crypto";
+import type { Client } from "@connectrpc/connect";
+import type { MasterService } from "@warren/proto/master/v1/master_pb";
+import { type NextFunction, type Request, type Response, Router } from "express";
+import { type Db, withTransaction } from "../store/db.js";
+import { teamNamespace } from "../store/snapshots.js";
+import type { Team } from "../store/teams.js";
+import { findTemplateByRef, parseTag, parseTemplateName, TemplateNameError } from "../store/template-refs.js";
+import { BuildSpecError, parseBuildSpec } from "../store/template-spec.js";
+import {
+  assignTags,
+  type BuildLogEntry,
+  type BuildRecord,
+  collectUnusedLayers,
+  DEFAULT_TAG,
+  deleteTemplate,
+  getBuild,
+  getTemplate,
+  hasFiles,
+  insertBuild,
+  insertTemplate,
+  insertUploadLink,
+  listBuilds,
+  listTags,
+  listTeamTemplates,
+  newTemplateId,
+  putFiles,
+  readBuildLogs,
+  removeTags,
+  resolveTag,
+  setTemplatePublic,
+  storeBuildSpec,
+  type TemplateRecord,
+  tagsOfBuild,
+  takeUploadLink,
+  templateByAlias,
+} from "../store/templates.js";
+import { ApiError, badRequest } from "./errors.js";
+import { master, team } from "./sandboxes.js";
+import { body } from "./validate.js";
+
+export interface TemplateRoutesDeps {
+  readonly db: Db;
+  readonly master: Client<typeof MasterService>;
+  /** Largest COPY archive accepted (bytes). */
+  readonly maxUploadBytes: number;
+  /** Builds a team may have waiting or running at once (more: 429). */
+  readonly maxActiveBuildsPerTeam: number;
+}
+
+/** The envd version every built template reports (Warren's envd). */
+const ENVD_VERSION = "0.6.4";
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+const FILES_HASH = /^[0-9a-f]{64}$/;
+const UPLOAD_LINK_SECONDS = 30 * 60;
+const ZERO_UUID = "00000000-0000-0000-0000-000000000000";
+/** Path of the signed upload links the files handshake hands out (no API key: the token authorizes). */
+export const UPLOAD_PATH = "/warren/v1/template-uploads";
+
+function nameError<T>(fn: () => T): T {
+  try {
+    return fn();
+  } catch (error) {
+    if (error instanceof TemplateNameError) throw badRequest(error.message);
+    throw error;
+  }
+}
+
+function owner(res: Response) {
+  const t = team(res);
+  return { id: t.id, namespace: teamNamespace(t.name) };
+}
+
+function optionalInt(value: unknown, field: string): number | undefined {
+  if (value === undefined || value === null) return undefined;
+  if (typeof value !== "number" || !Number.isInteger(value)) throw badRequest(`${field} must be an integer`);
+  return value;
+}
+
+/** E2B's resource rules: CPU 1 or even up to 32, memory at least 128 MiB and even. */
+function resources(b: Record<string, unknown>): { cpuCount: number; memoryMB: number } {
+  const cpuCount = optionalInt(b.cpuCount, "cpuCount") ?? 2;
+  if (cpuCount < 1 || cpuCount > 32 || (cpuCount !== 1 && cpuCount % 2 !== 0)) {
+    throw badRequest(`cpuCount must be 1 or an even number up to 32, got ${cpuCount}`);
+  }
+  const memoryMB = optionalInt(b.memoryMB, "memoryMB") ?? 1024;
+  if (memoryMB < 128 || memoryMB > 65536 || memoryMB % 2 !== 0) {
+    throw badRequest(`memoryMB must be an even number from 128 to 65536, got ${memoryMB}`);
+  }
+  if (b.minFreeDiskMb !== undefined && b.minFreeDiskMb !== null) {
+    const disk = optionalInt(b.minFreeDiskMb, "minFreeDiskMb");
+    if (disk === undefined || disk < 0) throw badRequest("minFreeDiskMb must be a non-negative integer");
+  }
+  return { cpuCount, memoryMB };
+}
+
+function logEntryView(entry: BuildLogEntry): Record<string, unknown> {
+  return {
+    timestamp: entry.timestamp.toISOString(),
+    level: entry.level,
+    message: entry.message,
+    ...(entry.step ? { step: entry.step } : {}),
+  };
+}
+
+/** The template a path parameter names (id or name) for the caller: 404 when unknown, 403 when another team's. */
+async function ownTemplate(db: Db, res: Response, ref: string): Promise<TemplateRecord> {
+  const resolved = await findTemplateByRef(db, owner(res), ref);
+  if (!resolved) throw new ApiError(404, `template '${ref}' not found`);
+  if (!resolved.owned) throw new ApiError(403, `template '${ref}' belongs to another team`);
+  return resolved.template;
+}
+
+async function templateView(db: Db, t: TemplateRecord, namespace: string): Promise<Record<string, unknown>> {
+  const builds = await listBuilds(db, t.id, 100);
+  const defaultBuild = await resolveTag(db, t.id, DEFAULT_TAG);
+  const latest = builds[0];
+  return {
+    templateID: t.id,
+    buildID: defaultBuild?.id ?? ZERO_UUID,
+    buildStatus: latest?.status ?? "waiting",
+    cpuCount: t.cpuCount,
+    memoryMB: t.memoryMB,
+    diskSizeMB: defaultBuild?.diskSizeMB ?? t.diskSizeMB,
+    envdVersion: t.envdVersion,
+    public: t.public,
+    names: t.alias ? [`${namespace}/${t.alias}`] : [],
+    aliases: t.alias ? [t.alias] : [],
+    createdAt: t.createdAt.toISOString(),
+    updatedAt: t.updatedAt.toISOString(),
+    lastSpawnedAt: t.lastSpawnedAt?.toISOString() ?? null,
+    spawnCount: t.spawnCount,
+    buildCount: builds.length,
+    createdBy: null,
+  };
+}
+
+function buildView(b: BuildRecord): Record<string, unknown> {
+  return {
+    buildID: b.id,
+    status: b.status,
+    createdAt: b.createdAt.toISOString(),
+    updatedAt: b.updatedAt.toISOString(),
+    ...(b.finishedAt ? { finishedAt: b.finishedAt.toISOString() } : {}),
+    cpuCount: b.cpuCount,
+    memoryMB: b.memoryMB,
+    diskSizeMB: b.diskSizeMB,
+    envdVersion: b.envdVersion,
+  };
+}
+
+/**
+ * The signed upload of a COPY archive (the SDK sends no API key): the one-time token in the path authorizes one
+ * team and hash for 30 minutes. The body must be a tar archive (gzip or plain) no larger than the limit.
+ */
+export function templateUploadRoute(deps: TemplateRoutesDeps): Router {
+  const router = Router();
+  router.put(`${UPLOAD_PATH}/:token`, async (req: Request, res: Response) => {
+    const token = String(req.params.token);
+    if (!/^[A-Za-z0-9_-]{20,100}$/.test(token)) throw new ApiError(403, "invalid or expired upload link");
+    const declared = Number(req.get("content-length") ?? Number.NaN);
+    if (declared > deps.maxUploadBytes) {
+      throw new ApiError(413, `upload of ${declared} bytes is larger than the limit of ${deps.maxUploadBytes} bytes`);
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    for await (const chunk of req) {
+      size += (chunk as Buffer).length;
+      if (size > deps.maxUploadBytes) {
+        req.destroy();
+        throw new ApiError(413, `upload is larger than the limit of ${deps.maxUploadBytes} bytes`);
+      }
+      chunks.push(chunk as Buffer);
+    }
+    const data = Buffer.concat(chunks);
+    if (!looksLikeArchive(data)) throw badRequest("the upload is not a tar archive (gzip-compressed or plain)");
+    const tokenHash = createHash("sha256").update(token).digest("hex");
+    const link = await withTransaction(deps.db, async (tx) => {
+      const taken = await takeUploadLink(tx, tokenHash);
+      if (taken) await putFiles(tx, taken.teamId, taken.hash, data);
+      return taken;
+    });
+    if (!link) throw new ApiError(403, "invalid or expired upload link");
+    res.status(200).end();
+  });
+  return router;
+}
+
+/** A gzip stream, or a ustar/GNU tar header (magic at offset 257), or an empty archive of zero blocks. */
+function looksLikeArchive(data: Buffer): boolean {
+  if (data.length >= 2 && data[0] === 0x1f && data[1] === 0x8b) return true;
+  if (data.length >= 512 && data.subarray(257, 262).toString("latin1") === "ustar") return true;
+  return data.length >= 1024 && data.length % 512 === 0 && data.subarray(0, 1024).every((b) => b === 0);
+}
+
+/**
+ * E2B's template build API (shared/E2B-TEMPLATES.md §2): create a build, the files handshake, trigger, status
+ * with logs by offset, alias check, tags, list, detail, publish and delete. Bookkeeping is PostgreSQL here; the
+ * master runs the build.
+ */
+export function templateRoutes(deps: TemplateRoutesDeps): Router {
+  const router = Router();
+  const { db } = deps;
+
+  const createBuild = async (req: Request, res: Response, legacy: boolean) => {
+    const b = body(req.body);
+    const rawName = legacy ? b.alias : (b.name ?? b.alias);
+    if (rawName === undefined || rawName === null || rawName === "") throw badRequest("Name is required");
+    if (typeof rawName !== "string") throw badRequest("name must be a string");
+    const me = owner(res);
+    const name = nameError(() => parseTemplateName(rawName));
+    if (name.namespace !== undefined && name.namespace !== me.namespace) {
+      throw badRequest(`namespace '${name.namespace}' must match your team '${me.namespace}'`);
+    }
+    if (
+      b.tags !== undefined &&
+      b.tags !== null &&
+      (!Array.isArray(b.tags) || b.tags.some((t) => typeof t !== "string"))
+    ) {
+      throw badRequest("tags must be an array of strings");
+    }
+    const extraTags = ((b.tags as string[] | undefined) ?? []).map((t) => nameError(() => parseTag(t)));
+    const tags = [...new Set([...(name.tag ? [name.tag] : []), ...extraTags])];
+    if (tags.length === 0) tags.push(DEFAULT_TAG);
+    const { cpuCount, memoryMB } = resources(b);
+    const result = await withTransaction(db, async (tx) => {
+      await tx.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`templates:${me.id}`]);
+      if (await getTemplate(tx, name.alias)) {
+        throw new ApiError(409, `alias '${name.alias}' is already used as a template ID`);
+      }
+      const active = await tx.query<{ n: string }>(
+        "SELECT count(*) AS n FROM template_builds WHERE team_id = $1 AND status IN ('waiting', 'building') AND spec IS NOT NULL",
+        [me.id],
+      );
+      if (Number(active.rows[0]?.n ?? 0) >= deps.maxActiveBuildsPerTeam) {
+        throw new ApiError(
+          429,
+          `the team already has ${deps.maxActiveBuildsPerTeam} template builds in progress; retry when one ends`,
+          undefined,
+          10,
+        );
+      }
+      const template =
+        (await templateByAlias(tx, me.id, name.alias)) ??
+        (await insertTemplate(
+          tx,
+          { id: newTemplateId(), teamId: me.id, alias: name.alias, cpuCount, memoryMB, diskSizeMB: 2048 },
+          ENVD_VERSION,
+        ));
+      await tx.query("UPDATE templates SET cpu_count = $2, memory_mb = $3, updated_at = now() WHERE id = $1", [
+        template.id,
+        cpuCount,
+        memoryMB,
+      ]);
+      const build = await insertBuild(tx, {
+        id: randomUUID(),
+        templateId: template.id,
+        teamId: me.id,
+        cpuCount,
+        memoryMB,
+        diskSizeMB: template.diskSizeMB,
+        envdVersion: ENVD_VERSION,
+      });
+      await assignTags(tx, template.id, build.id, tags);
+      return { template, build };
+    });
+    const view = {
+      templateID: result.template.id,
+      buildID: result.build.id,
+      public: result.template.public,
+      aliases: [name.alias],
+      ...(legacy ? {} : { names: [`${me.namespace}/${name.alias}`], tags }),
+    };
+    res.status(202).json(view);
+  };
+
+  router.post("/v3/templates", (req, res) => createBuild(req, res, false));
+  router.post("/v2/templates", (req, res) => createBuild(req, res, true));
+
+  router.get("/templates/:templateID/files/:hash", async (req: Request, res: Response) => {
+    const hash = String(req.params.hash);
+    if (!FILES_HASH.test(hash)) throw badRequest(`Invalid files hash '${hash}'`);
+    const template = await getTemplate(db, String(req.params.templateID));
+    const me = owner(res);
+    if (!template || template.teamId !== me.id) {
+      throw new ApiError(404, `template '${req.params.templateID}' not found`);
+    }
+    const token = randomBytes(32).toString("base64url");
+    await insertUploadLink(db, createHash("sha256").update(token).digest("hex"), me.id, hash, UPLOAD_LINK_SECONDS);
+    const proto = (req.get("x-forwarded-proto") ?? req.protocol).split(",")[0]?.trim() || "http";
+    const host = req.get("x-forwarded-host") ?? req.get("host");
+    res.status(201).json({
+      present: await hasFiles(db, me.id, hash),
+      url: `${proto}://${host}${UPLOAD_PATH}/${token}`,
+      headers: {},
+    });
+  });
+
+  const buildOf = async (req: Request, res: Response): Promise<{ build: BuildRecord; template: TemplateRecord }> => {
+    const buildId = String(req.params.buildID);
+    if (!UUID.test(buildId)) throw badRequest(`Invalid build id '${buildId}'`);
+    const build = await getBuild(db, buildId);
+    const template = build ? await getTemplate(db, build.templateId) : undefined;
+    if (!build || !template || build.templateId !== String(req.params.templateID)) {
+      throw badRequest(`Build '${buildId}' not found`);
+    }
+    if (build.teamId !== team(res).id) throw new ApiError(403, `build '${buildId}' belongs to another team`);
+    return { build, template };
+  };
+
+  router.post("/v2/templates/:templateID/builds/:buildID", async (req: Request, res: Response) => {
+    const buildId = String(req.params.buildID);
+    if (!UUID.test(buildId)) throw badRequest(`Invalid build id '${buildId}'`);
+    const build = await getBuild(db, buildId);
+    if (!build || build.templateId !== String(req.params.templateID)) {
+      throw new ApiError(404, `build '${buildId}' of template '${req.params.templateID}' not found`);
+    }
+    if (build.teamId !== team(res).id) throw new ApiError(403, `build '${buildId}' belongs to another team`);
+    let spec: ReturnType<typeof parseBuildSpec>;
+    try {
+      spec = parseBuildSpec(req.body);
+    } catch (error) {
+      if (error instanceof BuildSpecError) throw badRequest(error.message);
+      throw error;
+    }
+    if (!(await storeBuildSpec(db, buildId, spec as unknown as Record<string, unknown>))) {
+      throw badRequest(`build '${buildId}' is not in waiting state`);
+    }
+    await master(() => deps.master.startTemplateBuild({ teamId: build.teamId, templateId: build.templateId, buildId }));
+    res.status(202).setHeader("Content-Length", "0").end();
+  });
+
+  router.get("/templates/:templateID/builds/:buildID/status", async (req: Request, res: Response) => {
+    const { build } = await buildOf(req, res);
+    const offset = Number(req.query.logsOffset ?? 0);
+    if (!Number.isInteger(offset) || offset < 0) throw badRequest("logsOffset must be a non-negative integer");
+    const limit = Math.min(100, Number(req.query.limit ?? 100));
+    if (!Number.isInteger(limit) || limit < 0) throw badRequest("limit must be a non-negative integer");
+    const level = req.query.level as BuildLogEntry["level"] | undefined;
+    if (level !== undefined && !["debug", "info", "warn", "error"].includes(level)) {
+      throw badRequest("level must be debug, info, warn or error");
+    }
+    // The status first: logs read after it hold at least every entry written before it changed.
+    const entries = await readBuildLogs(db, build.id, offset, limit, level);
+    res.status(200).json({
+      buildID: build.id,
+      templateID: build.templateId,
+      status: build.status,
+      logs: [],
+      logEntries: entries.map(logEntryView),
+      ...(build.reason
+        ? {
+            reason: {
+              message: build.reason.message,
+              ...(build.reason.step ? { step: build.reason.step } : {}),
+              logEntries: entries
+                .filter((e) => e.level === "warn" || e.level === "error")
+                .filter((e) => !build.reason?.step || e.step === build.reason.step)
+                .map(logEntryView),
+            },
+          }
+        : {}),
+    });
+  });
+
+  router.get("/templates/:templateID/builds/:buildID/logs", async (req: Request, res: Response) => {
+    const { build } = await buildOf(req, res);
+    const cursor = Number(req.query.cursor ?? 0);
+    const limit = Math.min(1000, Number(req.query.limit ?? 100));
+    if (!Number.isInteger(cursor) || cursor < 0 || !Number.isInteger(limit) || limit < 1) {
+      throw badRequest("cursor and limit must be non-negative integers");
+    }
+    const entries = await readBuildLogs(db, build.id, cursor, limit);
+    res.status(200).json({ logs: entries.map(logEntryView) });
+  });
+
+  router.get("/templates/aliases/:alias", async (req: Request, res: Response) => {
+    const raw = String(req.params.alias);
+    const me = owner(res);
+    const name = nameError(() => parseTemplateName(raw));
+    if (name.namespace !== undefined && name.namespace !== me.namespace) {
+      throw badRequest(`namespace '${name.namespace}' must match your team '${me.namespace}'`);
+    }
+    const own = await templateByAlias(db, me.id, name.alias);
+    const found = own ?? (name.namespace === undefined ? await templateByAlias(db, null, name.alias) : undefined);
+    if (!found) throw new ApiError(404, `template '${raw}' not found`);
+    if (own && name.tag && !(await resolveTag(db, own.id, name.tag))) {
+      throw new ApiError(404, `tag '${name.tag}' does not exist for template '${name.alias}'`);
+    }
+    res.status(200).json({ templateID: found.id, public: found.public });
+  });
+
+  router.post("/templates/tags", async (req: Request, res: Response) => {
+    const b = body(req.body);
+    if (typeof b.target !== "string" || b.target === "") throw badRequest("target is required (name:tag)");
+    if (!Array.isArray(b.tags) || b.tags.length === 0 || b.tags.some((t) => typeof t !== "string")) {
+      throw badRequest("tags must be a non-empty array of strings");
+    }
+    const target = nameError(() => parseTemplateName(b.target as string));
+    const tags = [...new Set((b.tags as string[]).map((t) => nameError(() => parseTag(t))))];
+    const template = await ownTemplate(
+      db,
+      res,
+      target.namespace ? `${target.namespace}/${target.alias}` : target.alias,
+    );
+    const tag = target.tag ?? DEFAULT_TAG;
+    const build = await resolveTag(db, template.id, tag);
+    if (!build) throw new ApiError(404, `tag '${tag}' does not exist for template '${target.alias}'`);
+    await assignTags(db, template.id, build.id, tags);
+    res.status(201).json({ buildID: build.id, tags });
+  });
+
+  router.delete("/templates/tags", async (req: Request, res: Response) => {
+    const b = body(req.body);
+    if (typeof b.name !== "string" || b.name === "") throw badRequest("name is required");
+    if (b.name.includes(":")) throw badRequest(`name '${b.name}' must not contain a tag`);
+    if (!Array.isArray(b.tags) || b.tags.length === 0 || b.tags.some((t) => typeof t !== "string")) {
+      throw badRequest("tags must be a non-empty array of strings");
+    }
+    const tags = (b.tags as string[]).map((t) => nameError(() => parseTag(t)));
+    if (tags.includes(DEFAULT_TAG)) throw badRequest("the tag 'default' cannot be removed");
+    const template = await ownTemplate(db, res, b.name);
+    const removed = await removeTags(db, template.id, tags);
+    if (removed === 0) throw new ApiError(404, `none of the tags ${tags.join(", ")} exist for template '${b.name}'`);
+    res.status(204).end();
+  });
+
+  router.get("/templates/:templateID/tags", async (req: Request, res: Response) => {
+    const template = await ownTemplate(db, res, String(req.params.templateID));
+    const tags = await listTags(db, template.id);
+    res.status(200).json(tags.map((t) => ({ tag: t.tag, buildID: t.buildId, createdAt: t.createdAt.toISOString() })));
+  });
+
+  router.get(["/templates", "/v2/templates"], async (req: Request, res: Response) => {
+    const me = owner(res);
+    const templates = await listTeamTemplates(db, me.id);
+    const views = await Promise.all(templates.map((t) => templateView(db, t, me.namespace)));
+    res.status(200).json(req.path.startsWith("/v2/") ? views.reverse() : views);
+  });
+
+  router.get("/templates/:templateID", async (req: Request, res: Response) => {
+    const me = owner(res);
+    const template = await ownTemplate(db, res, String(req.params.templateID));
+    const builds = await listBuilds(db, template.id, 100);
+    res.status(200).json({
+      ...(await templateView(db, template, me.namespace)),
+      builds: builds.map(buildView),
+      tags: await Promise.all(builds.slice(0, 1).map((b) => tagsOfBuild(db, template.id, b.id))).then(
+        (t) => t[0] ?? [],
+      ),
+    });
+  });
+
+  router.patch(["/templates/:templateID", "/v2/templates/:templateID"], async (req: Request, res: Response) => {
+    const b = body(req.body);
+    if (b.public !== undefined && typeof b.public !== "boolean") throw badRequest("public must be a boolean");
+    const me = owner(res);
+    const template = await ownTemplate(db, res, String(req.params.templateID));
+    if (typeof b.public === "boolean") await setTemplatePublic(db, template.id, b.public);
+    if (req.path.startsWith("/v2/")) {
+      res.status(200).json({ names: template.alias ? [`${me.namespace}/${template.alias}`] : [] });
+    } else res.status(200).json(null);
+  });
+
+  // A team template by id or name; anything else (a snapshot reference) goes on to the snapshot routes.
+  router.delete("/templates/:templateID", async (req: Request, res: Response, next: NextFunction) => {
+    const ref = String(req.params.templateID);
+    const resolved = await findTemplateByRef(db, owner(res), ref);
+    if (!resolved || resolved.template.teamId === null) return next();
+    if (!resolved.owned) throw new ApiError(403, `template '${ref}' belongs to another team`);
+    const me: Team = team(res);
+    await withTransaction(db, async (tx) => {
+      await deleteTemplate(tx, resolved.template.id);
+      await collectUnusedLayers(tx, me.id);
+    });
+    res.status(204).end();
+  });
+
+  return router;
+}

@@ -1,0 +1,531 @@
+import { randomBytes } from "node:crypto";
+import type { NodeHeartbeat } from "@warren/proto/redis";
+import { effectiveEgress } from "../../runtime/egress/policy.js";
+import type { Db } from "../../store/db.js";
+import { reservedMemoryByNode } from "../../store/nodes.js";
+import { insertSnapshot, teamNamespace } from "../../store/snapshots.js";
+import { getTeam, type Team } from "../../store/teams.js";
+import { findTemplateByRef, readyBuildOf } from "../../store/template-refs.js";
+import { parseBuildSpec, type TemplateBuildSpec, type TemplateStep } from "../../store/template-spec.js";
+import {
+  addBuildLayerKey,
+  type BuildContext,
+  type BuildReason,
+  type BuildRecord,
+  failAbandonedBuilds,
+  findLayer,
+  getBuild,
+  getFiles,
+  type LayerRecord,
+  markBuildBuilding,
+  markBuildFailed,
+  markBuildReady,
+  putLayer,
+  touchBuild,
+} from "../../store/templates.js";
+import { MasterError } from "../errors.js";
+import type { Logger } from "../log.js";
+import type { NodeAgentClient, NodeAgentConnector } from "../node-agent-client.js";
+import type { NodeRegistry } from "../node-registry.js";
+import { rankNodes } from "../placement.js";
+import type { TokenIssuer } from "../tokens.js";
+import { BuildLog } from "./build-log.js";
+import {
+  changesFiles,
+  commandEnv,
+  copyPlan,
+  describeStep,
+  envExpansionCommand,
+  envPairs,
+  hashKeys,
+  StepError,
+  stepKey,
+  userCommand,
+  workdirCommand,
+  workdirTarget,
+} from "./build-steps.js";
+import { runToExit, StartReadyError, startAndAwaitReady } from "./start-ready.js";
+
+export interface TemplateBuildConfig {
+  /** Builds a node runs at once (more wait in `waiting`). */
+  readonly maxConcurrentPerNode: number;
+  /** A build still running after this fails with "build timed out". */
+  readonly timeoutMs: number;
+  /** The build sandbox's writable disk (MiB): the most a build's steps may write. */
+  readonly diskMB: number;
+  /** The default writable disk (MiB) of sandboxes from a built template. */
+  readonly sandboxDiskMB: number;
+}
+
+export interface TemplateBuilderDeps {
+  readonly db: Db;
+  readonly registry: NodeRegistry;
+  readonly nodeAgent: NodeAgentConnector;
+  readonly tokens: TokenIssuer;
+  readonly log: Logger;
+  readonly config: TemplateBuildConfig;
+  readonly memoryOvercommit: number;
+}
+
+/** Where a build starts: a node template (shipped, or an image prepared on a node) or a parent build's layer. */
+interface BuildBase {
+  readonly nodeTemplateId: string;
+  readonly key: string;
+  readonly description: string;
+  readonly snapshot?: { readonly id: string; readonly nodeId: string };
+  readonly context: BuildContext;
+  readonly startCmd: string | null;
+  readonly readyCmd: string | null;
+}
+
+/** A failure attributed to a phase (`base`, `1`…`N`, `finalize`), E2B's `reason.step`. */
+class PhaseError extends Error {
+  constructor(
+    readonly step: string | undefined,
+    message: string,
+  ) {
+    super(message);
+    this.name = "PhaseError";
+  }
+}
+
+const DEFAULT_CONTEXT: BuildContext = { user: "user", workdir: null, env: {} };
+/** Matches E2B's default base image, which is Warren's `base` template. */
+const E2B_BASE_IMAGE = /^(?:(?:docker\.io|index\.docker\.io)\/)?e2bdev\/base(?::[\w.-]+)?$/;
+const HEARTBEAT_MS = 10_000;
+
+/**
+ * Runs template builds (E2B's v2 build flow) in a build sandbox on a node: every step through the sandbox's envd,
+ * each result kept as an immutable files-only snapshot layer cached by E2B's key chain, then the start and ready
+ * commands and the ready snapshot (with memory where the node's driver keeps it). Status and logs go to
+ * PostgreSQL, where the api serves them. A failed build removes its sandbox; completed steps stay cached.
+ */
+export class TemplateBuilder {
+  private readonly running = new Map<string, AbortController>();
+  private readonly perNode = new Map<string, number>();
+
+  constructor(private readonly deps: TemplateBuilderDeps) {}
+
+  /** Starts a waiting build in the background; resolves once it is `building`. */
+  async start(teamId: string, templateId: string, buildId: string): Promise<void> {
+    const { db, tokens } = this.deps;
+    const build = await getBuild(db, buildId);
+    if (!build || build.teamId !== teamId || build.templateId !== templateId) {
+      throw new MasterError("not_found", `Build '${buildId}' not found`);
+    }
+    if (build.status !== "waiting" || !build.spec) {
+      throw new MasterError("conflict", `build '${buildId}' is not in waiting state (it is ${build.status})`);
+    }
+    const sandboxId = `b${buildId.replaceAll("-", "")}`;
+    const marked = await markBuildBuilding(db, buildId, sandboxId, tokens.newNonce());
+    if (!marked) throw new MasterError("conflict", `build '${buildId}' is not in waiting state`);
+    const abort = new AbortController();
+    this.running.set(buildId, abort);
+    void this.run(marked, abort).finally(() => this.running.delete(buildId));
+  }
+
+  /** Cancels builds running here (master shutdown): each ends in `error`. */
+  async stop(): Promise<void> {
+    for (const abort of this.running.values()) abort.abort(new Error("build was cancelled (the master stopped)"));
+    const deadline = Date.now() + 15_000;
+    while (this.running.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  }
+
+  /** Leader loop: builds whose master stopped mid-build (no heartbeat) are failed and their sandboxes removed. */
+  async failAbandoned(): Promise<void> {
+    const failed = await failAbandonedBuilds(this.deps.db, HEARTBEAT_MS * 6);
+    for (const build of failed) {
+      this.deps.log.warn("template build abandoned by its master; failed", { buildId: build.id });
+      if (build.buildSandboxId) await this.removeSandboxEverywhere(build.buildSandboxId);
+    }
+  }
+
+  private async run(build: BuildRecord, abort: AbortController): Promise<void> {
+    const { db, log } = this.deps;
+    const started = Date.now();
+    const buildLog = new BuildLog(db, build.id);
+    const timer = setTimeout(() => abort.abort(new Error("build timed out")), this.deps.config.timeoutMs);
+    const heartbeat = setInterval(() => void touchBuild(db, build.id).catch(() => undefined), HEARTBEAT_MS);
+    let placed: { node: NodeAgentClient; nodeId: string } | undefined;
+    const sandboxId = build.buildSandboxId as string;
+    try {
+      const spec = parseBuildSpec(build.spec);
+      const team = await getTeam(db, build.teamId);
+      if (!team) throw new PhaseError("base", "the build's team no longer exists");
+      placed = await this.execute(build, spec, team, buildLog, abort.signal, (p) => {
+        placed = p;
+      });
+      const seconds = Math.round((Date.now() - started) / 100) / 10;
+      buildLog.info(`Build finished, took ${seconds}s`);
+      log.info("template build ready", { buildId: build.id, templateId: build.templateId, seconds });
+    } catch (error) {
+      const reason = failureReason(error, abort.signal);
+      buildLog.add("error", `Build failed: ${reason.message}`, reason.step);
+      await markBuildFailed(db, build.id, reason).catch(() => undefined);
+      log.warn("template build failed", { buildId: build.id, templateId: build.templateId, ...reason });
+    } finally {
+      clearTimeout(timer);
+      clearInterval(heartbeat);
+      if (placed) await this.removeSandbox(placed.node, sandboxId);
+      if (placed) this.perNode.set(placed.nodeId, (this.perNode.get(placed.nodeId) ?? 1) - 1);
+      await buildLog.flush().catch((error) => log.warn("writing build logs failed", { buildId: build.id, error }));
+    }
+  }
+
+  /** The whole build; returns where its sandbox ran (removed by the caller). */
+  private async execute(
+    build: BuildRecord,
+    spec: TemplateBuildSpec,
+    team: Team,
+    buildLog: BuildLog,
+    signal: AbortSignal,
+    onPlaced: (placed: { node: NodeAgentClient; nodeId: string }) => void,
+  ): Promise<{ node: NodeAgentClient; nodeId: string } | undefined> {
+    const { db, tokens } = this.deps;
+    const base = await this.resolveBase(team, spec);
+    buildLog.info(`[base] ${base.description} [${base.key.slice(0, 12)}]`, "base");
+    const defaultUserKey = hashKeys(base.key, "DEFAULT USER", "user");
+    const steps = spec.steps;
+    const keys: string[] = [];
+    let previous = defaultUserKey;
+    for (const step of steps) {
+      previous = stepKey(previous, step);
+      keys.push(previous);
+    }
+    // The longest cached prefix; `force` (the build's, or a step's) rebuilds from there on.
+    let cached: LayerRecord | undefined;
+    let firstToRun = 0;
+    if (!spec.force) {
+      for (let i = 0; i < steps.length; i++) {
+        if (steps[i]?.force) break;
+        const layer = await findLayer(db, team.id, keys[i] as string);
+        if (!layer) break;
+        cached = layer;
+        firstToRun = i + 1;
+        buildLog.info(
+          `CACHED [builder ${i + 1}/${steps.length}] ${describeStep(steps[i] as TemplateStep)}`,
+          `${i + 1}`,
+        );
+        await addBuildLayerKey(db, build.id, layer.key);
+      }
+    }
+    let context: BuildContext = cached?.context ?? base.context;
+    let snapshot = cached ? { id: cached.snapshotId, nodeId: cached.nodeId } : base.snapshot;
+    const startCmd = spec.startCmd ?? base.startCmd;
+    const readyCmd = spec.startCmd || spec.readyCmd ? (spec.readyCmd ?? null) : base.readyCmd;
+    const needsSandbox = firstToRun < steps.length || startCmd !== null || readyCmd !== null;
+    let placed: { node: NodeAgentClient; nodeId: string } | undefined;
+    let finalSnapshot = snapshot;
+    let memory = false;
+    if (needsSandbox) {
+      const token = tokens.envdToken(build.buildSandboxId as string, build.tokenNonce as string);
+      placed = await this.startBuildSandbox(build, team, base, snapshot);
+      onPlaced(placed);
+      const run = { node: placed.node, sandboxId: build.buildSandboxId as string, token, signal, buildLog };
+      for (let i = firstToRun; i < steps.length; i++) {
+        const step = steps[i] as TemplateStep;
+        const phase = `${i + 1}`;
+        const prefix = `builder ${i + 1}/${steps.length}`;
+        buildLog.info(`[${prefix}] ${describeStep(step)} [${(keys[i] as string).slice(0, 12)}]`, phase);
+        try {
+          context = await this.runStep(run, step, context, team, prefix, phase, i);
+        } catch (error) {
+          if (signal.aborted) throw error;
+          throw new PhaseError(phase, (error as Error).message);
+        }
+        if (changesFiles(step) || !snapshot) {
+          snapshot = await this.captureLayer(build, placed, keys[i] as string, context);
+        }
+        await putLayer(db, team.id, {
+          key: keys[i] as string,
+          snapshotId: snapshot.id,
+          nodeId: snapshot.nodeId,
+          context,
+        });
+        await addBuildLayerKey(db, build.id, keys[i] as string);
+      }
+      finalSnapshot = snapshot;
+      if (startCmd !== null || readyCmd !== null) {
+        buildLog.info(`[finalize] start: ${startCmd ?? "(none)"}; ready: ${readyCmd ?? "(default)"}`, "finalize");
+        try {
+          await startAndAwaitReady({
+            node: placed.node,
+            sandboxId: run.sandboxId,
+            envdAccessToken: token,
+            context,
+            startCmd,
+            readyCmd,
+            signal,
+            onOutput: (source, stream, data) => buildLog.output(`finalize ${source}`, stream, "finalize")(data),
+          });
+        } catch (error) {
+          if (signal.aborted) throw error;
+          throw new PhaseError("finalize", (error as Error).message);
+        }
+        const made = await this.captureTemplate(build, placed, context);
+        finalSnapshot = { id: made.id, nodeId: placed.nodeId };
+        memory = made.memory;
+        buildLog.info(
+          `[finalize] ready snapshot taken (${memory ? "memory and files: sandboxes continue the start process" : "files only: sandboxes run the start command at create"})`,
+          "finalize",
+        );
+      }
+    }
+    const ready = await markBuildReady(db, build.id, {
+      nodeId: finalSnapshot?.nodeId ?? "",
+      snapshotId: finalSnapshot?.id ?? "",
+      layerSnapshotId: snapshot?.id ?? "",
+      baseTemplateId: base.nodeTemplateId,
+      startCmd,
+      readyCmd,
+      context,
+      layerKeys: keys,
+      diskSizeMB: this.deps.config.sandboxDiskMB,
+    });
+    if (!ready) throw new PhaseError(undefined, "build was cancelled");
+    return placed;
+  }
+
+  private async resolveBase(team: Team, spec: TemplateBuildSpec): Promise<BuildBase> {
+    if (spec.fromTemplate) {
+      const resolved = await findTemplateByRef(
+        this.deps.db,
+        { id: team.id, namespace: teamNamespace(team.name) },
+        spec.fromTemplate,
+      );
+      if (!resolved) throw new PhaseError("base", `template '${spec.fromTemplate}' not found`);
+      const { template } = resolved;
+      if (template.teamId === null) {
+        return {
+          nodeTemplateId: template.id,
+          key: hashKeys("warren-v1", `template:${template.id}`),
+          description: `FROM TEMPLATE ${spec.fromTemplate}`,
+          context: DEFAULT_CONTEXT,
+          startCmd: null,
+          readyCmd: null,
+        };
+      }
+      const parent = await readyBuildOf(this.deps.db, resolved);
+      if (!parent) throw new PhaseError("base", `template '${spec.fromTemplate}' has no ready build`);
+      return {
+        nodeTemplateId: parent.baseTemplateId as string,
+        key: hashKeys("warren-v1", `template:${parent.id}`),
+        description: `FROM TEMPLATE ${spec.fromTemplate}`,
+        ...(parent.layerSnapshotId
+          ? { snapshot: { id: parent.layerSnapshotId, nodeId: parent.nodeId as string } }
+          : {}),
+        // E2B's default-user phase runs for child templates too: they start as `user`.
+        context: { user: "user", workdir: parent.defaultWorkdir, env: parent.envVars },
+        startCmd: parent.startCmd,
+        readyCmd: parent.readyCmd,
+      };
+    }
+    const image = spec.fromImage ?? "";
+    if (E2B_BASE_IMAGE.test(image)) {
+      return {
+        nodeTemplateId: "base",
+        key: hashKeys("warren-v1", "template:base"),
+        description: `FROM ${image}`,
+        context: DEFAULT_CONTEXT,
+        startCmd: null,
+        readyCmd: null,
+      };
+    }
+    throw new PhaseError(
+      "base",
+      `image '${image}': this cluster builds from templates and E2B's base image only (fromTemplate, fromBaseImage); pulling other images is not available yet`,
+    );
+  }
+
+  /** The node and the build sandbox: where the starting layer is, else the best node for the node template. */
+  private async startBuildSandbox(
+    build: BuildRecord,
+    team: Team,
+    base: BuildBase,
+    snapshot: { id: string; nodeId: string } | undefined,
+  ): Promise<{ node: NodeAgentClient; nodeId: string }> {
+    const { registry, nodeAgent, tokens, config } = this.deps;
+    let node: NodeHeartbeat | undefined;
+    if (snapshot) {
+      node = (await registry.liveNodes()).find((n) => n.nodeId === snapshot.nodeId);
+      if (!node) throw new PhaseError("base", `node ${snapshot.nodeId}, which holds the base layer, is not reachable`);
+    } else {
+      const [nodes, reserved] = await Promise.all([registry.placeableNodes(), reservedMemoryByNode(this.deps.db)]);
+      const ranked = rankNodes(
+        nodes,
+        reserved,
+        { templateId: base.nodeTemplateId, memoryMB: build.memoryMB },
+        { memoryOvercommit: this.deps.memoryOvercommit },
+      );
+      node =
+        ranked.find((n) => (this.perNode.get(n.nodeId) ?? 0) < config.maxConcurrentPerNode) ?? ranked[0] ?? undefined;
+      if (!node) throw new PhaseError("base", `no node can run template '${base.nodeTemplateId}' now`);
+    }
+    const client = nodeAgent(node.nodeId, node.addr);
+    this.perNode.set(node.nodeId, (this.perNode.get(node.nodeId) ?? 0) + 1);
+    const sandboxId = build.buildSandboxId as string;
+    try {
+      await client.create({
+        sandboxId,
+        teamId: team.id,
+        templateId: base.nodeTemplateId,
+        resources: { cpuCount: build.cpuCount, memoryMB: build.memoryMB, diskSizeMB: config.diskMB },
+        envVars: {},
+        envdAccessToken: tokens.envdToken(sandboxId, build.tokenNonce as string),
+        trafficTokenHash: randomBytes(32).toString("hex"),
+        publicTraffic: false,
+        autoResume: false,
+        metadata: { "warren.templateBuild": build.id },
+        network: null,
+        allowInternetAccess: null,
+        // Build steps reach what the team's sandboxes may reach (E2B's default: the internet), never more.
+        egress: effectiveEgress(null, null, team.egressMode),
+        ...(snapshot ? { snapshotId: snapshot.id } : {}),
+        defaultUser: "root",
+        defaultWorkdir: "/",
+      });
+    } catch (error) {
+      this.perNode.set(node.nodeId, (this.perNode.get(node.nodeId) ?? 1) - 1);
+      throw new PhaseError("base", `the build sandbox did not start: ${(error as Error).message}`);
+    }
+    return { node: client, nodeId: node.nodeId };
+  }
+
+  private async runStep(
+    run: { node: NodeAgentClient; sandboxId: string; token: string; signal: AbortSignal; buildLog: BuildLog },
+    step: TemplateStep,
+    context: BuildContext,
+    team: Team,
+    prefix: string,
+    phase: string,
+    index: number,
+  ): Promise<BuildContext> {
+    const exec = async (command: string, user: string, cwd: string | null, log = true) => {
+      const exit = await runToExit(
+        run.node.runCommand(
+          run.sandboxId,
+          run.token,
+          { command, user, cwd: cwd ?? "", env: commandEnv(context), timeoutMs: 3_600_000 },
+          run.signal,
+        ),
+        log ? (stream, data) => run.buildLog.output(prefix, stream, phase)(data) : undefined,
+      );
+      if (exit.exitCode !== 0) throw new StepError(`${exit.status || `exit status ${exit.exitCode}`}`);
+      return exit.stdout;
+    };
+    switch (step.type) {
+      case "RUN": {
+        const [command = "", user] = step.args;
+        if (command.trim() === "") throw new StepError("RUN needs a command");
+        await exec(command, user || context.user, context.workdir);
+        return context;
+      }
+      case "ENV": {
+        const env = { ...context.env };
+        for (const [name, value] of envPairs(step))
+          env[name] = await exec(envExpansionCommand(value), "root", null, false);
+        return { ...context, env };
+      }
+      case "WORKDIR": {
+        const target = workdirTarget(context, step.args[0] ?? "");
+        const workdir = (await exec(workdirCommand(target, context.user), "root", null, false)).trim();
+        return { ...context, workdir: workdir || target };
+      }
+      case "USER": {
+        const name = step.args[0] ?? "";
+        await exec(userCommand(name), "root", null);
+        return { ...context, user: name };
+      }
+      case "COPY": {
+        const plan = copyPlan(step, context, `${index}-${randomBytes(4).toString("hex")}`);
+        const archive = await getFiles(this.deps.db, team.id, step.filesHash as string);
+        if (!archive)
+          throw new StepError(`the files of COPY ${step.args[0]} (hash ${step.filesHash}) were never uploaded`);
+        await run.node.writeFile(run.sandboxId, run.token, plan.archivePath, archive);
+        await exec(plan.command, "root", null);
+        return context;
+      }
+    }
+  }
+
+  private async captureLayer(
+    build: BuildRecord,
+    placed: { node: NodeAgentClient; nodeId: string },
+    key: string,
+    context: BuildContext,
+  ): Promise<{ id: string; nodeId: string }> {
+    const id = `l${randomBytes(10).toString("hex")}`;
+    const made = await placed.node.snapshot(build.buildSandboxId as string, id, { filesOnly: true });
+    await insertSnapshot(this.deps.db, {
+      id,
+      teamId: build.teamId,
+      name: null,
+      kind: "layer",
+      sourceSandboxId: build.buildSandboxId as string,
+      nodeId: placed.nodeId,
+      templateId: made.templateId,
+      driver: made.driver,
+      memory: made.memory,
+      sizeBytes: made.sizeBytes,
+      cpuCount: build.cpuCount,
+      memoryMB: build.memoryMB,
+      diskSizeMB: this.deps.config.sandboxDiskMB,
+      envVars: { ...context.env },
+      metadata: { layerKey: key },
+    });
+    return { id, nodeId: placed.nodeId };
+  }
+
+  private async captureTemplate(
+    build: BuildRecord,
+    placed: { node: NodeAgentClient; nodeId: string },
+    context: BuildContext,
+  ): Promise<{ id: string; memory: boolean }> {
+    const id = `t${randomBytes(10).toString("hex")}`;
+    const made = await placed.node.snapshot(build.buildSandboxId as string, id);
+    await insertSnapshot(this.deps.db, {
+      id,
+      teamId: build.teamId,
+      name: null,
+      kind: "template",
+      sourceSandboxId: build.buildSandboxId as string,
+      nodeId: placed.nodeId,
+      templateId: made.templateId,
+      driver: made.driver,
+      memory: made.memory,
+      sizeBytes: made.sizeBytes,
+      cpuCount: build.cpuCount,
+      memoryMB: build.memoryMB,
+      diskSizeMB: this.deps.config.sandboxDiskMB,
+      envVars: { ...context.env },
+      metadata: { templateBuild: build.id },
+    });
+    return { id, memory: made.memory };
+  }
+
+  private async removeSandbox(node: NodeAgentClient, sandboxId: string): Promise<void> {
+    await node.kill(sandboxId).catch((error) => {
+      if ((error as { kind?: string }).kind !== "not_found") {
+        this.deps.log.warn("removing a build sandbox failed", { sandboxId, error: String(error) });
+      }
+    });
+  }
+
+  private async removeSandboxEverywhere(sandboxId: string): Promise<void> {
+    for (const node of await this.deps.registry.liveNodes()) {
+      await this.removeSandbox(this.deps.nodeAgent(node.nodeId, node.addr), sandboxId);
+    }
+  }
+}
+
+function failureReason(error: unknown, signal: AbortSignal): BuildReason {
+  if (signal.aborted) {
+    const why = signal.reason instanceof Error ? signal.reason.message : "build was cancelled";
+    return { message: why };
+  }
+  if (error instanceof PhaseError) return { message: error.message, ...(error.step ? { step: error.step } : {}) };
+  if (error instanceof StepError || error instanceof StartReadyError) return { message: error.message };
+  return {
+    message: `An internal error occurred: ${(error as Error).message ?? String(error)}. Please try again.`,
+  };
+}

@@ -1,0 +1,120 @@
+/**
+ * A build's steps as the api stores them (E2B's TemplateBuildStartV2, parsed at the edge): the one shape the api
+ * writes into `template_builds.spec` and the master's builder reads back.
+ */
+
+export type StepType = "RUN" | "COPY" | "ENV" | "WORKDIR" | "USER";
+
+export interface TemplateStep {
+  readonly type: StepType;
+  readonly args: readonly string[];
+  readonly force: boolean;
+  readonly filesHash?: string;
+}
+
+export interface RegistryCredentials {
+  readonly type: "registry" | "aws" | "gcp";
+  readonly username?: string;
+  readonly password?: string;
+}
+
+export interface TemplateBuildSpec {
+  readonly fromTemplate?: string;
+  readonly fromImage?: string;
+  readonly fromImageRegistry?: RegistryCredentials;
+  readonly force: boolean;
+  readonly startCmd: string | null;
+  readonly readyCmd: string | null;
+  readonly steps: readonly TemplateStep[];
+}
+
+export class BuildSpecError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "BuildSpecError";
+  }
+}
+
+const STEP_TYPES: Record<string, StepType> = {
+  RUN: "RUN",
+  COPY: "COPY",
+  ADD: "COPY",
+  ENV: "ENV",
+  ARG: "ENV",
+  WORKDIR: "WORKDIR",
+  USER: "USER",
+};
+
+const MAX_STEPS = 512;
+const MAX_ARG = 64 * 1024;
+
+function optionalString(value: unknown, field: string): string | undefined {
+  if (value === undefined || value === null || value === "") return undefined;
+  if (typeof value !== "string") throw new BuildSpecError(`${field} must be a string`);
+  if (value.includes("\0")) throw new BuildSpecError(`${field} must not contain NUL characters`);
+  return value;
+}
+
+function parseStep(raw: unknown, index: number): TemplateStep {
+  const where = `steps[${index}]`;
+  if (!raw || typeof raw !== "object" || Array.isArray(raw)) throw new BuildSpecError(`${where} must be an object`);
+  const s = raw as Record<string, unknown>;
+  if (typeof s.type !== "string") throw new BuildSpecError(`${where}.type must be a string`);
+  const type = STEP_TYPES[s.type.toUpperCase()];
+  if (!type) throw new BuildSpecError(`${where}: command type ${s.type} is not implemented`);
+  const args = s.args ?? [];
+  if (!Array.isArray(args) || args.some((a) => typeof a !== "string")) {
+    throw new BuildSpecError(`${where}.args must be an array of strings`);
+  }
+  for (const arg of args as string[]) {
+    if (arg.length > MAX_ARG)
+      throw new BuildSpecError(`${where}.args: an argument is longer than ${MAX_ARG} characters`);
+    if (arg.includes("\0")) throw new BuildSpecError(`${where}.args must not contain NUL characters`);
+  }
+  if (s.force !== undefined && typeof s.force !== "boolean")
+    throw new BuildSpecError(`${where}.force must be a boolean`);
+  const filesHash = optionalString(s.filesHash, `${where}.filesHash`);
+  if (filesHash !== undefined && !/^[0-9a-f]{64}$/.test(filesHash)) {
+    throw new BuildSpecError(`${where}.filesHash: Invalid files hash '${filesHash}'`);
+  }
+  if (type === "COPY" && filesHash === undefined) throw new BuildSpecError(`${where}: COPY needs a filesHash`);
+  return { type, args: args as string[], force: s.force === true, ...(filesHash ? { filesHash } : {}) };
+}
+
+/** Parses E2B's TemplateBuildStartV2; unknown keys (the SDK leaks some client options) are ignored. */
+export function parseBuildSpec(raw: unknown): TemplateBuildSpec {
+  if (!raw || typeof raw !== "object" || Array.isArray(raw))
+    throw new BuildSpecError("request body must be a JSON object");
+  const b = raw as Record<string, unknown>;
+  const fromTemplate = optionalString(b.fromTemplate, "fromTemplate");
+  const fromImage = optionalString(b.fromImage, "fromImage");
+  if (fromTemplate && fromImage) throw new BuildSpecError("give either fromImage or fromTemplate, not both");
+  if (!fromTemplate && !fromImage) throw new BuildSpecError("one of fromImage or fromTemplate is required");
+  if (b.force !== undefined && typeof b.force !== "boolean") throw new BuildSpecError("force must be a boolean");
+  const steps = b.steps ?? [];
+  if (!Array.isArray(steps)) throw new BuildSpecError("steps must be an array");
+  if (steps.length > MAX_STEPS)
+    throw new BuildSpecError(`a template has at most ${MAX_STEPS} steps, got ${steps.length}`);
+  let registry: RegistryCredentials | undefined;
+  // A registry sent with fromTemplate is ignored (the SDK keeps an earlier fromImage's credentials).
+  if (fromImage && b.fromImageRegistry !== undefined && b.fromImageRegistry !== null) {
+    const r = b.fromImageRegistry as Record<string, unknown>;
+    if (typeof r !== "object" || (r.type !== "registry" && r.type !== "aws" && r.type !== "gcp")) {
+      throw new BuildSpecError("fromImageRegistry.type must be registry, aws or gcp");
+    }
+    registry = {
+      type: r.type,
+      ...(typeof r.username === "string" ? { username: r.username } : {}),
+      ...(typeof r.password === "string" ? { password: r.password } : {}),
+    };
+  }
+  return {
+    ...(fromTemplate ? { fromTemplate } : {}),
+    ...(fromImage ? { fromImage } : {}),
+    ...(registry ? { fromImageRegistry: registry } : {}),
+    force: b.force === true,
+    startCmd: optionalString(b.startCmd, "startCmd") ?? null,
+    readyCmd: optionalString(b.readyCmd, "readyCmd") ?? null,
+    steps: steps.map(parseStep),
+  };
+}
