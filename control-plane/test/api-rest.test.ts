@@ -432,6 +432,14 @@ describe("api REST surface", () => {
     const doc = res.body as { openapi: string; paths: Record<string, unknown> };
     expect(doc.openapi).toBe("3.1.0");
     for (const path of [
+      "/v3/templates",
+      "/templates/{templateID}/files/{hash}",
+      "/v2/templates/{templateID}/builds/{buildID}",
+      "/templates/{templateID}/builds/{buildID}/status",
+      "/templates/aliases/{alias}",
+      "/templates/tags",
+      "/templates/{templateID}/tags",
+      "/templates/{templateID}",
       "/v2/sandboxes",
       "/sandboxes",
       "/v2/sandboxes/{sandboxID}/connect",

@@ -1,3 +1,5 @@
+import { TEMPLATE_PATHS, TEMPLATE_SCHEMAS } from "./openapi-templates.js";
+
 /**
  * The OpenAPI 3.1 document for everything the api serves: E2B's paths (as the `e2b` 2.51.0 SDK uses them) and
  * Warren's extras under /warren/v1. Served at /openapi.json (and /warren/v1/openapi.json).
@@ -202,18 +204,19 @@ export const OPENAPI_DOCUMENT = {
     title: "Warren API",
     version: "1.0.0",
     description:
-      "E2B-compatible sandbox REST API (e2b SDK 2.51.0 and 2.45) plus Warren extras under /warren/v1. E2B paths not " +
-      "served yet (templates, volumes, secrets) answer 501 with E2B's error body.",
+      "E2B-compatible sandbox and template REST API (e2b SDK 2.51.0 and 2.45) plus Warren extras under /warren/v1. " +
+      "E2B paths not served yet (volumes, secrets) answer 501 with E2B's error body.",
   },
   components: {
     securitySchemes: {
       ApiKeyAuth: { type: "apiKey", in: "header", name: "X-API-KEY" },
       AdminToken: { type: "apiKey", in: "header", name: "X-Admin-Token" },
     },
-    schemas,
+    schemas: { ...schemas, ...TEMPLATE_SCHEMAS },
   },
   security: [{ ApiKeyAuth: [] }],
   paths: {
+    ...TEMPLATE_PATHS,
     "/v2/sandboxes": {
       post: createOp("NewSandboxV2", "Create a sandbox"),
       get: {
@@ -336,13 +339,6 @@ export const OPENAPI_DOCUMENT = {
             ...json({ type: "array", items: { type: "object" } }),
           },
         },
-      },
-    },
-    "/templates/{templateID}": {
-      delete: {
-        summary: "Delete a snapshot (sandboxes made from it keep running); built-in templates are not deletable",
-        parameters: [{ name: "templateID", in: "path", required: true, schema: { type: "string" } }],
-        responses: { ...noContent, ...stdErrors },
       },
     },
     "/sandboxes/{sandboxID}/fork": {
