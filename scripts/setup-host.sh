@@ -28,7 +28,11 @@ packages=(sudo inotify-tools attr util-linux procps
   # The node agent's microvm driver (control-plane/src/runtime/microvm): QEMU's microvm machine and qemu-img for
   # per-sandbox copy-on-write disks, a static busybox and cpio for the guest initramfs, lz4 to unpack the Debian
   # kernel into the ELF vmlinux that PVH boots, e2fsprogs (mkfs.ext4 -d) for guest root images.
-  qemu-system-x86 qemu-utils busybox-static cpio lz4 e2fsprogs)
+  qemu-system-x86 qemu-utils busybox-static cpio lz4 e2fsprogs
+  # Templates: skopeo moves images and built templates between registries, OCI layouts and nodes (the template
+  # store), umoci unpacks images into root filesystems; docker-registry (the CNCF distribution registry) and
+  # apache2-utils (htpasswd) give tests their own registries on loopback.
+  skopeo umoci docker-registry apache2-utils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -181,6 +181,8 @@ export class LocalCluster {
           WARREN_POOL_SIZE: String(this.options.poolSize ?? 2),
           WARREN_KILL_ON_STOP: "1",
           ...(relayToken ? { WARREN_RELAY_TOKEN: relayToken } : {}),
+          // The cluster's template store: a directory its agents share, unless the caller names one (a registry).
+          WARREN_STORE: this.options.env?.WARREN_STORE ?? `oci:${join(this.dataDir, "store")}`,
         };
         this.agentEnv.push(agentEnv);
         this.nodeAgentChildren.push(this.spawn(`node-agent-${instance}`, NODE_AGENT_MAIN, agentEnv));

@@ -71,6 +71,8 @@ export interface MasterConfig {
   /** Template builds: WARREN_BUILD_CONCURRENCY per node (2), WARREN_BUILD_TIMEOUT_MS (1 h), WARREN_BUILD_DISK_MB
    * (the build sandbox's writable disk, 8192), WARREN_TEMPLATE_DISK_MB (sandboxes from built templates, 2048). */
   readonly builds: TemplateBuildConfig;
+  /** WARREN_CREATE_TEMPLATE_WAIT_MS: how long a create waits for a node still building its template (50 s). */
+  readonly templateWaitMs: number;
   readonly kubernetes?: KubernetesConfig;
 }
 
@@ -166,6 +168,7 @@ export function loadMasterConfig(env: NodeJS.ProcessEnv = process.env): MasterCo
     nodeDownAfterMs: int(env, "WARREN_NODE_DOWN_AFTER_MS", 30_000),
     placementAttempts: int(env, "WARREN_PLACEMENT_ATTEMPTS", 3),
     memoryOvercommit: int(env, "WARREN_MEMORY_OVERCOMMIT", 4),
+    templateWaitMs: int(env, "WARREN_CREATE_TEMPLATE_WAIT_MS", 50_000),
     builds: {
       maxConcurrentPerNode: int(env, "WARREN_BUILD_CONCURRENCY", 2),
       timeoutMs: int(env, "WARREN_BUILD_TIMEOUT_MS", 3_600_000),

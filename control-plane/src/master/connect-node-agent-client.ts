@@ -58,6 +58,8 @@ const TIMEOUT_MS = {
   resume: 120_000,
   pause: 120_000,
   snapshot: 300_000,
+  /** Publishing to and pulling from the store: a template of gigabytes over a slow registry. */
+  transfer: 1_800_000,
   kill: 30_000,
   list: 10_000,
 } as const;
@@ -212,6 +214,22 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
       }
     })();
   };
+
+  publishSnapshot: NodeAgentClient["publishSnapshot"] = (snapshotId, labels) =>
+    call(async () => {
+      const response = await this.client.publishSnapshot(
+        { snapshotId, labels: { ...labels } },
+        { timeoutMs: TIMEOUT_MS.transfer },
+      );
+      return { digest: response.digest, sizeBytes: Number(response.sizeBytes) };
+    });
+
+  pullSnapshot: NodeAgentClient["pullSnapshot"] = (snapshotId, digest) =>
+    call(async () => {
+      const response = await this.client.pullSnapshot({ snapshotId, digest }, { timeoutMs: TIMEOUT_MS.transfer });
+      if (!response.snapshot) throw new NodeAgentError("failed", "node agent answered without a snapshot");
+      return snapshotOnNode(response.snapshot);
+    });
 
   writeFile: NodeAgentClient["writeFile"] = (sandboxId, envdAccessToken, path, data) =>
     call(async () => {

@@ -12,6 +12,11 @@ export interface LifecycleConfig {
   readonly memoryOvercommit: number;
   /** How long a replayed create waits for the original to finish. */
   readonly replayWaitMs: number;
+  /**
+   * How long a create waits for a node that is still building the template (its first start) or still starting,
+   * before answering 503 (WARREN_CREATE_TEMPLATE_WAIT_MS, default 50 s: inside the SDK's 60 s request timeout).
+   */
+  readonly templateWaitMs: number;
 }
 
 /** What every part of the sandbox lifecycle (see `lifecycle.ts`) is built from. */

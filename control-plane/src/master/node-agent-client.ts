@@ -125,6 +125,19 @@ export class NodeAgentError extends Error {
   }
 }
 
+/**
+ * A refusal that goes away on its own: the node is building the template for its first use, or its agent is
+ * still re-adopting sandboxes after a start (the node agent's UNAVAILABLE answers say which; a node that does not
+ * answer at all is not one of these).
+ */
+export function isStillPreparing(error: unknown): boolean {
+  return (
+    error instanceof NodeAgentError &&
+    error.kind === "unavailable" &&
+    /is being built on this node|node agent is starting/.test(error.message)
+  );
+}
+
 export interface NodeAgentClient {
   /** Starts the sandbox (pooled or fresh), initialises envd, writes the route; resolves once envd answers. */
   create(request: CreateOnNodeRequest): Promise<SandboxPlacement>;
@@ -150,6 +163,13 @@ export interface NodeAgentClient {
     command: CommandOnNode,
     signal: AbortSignal,
   ): AsyncIterable<CommandEventOnNode>;
+  /** Publishes a snapshot of the node to the cluster's store; resolves with its content digest. */
+  publishSnapshot(
+    snapshotId: string,
+    labels: Readonly<Record<string, string>>,
+  ): Promise<{ digest: string; sizeBytes: number }>;
+  /** Pulls a published snapshot onto the node (digest checked); at once when the node has it. */
+  pullSnapshot(snapshotId: string, digest: string): Promise<SnapshotOnNode>;
   /** Writes a file (as root, parents created) into a running sandbox through its envd. */
   writeFile(sandboxId: string, envdAccessToken: string, path: string, data: Uint8Array): Promise<void>;
   /** Deletes a snapshot's files on the node; idempotent. */

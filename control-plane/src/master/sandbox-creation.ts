@@ -8,18 +8,23 @@ import {
   getLiveSnapshot,
   parseSnapshotRef,
   type SnapshotRow,
+  snapshotHolders,
   teamNamespace,
 } from "../store/snapshots.js";
 import { getTeam, type Team } from "../store/teams.js";
 import { findTemplateByRef, readyBuildOf } from "../store/template-refs.js";
-import { type BuildRecord, recordSpawn, type TemplateRecord } from "../store/templates.js";
+import { type BuildRecord, hasPendingBuild, recordSpawn, type TemplateRecord } from "../store/templates.js";
 import { admitSandbox } from "./admission.js";
 import { MasterError, notFound } from "./errors.js";
 import { DEFAULT_TIMEOUT_SECONDS, type LifecycleDeps } from "./lifecycle-deps.js";
-import type { NodeAgentClient, SandboxPlacement } from "./node-agent-client.js";
+import { isStillPreparing, type NodeAgentClient, type SandboxPlacement } from "./node-agent-client.js";
 import { type RecentPlacements, rankNodes } from "./placement.js";
 import { nodeCreateRequest } from "./relocation.js";
+import { ensureSnapshotOn, holdersFirst } from "./snapshot-copies.js";
 import { startAndAwaitReady } from "./templates/start-ready.js";
+
+/** How often a create waiting for a node to finish building a template asks again. */
+const TEMPLATE_WAIT_POLL_MS = 1_000;
 
 export interface CreateInput {
   readonly teamId: string;
@@ -72,7 +77,11 @@ export class SandboxCreation {
         ? await findTemplate(db, snapshot.templateId)
         : named;
     if (!template) throw new MasterError("not_found", `template '${input.templateId}' not found`);
-    const nodes = snapshot ? allNodes.filter((node) => node.nodeId === snapshot.nodeId) : allNodes;
+    // A snapshot starts where it is; a published one (a built template) on any node of its driver, which pulls it.
+    const holders = snapshot ? await snapshotHolders(db, snapshot) : undefined;
+    const eligible = (node: NodeHeartbeat) =>
+      !snapshot || holders?.has(node.nodeId) === true || (snapshot.digest !== null && node.driver === snapshot.driver);
+    const nodes = allNodes.filter(eligible);
     if (snapshot && nodes.length === 0) {
       throw new MasterError(
         "unavailable",
@@ -95,12 +104,15 @@ export class SandboxCreation {
       throw new MasterError("invalid", `Timeout cannot be greater than ${team.maxLengthHours} hours`);
     }
     const publicTraffic = input.network?.allowPublicTraffic !== false;
-    const firstChoice = rankNodes(
-      nodes,
-      reserved,
-      { templateId: template.id, memoryMB: resources.memoryMB },
-      this.placementOptions(),
-      this.recentPlacements,
+    const firstChoice = holdersFirst(
+      rankNodes(
+        nodes,
+        reserved,
+        { templateId: template.id, memoryMB: resources.memoryMB },
+        this.placementOptions(),
+        this.recentPlacements,
+      ),
+      holders,
     )[0];
     if (snapshot && !firstChoice) {
       throw new MasterError(
@@ -129,7 +141,10 @@ export class SandboxCreation {
       if (row.state === "killed" || row.state === "failed") throw notFound(row.id);
       return { row, replayed: true };
     }
-    const row = await this.place(admitted.row, timeout, input.templateId, firstChoice, snapshot, custom?.build);
+    const row = await this.place(admitted.row, timeout, input.templateId, firstChoice, snapshot, custom?.build, {
+      eligible,
+      holders,
+    });
     if (custom) await recordSpawn(db, custom.template.id).catch(() => undefined);
     return { row, replayed: false };
   }
@@ -145,7 +160,13 @@ export class SandboxCreation {
     const { db } = this.deps;
     const resolved = await findTemplateByRef(db, { id: team.id, namespace: teamNamespace(team.name) }, ref);
     if (!resolved || resolved.template.teamId === null) return undefined;
-    const build = await readyBuildOf(db, resolved);
+    let build = await readyBuildOf(db, resolved);
+    // The template's build is still running (a new template): wait for it within the create's deadline.
+    const waitUntil = Date.now() + this.deps.config.templateWaitMs;
+    while (!build && Date.now() < waitUntil && (await hasPendingBuild(db, resolved.template.id, resolved.tag))) {
+      await new Promise((resolve) => setTimeout(resolve, TEMPLATE_WAIT_POLL_MS));
+      build = await readyBuildOf(db, resolved);
+    }
     if (!build) {
       throw new MasterError(
         "not_found",
@@ -188,19 +209,27 @@ export class SandboxCreation {
     return { memoryOvercommit: this.deps.config.memoryOvercommit };
   }
 
-  /** Live nodes that can take the sandbox, best first, skipping `exclude`. */
-  private async rank(row: SandboxRow, exclude: ReadonlySet<string>) {
+  /** Live nodes that can take the sandbox, best first (holders of its snapshot first), skipping `exclude`. */
+  private async rank(
+    row: SandboxRow,
+    exclude: ReadonlySet<string>,
+    eligible: (node: NodeHeartbeat) => boolean = () => true,
+    holders?: ReadonlySet<string>,
+  ) {
     const [nodes, reserved] = await Promise.all([
       this.deps.registry.placeableNodes(),
       reservedMemoryByNode(this.deps.db),
     ]);
     // The row's own reservation sits on a node already tried (excluded), so it does not count against others.
-    return rankNodes(
-      nodes.filter((node) => !exclude.has(node.nodeId)),
-      reserved,
-      { templateId: row.templateId, memoryMB: row.memoryMB },
-      this.placementOptions(),
-      this.recentPlacements,
+    return holdersFirst(
+      rankNodes(
+        nodes.filter((node) => !exclude.has(node.nodeId) && eligible(node)),
+        reserved,
+        { templateId: row.templateId, memoryMB: row.memoryMB },
+        this.placementOptions(),
+        this.recentPlacements,
+      ),
+      holders,
     );
   }
 
@@ -209,10 +238,12 @@ export class SandboxCreation {
     row: SandboxRow,
     timeout: number,
     templateRef: string,
-    firstChoice: NodeHeartbeat | undefined,
+    firstChoiceNode: NodeHeartbeat | undefined,
     snapshot?: SnapshotRow,
     build?: BuildRecord,
+    where: { eligible?: (node: NodeHeartbeat) => boolean; holders?: Set<string> } = {},
   ): Promise<SandboxRow> {
+    let firstChoice = firstChoiceNode;
     const { db, nodeAgent, tokens, log, config } = this.deps;
     const tried = new Set<string>();
     const reasons: string[] = [];
@@ -223,10 +254,13 @@ export class SandboxCreation {
       ...(build?.defaultWorkdir ? { defaultWorkdir: build.defaultWorkdir } : {}),
     };
     // A snapshot is on one node: no other node can start it.
-    const attempts = snapshot ? 1 : config.placementAttempts;
+    const attempts = snapshot && !snapshot.digest ? 1 : config.placementAttempts;
+    const waitUntil = Date.now() + config.templateWaitMs;
+    let waited = false;
     for (let attempt = 0; attempt < attempts; attempt++) {
       // The admitted row already names the first choice; a retry moves the reservation to the next node.
-      const node = attempt === 0 && firstChoice ? firstChoice : (await this.rank(row, tried))[0];
+      const node =
+        attempt === 0 && firstChoice ? firstChoice : (await this.rank(row, tried, where.eligible, where.holders))[0];
       if (!node) break;
       if (node !== firstChoice) this.recentPlacements.record(node.nodeId, row.templateId);
       tried.add(node.nodeId);
@@ -235,12 +269,25 @@ export class SandboxCreation {
       }
       let placement: SandboxPlacement;
       try {
+        if (snapshot) await ensureSnapshotOn(this.deps, snapshot, node, where.holders);
         placement = await nodeAgent(node.nodeId, node.addr).create({
           ...nodeCreateRequest(row, tokens),
           ...fromSnapshot,
         });
       } catch (error) {
         const reason = error instanceof Error ? error.message : String(error);
+        if (isStillPreparing(error) && Date.now() < waitUntil) {
+          // The node is still building the template (its first start) or still starting: wait for it within the
+          // create's deadline rather than answer 503 at once.
+          if (!waited)
+            log.info("waiting for the node to build the template", { sandboxId: row.id, node: node.nodeId, reason });
+          waited = true;
+          tried.delete(node.nodeId);
+          attempt--;
+          await new Promise((resolve) => setTimeout(resolve, TEMPLATE_WAIT_POLL_MS));
+          firstChoice = node;
+          continue;
+        }
         reasons.push(`${node.nodeId}: ${reason}`);
         log.warn("node refused sandbox", { sandboxId: row.id, node: node.nodeId, reason });
         continue;

@@ -72,6 +72,7 @@ export class Master {
         placementAttempts: config.placementAttempts,
         memoryOvercommit: config.memoryOvercommit,
         replayWaitMs: 60_000,
+        templateWaitMs: config.templateWaitMs,
       },
     });
     this.snapshots = new SnapshotService({

@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { cpus, freemem, totalmem } from "node:os";
+import { join } from "node:path";
 import { isSandboxId } from "@warren/proto/redis";
 import type { Instance, InstanceStats, RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
 import {
@@ -31,6 +32,7 @@ import {
   summaryOf,
 } from "./sandbox-model.js";
 import { SandboxQueue } from "./sandbox-queue.js";
+import { type PublishedSnapshot, SnapshotStore } from "./snapshot-store.js";
 import { StartGate } from "./start-gate.js";
 import { WarmPool } from "./warm-pool.js";
 
@@ -48,6 +50,7 @@ export class NodeAgent {
   /** Per-sandbox queue of pause/resume/checkpoint/snapshot/kill, so they never interleave. */
   private readonly queue = new SandboxQueue();
   private readonly snapshots: NodeSnapshots;
+  private readonly store: SnapshotStore;
   private readonly checkpointTimers = new Map<string, NodeJS.Timeout>();
   private readonly pools = new Map<string, WarmPool>();
   /** Cold starts run at most `maxConcurrentStarts` at once (claims from a warm pool never wait). */
@@ -73,6 +76,12 @@ export class NodeAgent {
     // Tests build configs by hand; an absent limit is the loader's default.
     this.startGate = new StartGate(config.maxConcurrentStarts || Math.max(2, cpus().length * 2));
     this.snapshots = new NodeSnapshots(driver, this.queue, (sandboxId) => this.requireSandbox(sandboxId), log);
+    // Tests build configs by hand; an absent store is the loader's default.
+    this.store = new SnapshotStore(
+      config.store ?? { url: "oci:/var/lib/warren/store", insecure: false },
+      join(config.stateDir, "store-work"),
+      log.child({ part: "store" }),
+    );
   }
 
   /** Re-adopts or removes what a previous agent left, then starts heartbeats, template builds and pools. */
@@ -248,6 +257,19 @@ export class NodeAgent {
     const sandbox = this.requireSandbox(sandboxId);
     if (sandbox.paused) throw new AgentError("failed_precondition", `sandbox '${sandboxId}' is paused`);
     return runInSandbox(sandbox.envdUrl, envdAccessToken, spec, signal);
+  }
+
+  /** Publishes a snapshot of this node to the cluster's store (a built template); resolves with its digest. */
+  async publishSnapshot(snapshotId: string, labels: Readonly<Record<string, string>>): Promise<PublishedSnapshot> {
+    const data = await this.snapshots.export(snapshotId);
+    return this.store.publish(snapshotId, data, labels);
+  }
+
+  /** Pulls a published snapshot from the store (digest checked) unless this node has it already. */
+  async pullSnapshot(snapshotId: string, digest: string): Promise<SnapshotImage> {
+    const have = (await this.snapshots.list()).find((s) => s.snapshotId === snapshotId);
+    if (have) return have;
+    return this.store.pull(snapshotId, digest, (data) => this.snapshots.import(snapshotId, data));
   }
 
   /** Writes a file into a running sandbox through its envd, as root (a template build's COPY archive). */

@@ -5,6 +5,7 @@ import { fileURLToPath } from "node:url";
 import { isNodeId, parseRedisPrefix } from "@warren/proto/redis";
 import { DRIVER_REQUESTS, type DriverRequest } from "../runtime/microvm/probe.js";
 import type { LogLevel } from "./log.js";
+import { parseStoreUrl, type SnapshotStoreConfig } from "./snapshot-store.js";
 
 /**
  * The node agent's one configuration object, read once from the environment at start and validated.
@@ -44,6 +45,9 @@ import type { LogLevel } from "./log.js";
  * | WARREN_MICROVM_BOOT_TIMEOUT_MS | 30000 (KVM), 120000 (TCG) | one cold-boot attempt of a microVM (3 attempts, 4 under TCG; a boot whose guest init has not started after 10 s (KVM) / 45 s (TCG) is retried at once) |
  * | WARREN_MICROVM_RAM_FILE | 1 | template snapshots keep guest RAM in a file that restored VMs map copy-on-write (lazy restore, pages shared by a template's sandboxes); 0: RAM in the migration stream, read whole at every restore (for a state directory on slow or network storage) |
  * | WARREN_KILL_ON_STOP | false | on SIGTERM, kill every sandbox too (a local cluster's `down`), instead of leaving them for re-adoption |
+ * | WARREN_STORE | oci:/var/lib/warren/store | where built templates are published for every node (snapshot-store.ts): `oci:<dir>` (a directory: one host, or a filesystem the nodes share) or `docker://<host[:port]>/<path>` (an OCI registry) |
+ * | WARREN_STORE_INSECURE | 0 | 1: the registry speaks plain HTTP or has a certificate this node does not trust |
+ * | WARREN_STORE_USERNAME, WARREN_STORE_PASSWORD | unset | the registry's credentials (passed to skopeo in a 0600 file, never logged) |
  * | WARREN_RELAY_TOKEN | unset | shared secret proxies send in `Warren-Relay-Token` to tunnel to this node's sandboxes (`CONNECT <sandboxAddr>:<port>`, relay.ts); unset: the relay is off (405) |
  */
 export interface NodeAgentConfig {
@@ -85,6 +89,8 @@ export interface NodeAgentConfig {
   readonly microvmRamFile: boolean;
   /** WARREN_RELAY_TOKEN; undefined: the relay is off. */
   readonly relayToken: string | undefined;
+  /** WARREN_STORE and its credentials: where built templates are published. */
+  readonly store: SnapshotStoreConfig;
 }
 
 export class ConfigError extends Error {
@@ -128,6 +134,21 @@ function relayToken(value: string | undefined): string | undefined {
   if (!value) return undefined;
   if (value.length < 16) throw new ConfigError("WARREN_RELAY_TOKEN must be at least 16 characters");
   return value;
+}
+
+function storeConfig(env: NodeJS.ProcessEnv): SnapshotStoreConfig {
+  const url = env.WARREN_STORE || "oci:/var/lib/warren/store";
+  try {
+    parseStoreUrl(url);
+  } catch (error) {
+    throw new ConfigError(`WARREN_STORE: ${(error as Error).message}`);
+  }
+  return {
+    url,
+    insecure: env.WARREN_STORE_INSECURE === "1",
+    ...(env.WARREN_STORE_USERNAME ? { username: env.WARREN_STORE_USERNAME } : {}),
+    ...(env.WARREN_STORE_PASSWORD ? { password: env.WARREN_STORE_PASSWORD } : {}),
+  };
 }
 
 export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeAgentConfig {
@@ -191,5 +212,6 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     microvmBootTimeoutMs: integer(env, "WARREN_MICROVM_BOOT_TIMEOUT_MS", 0, 0, 3_600_000),
     microvmRamFile: env.WARREN_MICROVM_RAM_FILE !== "0",
     relayToken: relayToken(env.WARREN_RELAY_TOKEN),
+    store: storeConfig(env),
   };
 }

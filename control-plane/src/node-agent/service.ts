@@ -172,6 +172,15 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
         throw toConnectError(error);
       }
     },
+    publishSnapshot: (req) =>
+      guard("PublishSnapshot", { snapshotId: req.snapshotId }, async () => {
+        const published = await agent.publishSnapshot(req.snapshotId, { ...req.labels });
+        return { digest: published.digest, sizeBytes: BigInt(published.sizeBytes) };
+      }),
+    pullSnapshot: (req) =>
+      guard("PullSnapshot", { snapshotId: req.snapshotId, digest: req.digest }, async () => ({
+        snapshot: snapshotInfo(await agent.pullSnapshot(req.snapshotId, req.digest)),
+      })),
     writeFile: (req) =>
       guard("WriteFile", { sandboxId: req.sandboxId, path: req.path, bytes: req.data.byteLength }, async () => {
         await agent.writeFile(req.sandboxId, req.envdAccessToken, req.path, req.data);

@@ -261,6 +261,15 @@ CREATE TABLE template_layers (
 );
 ALTER TABLE snapshots DROP CONSTRAINT IF EXISTS snapshots_kind_check;
 ALTER TABLE snapshots ADD CONSTRAINT snapshots_kind_check CHECK (kind IN ('snapshot', 'fork', 'template', 'layer'));
+-- A snapshot published to the cluster's store (a built template): the digest its pulls are checked against, and
+-- the nodes that hold a copy besides the one that made it.
+ALTER TABLE snapshots ADD COLUMN digest text;
+CREATE TABLE snapshot_copies (
+  snapshot_id text NOT NULL REFERENCES snapshots(id),
+  node_id text NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (snapshot_id, node_id)
+);
 -- A sandbox of a custom template: the template (template_id stays the node template it runs on) and its build.
 ALTER TABLE sandboxes ADD COLUMN source_template_id text;
 ALTER TABLE sandboxes ADD COLUMN build_id uuid;

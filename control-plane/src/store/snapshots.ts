@@ -21,6 +21,8 @@ export interface SnapshotRow {
   readonly diskSizeMB: number;
   readonly envVars: Record<string, string>;
   readonly metadata: Record<string, string>;
+  /** Published to the cluster's store with this content digest (any node with its driver can pull it). */
+  readonly digest: string | null;
   readonly createdAt: Date;
 }
 
@@ -42,6 +44,7 @@ function toSnapshotRow(row: any): SnapshotRow {
     diskSizeMB: row.disk_size_mb,
     envVars: row.env_vars ?? {},
     metadata: row.metadata ?? {},
+    digest: row.digest ?? null,
     createdAt: row.created_at,
   };
 }
@@ -107,7 +110,27 @@ export async function getLiveSnapshot(db: Queryable, id: string): Promise<Snapsh
   return result.rows[0] ? toSnapshotRow(result.rows[0]) : undefined;
 }
 
-export interface NewSnapshot extends Omit<SnapshotRow, "createdAt"> {}
+export interface NewSnapshot extends Omit<SnapshotRow, "createdAt" | "digest"> {}
+
+/** Records that a snapshot was published to the store with `digest`. */
+export async function setSnapshotDigest(db: Queryable, id: string, digest: string): Promise<void> {
+  await db.query("UPDATE snapshots SET digest = $2 WHERE id = $1", [id, digest]);
+}
+
+/** The nodes holding a snapshot: the one that made it and those that pulled a copy. */
+export async function snapshotHolders(db: Queryable, snapshot: SnapshotRow): Promise<Set<string>> {
+  const result = await db.query<{ node_id: string }>("SELECT node_id FROM snapshot_copies WHERE snapshot_id = $1", [
+    snapshot.id,
+  ]);
+  return new Set([snapshot.nodeId, ...result.rows.map((r) => r.node_id)]);
+}
+
+export async function recordSnapshotCopy(db: Queryable, snapshotId: string, nodeId: string): Promise<void> {
+  await db.query("INSERT INTO snapshot_copies (snapshot_id, node_id) VALUES ($1, $2) ON CONFLICT DO NOTHING", [
+    snapshotId,
+    nodeId,
+  ]);
+}
 
 /**
  * Records a snapshot the node has made. A named one takes the name over from an older snapshot of the team (E2B:

@@ -419,6 +419,16 @@ export async function resolveTag(db: Queryable, templateId: string, tag: string)
   return result.rows[0] ? toBuild(result.rows[0]) : undefined;
 }
 
+/** Whether a build `tag` names is still waiting or building (a create for it may wait for it). */
+export async function hasPendingBuild(db: Queryable, templateId: string, tag: string): Promise<boolean> {
+  const result = await db.query(
+    `SELECT 1 FROM template_builds b WHERE b.template_id = $1 AND b.status IN ('waiting', 'building')
+       AND b.spec IS NOT NULL AND b.id IN (SELECT build_id FROM template_tags WHERE template_id = $1 AND tag = $2)`,
+    [templateId, tag],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
 /** Per tag, its newest assignment (whatever its build's status), ordered by tag. */
 export async function listTags(
   db: Queryable,

@@ -3,6 +3,11 @@ import { appendBuildLogs, type BuildLogEntry } from "../../store/templates.js";
 
 /** Longest line kept (a step printing megabytes on one line must not become one huge row). */
 const MAX_LINE = 4096;
+
+export interface CommandOutput {
+  write(stream: "stdout" | "stderr", chunk: Uint8Array): void;
+  end(): void;
+}
 const FLUSH_MS = 200;
 
 /**
@@ -34,19 +39,34 @@ export class BuildLog {
     this.add("info", message, step);
   }
 
-  /** A stream of command output, split into lines: `[prefix] [stdout]: line`. */
-  output(prefix: string, stream: "stdout" | "stderr", step: string): (chunk: Uint8Array) => void {
-    let rest = "";
-    const decoder = new TextDecoder();
-    return (chunk) => {
-      const text = rest + decoder.decode(chunk, { stream: true });
-      const lines = text.split(/\r?\n/);
-      rest = lines.pop() ?? "";
-      for (const line of lines) this.add("info", `[${prefix}] [${stream}]: ${line}`, step);
-      if (rest.length > MAX_LINE) {
-        this.add("info", `[${prefix}] [${stream}]: ${rest}`, step);
-        rest = "";
-      }
+  /**
+   * One command's output, split into lines (`[prefix] [stdout]: line`) across chunks; `end` logs a last line
+   * that had no newline.
+   */
+  output(prefix: string, step: string): CommandOutput {
+    const streams = {
+      stdout: { rest: "", decoder: new TextDecoder() },
+      stderr: { rest: "", decoder: new TextDecoder() },
+    };
+    return {
+      write: (stream, chunk) => {
+        const s = streams[stream];
+        const lines = (s.rest + s.decoder.decode(chunk, { stream: true })).split(/\r?\n/);
+        s.rest = lines.pop() ?? "";
+        for (const line of lines) this.add("info", `[${prefix}] [${stream}]: ${line}`, step);
+        if (s.rest.length > MAX_LINE) {
+          this.add("info", `[${prefix}] [${stream}]: ${s.rest}`, step);
+          s.rest = "";
+        }
+      },
+      end: () => {
+        for (const stream of ["stdout", "stderr"] as const) {
+          const s = streams[stream];
+          const last = s.rest + s.decoder.decode();
+          if (last !== "") this.add("info", `[${prefix}] [${stream}]: ${last}`, step);
+          s.rest = "";
+        }
+      },
     };
   }
 

@@ -1,5 +1,6 @@
 import type { BuildContext } from "../../store/templates.js";
 import type { CommandEventOnNode, NodeAgentClient } from "../node-agent-client.js";
+import type { CommandOutput } from "./build-log.js";
 import { commandEnv } from "./build-steps.js";
 
 /** E2B's ready loop: a failed ready command is retried every 2 s, for at most 10 minutes. */
@@ -24,8 +25,8 @@ export interface StartReadyInput {
   readonly readyCmd: string | null;
   readonly signal: AbortSignal;
   readonly deadlineMs?: number;
-  /** Output of the start and ready commands, line by line (build logs); absent: dropped. */
-  readonly onOutput?: (source: "start" | "ready", stream: "stdout" | "stderr", data: Uint8Array) => void;
+  /** Where the start and ready commands' output goes (a build's log), one writer per command run; absent: dropped. */
+  readonly output?: (source: "start" | "ready") => CommandOutput;
 }
 
 /** The ready command E2B runs when a template names none: 20 s after a start command, else nothing to wait for. */
@@ -61,7 +62,8 @@ export async function startAndAwaitReady(input: StartReadyInput): Promise<void> 
   const command = (text: string, timeoutMs: number) => ({
     command: text,
     user: context.user,
-    cwd: context.workdir ?? "",
+    // No workdir: the user's home (`~`), as E2B's envd does.
+    cwd: context.workdir ?? "~",
     env,
     timeoutMs,
   });
@@ -71,27 +73,34 @@ export async function startAndAwaitReady(input: StartReadyInput): Promise<void> 
   let startFailure: string | undefined;
   let started: Promise<unknown> = Promise.resolve();
   if (startCmd) {
+    const output = input.output?.("start");
     started = runToExit(
       node.runCommand(sandboxId, envdAccessToken, command(startCmd, 0), startStream.signal),
-      (stream, data) => input.onOutput?.("start", stream, data),
-    ).then(
-      (exit) => {
-        if (exit.exitCode !== 0) startFailure = `start command failed: ${exit.status || `exit code ${exit.exitCode}`}`;
-      },
-      (error: unknown) => {
-        if (!startStream.signal.aborted) startFailure = `start command failed: ${(error as Error).message}`;
-      },
-    );
+      output ? (stream, data) => output.write(stream, data) : undefined,
+    )
+      .finally(() => output?.end())
+      .then(
+        (exit) => {
+          if (exit.exitCode !== 0)
+            startFailure = `start command failed: ${exit.status || `exit code ${exit.exitCode}`}`;
+        },
+        (error: unknown) => {
+          if (!startStream.signal.aborted) startFailure = `start command failed: ${(error as Error).message}`;
+        },
+      );
   }
   try {
     const deadline = Date.now() + (input.deadlineMs ?? READY_DEADLINE_MS);
     for (;;) {
       if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new StartReadyError("cancelled");
       if (startFailure) throw new StartReadyError(startFailure);
+      const output = input.output?.("ready");
       const exit = await runToExit(
         node.runCommand(sandboxId, envdAccessToken, command(readyCmd, READY_RUN_TIMEOUT_MS), signal),
-        (stream, data) => input.onOutput?.("ready", stream, data),
-      ).catch((error: unknown) => ({ exitCode: -1, status: (error as Error).message, stdout: "" }));
+        output ? (stream, data) => output.write(stream, data) : undefined,
+      )
+        .finally(() => output?.end())
+        .catch((error: unknown) => ({ exitCode: -1, status: (error as Error).message, stdout: "" }));
       if (exit.exitCode === 0 && !startFailure) return;
       if (startFailure) throw new StartReadyError(startFailure);
       if (Date.now() + READY_RETRY_MS > deadline) {

@@ -3,7 +3,13 @@ import type { NodeHeartbeat } from "@warren/proto/redis";
 import { effectiveEgress } from "../../runtime/egress/policy.js";
 import type { Db } from "../../store/db.js";
 import { reservedMemoryByNode } from "../../store/nodes.js";
-import { insertSnapshot, teamNamespace } from "../../store/snapshots.js";
+import {
+  getLiveSnapshot,
+  insertSnapshot,
+  setSnapshotDigest,
+  snapshotHolders,
+  teamNamespace,
+} from "../../store/snapshots.js";
 import { getTeam, type Team } from "../../store/teams.js";
 import { findTemplateByRef, readyBuildOf } from "../../store/template-refs.js";
 import { parseBuildSpec, type TemplateBuildSpec, type TemplateStep } from "../../store/template-spec.js";
@@ -28,6 +34,7 @@ import type { Logger } from "../log.js";
 import type { NodeAgentClient, NodeAgentConnector } from "../node-agent-client.js";
 import type { NodeRegistry } from "../node-registry.js";
 import { rankNodes } from "../placement.js";
+import { ensureSnapshotOn, holdersFirst } from "../snapshot-copies.js";
 import type { TokenIssuer } from "../tokens.js";
 import { BuildLog } from "./build-log.js";
 import {
@@ -199,7 +206,8 @@ export class TemplateBuilder {
       for (let i = 0; i < steps.length; i++) {
         if (steps[i]?.force) break;
         const layer = await findLayer(db, team.id, keys[i] as string);
-        if (!layer) break;
+        // A layer whose node is gone (and that was never published) is a miss: it is built again here.
+        if (!layer || !(await this.reachable(layer.snapshotId))) break;
         cached = layer;
         firstToRun = i + 1;
         buildLog.info(
@@ -245,6 +253,7 @@ export class TemplateBuilder {
         await addBuildLayerKey(db, build.id, keys[i] as string);
       }
       finalSnapshot = snapshot;
+      if (snapshot) await this.publish(placed, snapshot.id, build, "layer", buildLog);
       if (startCmd !== null || readyCmd !== null) {
         buildLog.info(`[finalize] start: ${startCmd ?? "(none)"}; ready: ${readyCmd ?? "(default)"}`, "finalize");
         try {
@@ -256,7 +265,7 @@ export class TemplateBuilder {
             startCmd,
             readyCmd,
             signal,
-            onOutput: (source, stream, data) => buildLog.output(`finalize ${source}`, stream, "finalize")(data),
+            output: (source) => buildLog.output(`finalize ${source}`, "finalize"),
           });
         } catch (error) {
           if (signal.aborted) throw error;
@@ -265,9 +274,25 @@ export class TemplateBuilder {
         const made = await this.captureTemplate(build, placed, context);
         finalSnapshot = { id: made.id, nodeId: placed.nodeId };
         memory = made.memory;
+        await this.publish(placed, made.id, build, "template", buildLog);
         buildLog.info(
           `[finalize] ready snapshot taken (${memory ? "memory and files: sandboxes continue the start process" : "files only: sandboxes run the start command at create"})`,
           "finalize",
+        );
+      }
+    }
+    if (!placed && snapshot) {
+      // Every step was cached and nothing starts: the template is the cached layer, published from a holder.
+      const row = await getLiveSnapshot(db, snapshot.id);
+      const holders = row ? await snapshotHolders(db, row) : new Set<string>();
+      const holder = (await this.deps.registry.liveNodes()).find((n) => holders.has(n.nodeId));
+      if (row && !row.digest && holder) {
+        await this.publish(
+          { node: this.deps.nodeAgent(holder.nodeId, holder.addr), nodeId: holder.nodeId },
+          row.id,
+          build,
+          "layer",
+          buildLog,
         );
       }
     }
@@ -345,21 +370,39 @@ export class TemplateBuilder {
     snapshot: { id: string; nodeId: string } | undefined,
   ): Promise<{ node: NodeAgentClient; nodeId: string }> {
     const { registry, nodeAgent, tokens, config } = this.deps;
-    let node: NodeHeartbeat | undefined;
-    if (snapshot) {
-      node = (await registry.liveNodes()).find((n) => n.nodeId === snapshot.nodeId);
-      if (!node) throw new PhaseError("base", `node ${snapshot.nodeId}, which holds the base layer, is not reachable`);
-    } else {
-      const [nodes, reserved] = await Promise.all([registry.placeableNodes(), reservedMemoryByNode(this.deps.db)]);
-      const ranked = rankNodes(
-        nodes,
+    // The starting layer's holders first; a published one may go to any node of its driver (which pulls it).
+    const layer = snapshot ? await getLiveSnapshot(this.deps.db, snapshot.id) : undefined;
+    if (snapshot && !layer) throw new PhaseError("base", `the base layer ${snapshot.id} no longer exists`);
+    const holders = layer ? await snapshotHolders(this.deps.db, layer) : undefined;
+    const [nodes, reserved] = await Promise.all([registry.placeableNodes(), reservedMemoryByNode(this.deps.db)]);
+    const ranked = holdersFirst(
+      rankNodes(
+        nodes.filter((n) => !layer || holders?.has(n.nodeId) || (layer.digest !== null && n.driver === layer.driver)),
         reserved,
         { templateId: base.nodeTemplateId, memoryMB: build.memoryMB },
         { memoryOvercommit: this.deps.memoryOvercommit },
+      ),
+      holders,
+    );
+    const node: NodeHeartbeat | undefined =
+      ranked.find((n) => (this.perNode.get(n.nodeId) ?? 0) < config.maxConcurrentPerNode) ?? ranked[0];
+    if (!node) {
+      throw new PhaseError(
+        "base",
+        layer
+          ? `no node holding the base layer (${[...(holders ?? [])].join(", ")}) can take a build now`
+          : `no node can run template '${base.nodeTemplateId}' now`,
       );
-      node =
-        ranked.find((n) => (this.perNode.get(n.nodeId) ?? 0) < config.maxConcurrentPerNode) ?? ranked[0] ?? undefined;
-      if (!node) throw new PhaseError("base", `no node can run template '${base.nodeTemplateId}' now`);
+    }
+    if (layer) {
+      try {
+        await ensureSnapshotOn(this.deps, layer, node, holders);
+      } catch (error) {
+        throw new PhaseError(
+          "base",
+          `the base layer could not be brought to node ${node.nodeId}: ${(error as Error).message}`,
+        );
+      }
     }
     const client = nodeAgent(node.nodeId, node.addr);
     this.perNode.set(node.nodeId, (this.perNode.get(node.nodeId) ?? 0) + 1);
@@ -401,15 +444,17 @@ export class TemplateBuilder {
     index: number,
   ): Promise<BuildContext> {
     const exec = async (command: string, user: string, cwd: string | null, log = true) => {
+      const output = run.buildLog.output(prefix, phase);
       const exit = await runToExit(
         run.node.runCommand(
           run.sandboxId,
           run.token,
-          { command, user, cwd: cwd ?? "", env: commandEnv(context), timeoutMs: 3_600_000 },
+          // No workdir: the user's home, as E2B's envd does (`~` is the running user's).
+          { command, user, cwd: cwd ?? "~", env: commandEnv(context), timeoutMs: 3_600_000 },
           run.signal,
         ),
-        log ? (stream, data) => run.buildLog.output(prefix, stream, phase)(data) : undefined,
-      );
+        log ? (stream, data) => output.write(stream, data) : undefined,
+      ).finally(() => output.end());
       if (exit.exitCode !== 0) throw new StepError(`${exit.status || `exit status ${exit.exitCode}`}`);
       return exit.stdout;
     };
@@ -417,7 +462,14 @@ export class TemplateBuilder {
       case "RUN": {
         const [command = "", user] = step.args;
         if (command.trim() === "") throw new StepError("RUN needs a command");
-        await exec(command, user || context.user, context.workdir);
+        try {
+          await exec(command, user || context.user, context.workdir);
+        } catch (error) {
+          // E2B's wording: "failed to run command '<cmd>': exit status 1" or "…: command failed: <code>: <why>".
+          if (error instanceof StepError) throw new StepError(`failed to run command '${command}': ${error.message}`);
+          if (run.signal.aborted) throw error;
+          throw new StepError(`failed to run command '${command}': command failed: ${connectReason(error)}`);
+        }
         return context;
       }
       case "ENV": {
@@ -446,6 +498,45 @@ export class TemplateBuilder {
         return context;
       }
     }
+  }
+
+  /** Whether a snapshot can still be used: a live node holds it, or it was published to the store. */
+  private async reachable(snapshotId: string): Promise<boolean> {
+    const row = await getLiveSnapshot(this.deps.db, snapshotId);
+    if (!row) return false;
+    if (row.digest) return true;
+    const holders = await snapshotHolders(this.deps.db, row);
+    return (await this.deps.registry.liveNodes()).some((n) => holders.has(n.nodeId));
+  }
+
+  /**
+   * Publishes a build's snapshot to the cluster's store, so any node of the driver can start sandboxes (or child
+   * builds) from it; a failure fails the build (nothing a user relies on may live on one node's disk only).
+   */
+  private async publish(
+    placed: { node: NodeAgentClient; nodeId: string },
+    snapshotId: string,
+    build: BuildRecord,
+    kind: "template" | "layer",
+    buildLog: BuildLog,
+  ): Promise<void> {
+    const row = await getLiveSnapshot(this.deps.db, snapshotId);
+    if (row?.digest) return;
+    let published: { digest: string; sizeBytes: number };
+    try {
+      published = await placed.node.publishSnapshot(snapshotId, {
+        "dev.warren.kind": kind,
+        "dev.warren.template": build.templateId,
+        "dev.warren.build": build.id,
+      });
+    } catch (error) {
+      throw new PhaseError("finalize", `publishing the ${kind} to the store failed: ${(error as Error).message}`);
+    }
+    await setSnapshotDigest(this.deps.db, snapshotId, published.digest);
+    buildLog.info(
+      `[finalize] ${kind === "template" ? "ready snapshot" : "filesystem"} published to the store (${published.digest.slice(0, 19)}…, ${Math.round(published.sizeBytes / 2 ** 20)} MiB)`,
+      "finalize",
+    );
   }
 
   private async captureLayer(
@@ -516,6 +607,15 @@ export class TemplateBuilder {
       await this.removeSandbox(this.deps.nodeAgent(node.nodeId, node.addr), sandboxId);
     }
   }
+}
+
+/** A node call's failure as E2B words one: `unauthenticated: invalid username: 'x'`. */
+function connectReason(error: unknown): string {
+  const message = (error as Error).message ?? String(error);
+  const match = /^([A-Z][A-Za-z]+): (.*)$/s.exec(message.replace(/^failed: /, ""));
+  if (!match) return message;
+  const code = (match[1] as string).replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
+  return `${code}: ${match[2]}`;
 }
 
 function failureReason(error: unknown, signal: AbortSignal): BuildReason {

@@ -1,0 +1,97 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Sandbox, Template } from "e2b";
+import { Redis } from "ioredis";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type ClusterEnv, LocalCluster } from "../src/cluster.js";
+import { startRegistry } from "../src/registry.js";
+import type { ManagedChild } from "../src/services.js";
+
+// The template store with several nodes: two node agents publish to and pull from an OCI registry on loopback
+// (Debian's docker-registry). A template built on one node starts sandboxes on the other, which pulls it from the
+// registry (its digest checked) the first time.
+const dataDir = mkdtempSync(join(tmpdir(), "warren-tstore-"));
+let registry: { host: string; process: ManagedChild };
+let cluster: LocalCluster;
+let env: ClusterEnv;
+const created: Sandbox[] = [];
+
+beforeAll(async () => {
+  registry = await startRegistry(join(dataDir, "registry"));
+  cluster = new LocalCluster({
+    dataDir,
+    nodeAgents: 2,
+    poolSize: 0,
+    instancePrefix: "u",
+    nodeCidr: (i) => `10.228.${i * 4}.0/22`,
+    env: { WARREN_STORE: `docker://${registry.host}/warren`, WARREN_STORE_INSECURE: "1" },
+  });
+  env = await cluster.start();
+  Object.assign(process.env, {
+    E2B_API_URL: env.E2B_API_URL,
+    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+    E2B_API_KEY: env.E2B_API_KEY,
+  });
+}, 600_000);
+
+afterAll(async () => {
+  await Promise.all(created.map((s) => s.kill().catch(() => undefined)));
+  await cluster?.stop();
+  await registry?.process.stop();
+  rmSync(dataDir, { recursive: true, force: true });
+}, 120_000);
+
+async function nodeOf(sandboxId: string): Promise<string> {
+  const redis = new Redis(cluster.redisUrl, { maxRetriesPerRequest: 1 });
+  try {
+    return (await redis.hget(`warren:route:${sandboxId}`, "node")) ?? "";
+  } finally {
+    redis.disconnect();
+  }
+}
+
+async function cordon(nodeId: string, on: boolean): Promise<void> {
+  const res = await fetch(`${env.WARREN_API_URL}/warren/v1/admin/nodes/${nodeId}/cordon`, {
+    method: on ? "POST" : "DELETE",
+    headers: { "X-Admin-Token": env.WARREN_ADMIN_TOKEN },
+  });
+  expect(res.status).toBeLessThan(300);
+}
+
+describe("the template store across nodes", () => {
+  it("a template built on one node starts sandboxes on the other, pulled from the registry", async () => {
+    const template = Template()
+      .fromTemplate("base")
+      .runCmd("echo portable > /opt/where && head -c 3000000 /dev/urandom > /opt/blob", { user: "root" })
+      .setStartCmd("python3 -m http.server 8123 --bind 0.0.0.0", "curl -sf http://127.0.0.1:8123/ >/dev/null");
+    const logs: string[] = [];
+    await Template.build(template, "portable", { onBuildLogs: (e) => logs.push(e.message) });
+    expect(logs.some((l) => l.includes("published to the store"))).toBe(true);
+    // The registry holds the snapshots now.
+    const catalog = (await (await fetch(`http://${registry.host}/v2/_catalog`)).json()) as { repositories: string[] };
+    expect(catalog.repositories).toContain("warren/snapshots");
+
+    const first = await Sandbox.create("portable", { timeoutMs: 120_000 });
+    created.push(first);
+    const builtOn = await nodeOf(first.sandboxId);
+    expect(["node-ua", "node-ub"]).toContain(builtOn);
+    const other = builtOn === "node-ua" ? "node-ub" : "node-ua";
+    await cordon(builtOn, true);
+    try {
+      const moved = await Sandbox.create("portable", { timeoutMs: 120_000 });
+      created.push(moved);
+      expect(await nodeOf(moved.sandboxId)).toBe(other);
+      expect((await moved.commands.run("cat /opt/where")).stdout.trim()).toBe("portable");
+      expect((await moved.commands.run("stat -c %s /opt/blob")).stdout.trim()).toBe("3000000");
+      const page = await moved.commands.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8123/");
+      expect(page.stdout).toBe("200");
+      // The second create there uses the copy it pulled.
+      const again = await Sandbox.create("portable", { timeoutMs: 120_000 });
+      created.push(again);
+      expect(await nodeOf(again.sandboxId)).toBe(other);
+    } finally {
+      await cordon(builtOn, false);
+    }
+  });
+});
