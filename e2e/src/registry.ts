@@ -6,11 +6,20 @@ import { freePort, type ManagedChild, startChild, waitFor } from "./services.js"
  * A private OCI registry on loopback: Debian's `docker-registry` (the CNCF distribution registry), storing under
  * `dir`. The template store of multi-node tests, and the source of images they build templates from.
  */
-export async function startRegistry(dir: string): Promise<{ host: string; process: ManagedChild }> {
+export async function startRegistry(
+  dir: string,
+  auth?: { readonly username: string; readonly password: string },
+): Promise<{ host: string; process: ManagedChild }> {
   const port = await freePort();
   const storage = join(dir, "storage");
   mkdirSync(storage, { recursive: true });
   const config = join(dir, "config.yml");
+  const htpasswd = join(dir, "htpasswd");
+  if (auth) {
+    // bcrypt, the only scheme the registry accepts (apache2-utils' htpasswd -B).
+    const { execFileSync } = await import("node:child_process");
+    writeFileSync(htpasswd, execFileSync("htpasswd", ["-Bbn", auth.username, auth.password]));
+  }
   writeFileSync(
     config,
     [
@@ -24,6 +33,7 @@ export async function startRegistry(dir: string): Promise<{ host: string; proces
       "    enabled: true",
       "http:",
       `  addr: 127.0.0.1:${port}`,
+      ...(auth ? ["auth:", "  htpasswd:", "    realm: warren-test", `    path: ${htpasswd}`] : []),
       "",
     ].join("\n"),
   );
@@ -31,8 +41,61 @@ export async function startRegistry(dir: string): Promise<{ host: string; proces
   const host = `127.0.0.1:${port}`;
   await waitFor(
     "the registry",
-    async () => ((await fetch(`http://${host}/v2/`).catch(() => undefined))?.status === 200 ? true : undefined),
+    async () => {
+      const status = (await fetch(`http://${host}/v2/`).catch(() => undefined))?.status;
+      return status === 200 || status === 401 ? true : undefined;
+    },
     15_000,
   );
   return { host, process: registry };
+}
+
+/**
+ * Makes a small image without Docker — busybox (static) as its shell and tools, a file, an environment variable
+ * in its config — and pushes it to `dest` (`host:port/repo:tag`) with skopeo.
+ */
+export async function pushBusyboxImage(
+  workDir: string,
+  dest: string,
+  auth?: { readonly username: string; readonly password: string },
+): Promise<void> {
+  const { execFileSync } = await import("node:child_process");
+  const { chmodSync, copyFileSync, symlinkSync } = await import("node:fs");
+  const root = join(workDir, "rootfs");
+  mkdirSync(join(root, "bin"), { recursive: true });
+  copyFileSync("/usr/bin/busybox", join(root, "bin/busybox"));
+  chmodSync(join(root, "bin/busybox"), 0o755);
+  for (const applet of ["sh", "ls", "cat", "id", "echo", "sleep", "mkdir", "rm", "mv", "ln", "chmod", "chown"]) {
+    symlinkSync("busybox", join(root, "bin", applet));
+  }
+  mkdirSync(join(root, "etc"));
+  writeFileSync(join(root, "etc/greeting"), "hello from the image\n");
+  mkdirSync(join(root, "tmp"));
+  chmodSync(join(root, "tmp"), 0o1777);
+  const layout = join(workDir, "layout");
+  const env = { ...process.env, HOME: workDir };
+  const run = (cmd: string, args: string[]) => execFileSync(cmd, args, { env, stdio: ["ignore", "pipe", "pipe"] });
+  run("umoci", ["init", "--layout", layout]);
+  run("umoci", ["new", "--image", `${layout}:img`]);
+  const tar = join(workDir, "layer.tar");
+  run("tar", ["--numeric-owner", "-C", root, "-cf", tar, "."]);
+  run("umoci", ["raw", "add-layer", "--image", `${layout}:img`, tar]);
+  run("umoci", [
+    "config",
+    "--image",
+    `${layout}:img`,
+    "--config.env",
+    "IMAGE_VAR=from-the-config",
+    "--config.env",
+    "PATH=/bin:/usr/bin",
+  ]);
+  const creds = auth ? ["--dest-creds", `${auth.username}:${auth.password}`] : [];
+  run("skopeo", [
+    "--insecure-policy",
+    "copy",
+    "--dest-tls-verify=false",
+    ...creds,
+    `oci:${layout}:img`,
+    `docker://${dest}`,
+  ]);
 }

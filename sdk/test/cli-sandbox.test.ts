@@ -279,6 +279,9 @@ describe("configuration and errors", () => {
       ["node", "uncordon"],
       ["template", "list"],
       ["template", "build"],
+      ["template", "info"],
+      ["template", "delete"],
+      ["template", "tags"],
       ["team", "create"],
       ["key", "create"],
     ];
@@ -289,14 +292,7 @@ describe("configuration and errors", () => {
     }
   });
 
-  it("template list names the base template; template build says builds happen on the nodes", async () => {
-    const list = await warren(["template", "list", "--json"], env());
-    expect(list.code, list.stderr).toBe(0);
-    expect(JSON.parse(list.stdout)).toContainEqual(expect.objectContaining({ templateId: "base" }));
-    const build = await warren(["template", "build", "mine"], env());
-    expect(build.code).toBe(1);
-    expect(build.stderr).toContain("node agent builds the templates");
-  });
+  // `warren template ...` is tested in cli-template.test.ts (request shaping) and template-cluster.test.ts.
 });
 
 describe("warren team and key (admin)", () => {

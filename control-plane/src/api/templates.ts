@@ -323,10 +323,26 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
       if (error instanceof BuildSpecError) throw badRequest(error.message);
       throw error;
     }
-    if (!(await storeBuildSpec(db, buildId, spec as unknown as Record<string, unknown>))) {
+    if (spec.fromImageRegistry && spec.fromImageRegistry.type !== "registry") {
+      throw badRequest(
+        `fromImageRegistry type '${spec.fromImageRegistry.type}' is not supported: give the registry's username and password (type registry)`,
+      );
+    }
+    // The registry password goes to the master with the trigger; the stored steps never hold it.
+    const { fromImageRegistry: credentials, ...stored } = spec;
+    const storedSpec = credentials ? { ...stored, fromImageRegistry: { type: credentials.type } } : stored;
+    if (!(await storeBuildSpec(db, buildId, storedSpec as unknown as Record<string, unknown>))) {
       throw badRequest(`build '${buildId}' is not in waiting state`);
     }
-    await master(() => deps.master.startTemplateBuild({ teamId: build.teamId, templateId: build.templateId, buildId }));
+    await master(() =>
+      deps.master.startTemplateBuild({
+        teamId: build.teamId,
+        templateId: build.templateId,
+        buildId,
+        registryUsername: credentials?.username ?? "",
+        registryPassword: credentials?.password ?? "",
+      }),
+    );
     res.status(202).setHeader("Content-Length", "0").end();
   });
 

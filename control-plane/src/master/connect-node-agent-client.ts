@@ -231,6 +231,24 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
       return snapshotOnNode(response.snapshot);
     });
 
+  importImage: NodeAgentClient["importImage"] = (snapshotId, image, credentials) =>
+    call(async () => {
+      const response = await this.client.importImage(
+        { snapshotId, image, username: credentials?.username ?? "", password: credentials?.password ?? "" },
+        { timeoutMs: TIMEOUT_MS.transfer },
+      );
+      if (!response.snapshot) throw new NodeAgentError("failed", "node agent answered without a snapshot");
+      return {
+        snapshot: snapshotOnNode(response.snapshot),
+        resolved: response.resolved,
+        digest: response.digest,
+        env: [...response.env],
+        user: response.user,
+        workdir: response.workdir,
+        log: [...response.log],
+      };
+    });
+
   writeFile: NodeAgentClient["writeFile"] = (sandboxId, envdAccessToken, path, data) =>
     call(async () => {
       await this.client.writeFile({ sandboxId, envdAccessToken, path, data }, { timeoutMs: TIMEOUT_MS.snapshot });

@@ -54,6 +54,18 @@ export type CommandEventOnNode =
   | { readonly kind: "stdout" | "stderr"; readonly data: Uint8Array }
   | { readonly kind: "exit"; readonly exitCode: number; readonly status: string };
 
+/** An image a node pulled and keeps as a snapshot (ImportImage). */
+export interface ImportedImage {
+  readonly snapshot: SnapshotOnNode;
+  readonly resolved: string;
+  readonly digest: string;
+  /** The image config's environment, `K=V`. */
+  readonly env: readonly string[];
+  readonly user: string;
+  readonly workdir: string;
+  readonly log: readonly string[];
+}
+
 /** A snapshot as the node made it. */
 export interface SnapshotOnNode {
   readonly snapshotId: string;
@@ -170,6 +182,12 @@ export interface NodeAgentClient {
   ): Promise<{ digest: string; sizeBytes: number }>;
   /** Pulls a published snapshot onto the node (digest checked); at once when the node has it. */
   pullSnapshot(snapshotId: string, digest: string): Promise<SnapshotOnNode>;
+  /** Pulls an OCI image and keeps its prepared rootfs as a files-only snapshot over `scratch` on the node. */
+  importImage(
+    snapshotId: string,
+    image: string,
+    credentials: { readonly username: string; readonly password: string } | undefined,
+  ): Promise<ImportedImage>;
   /** Writes a file (as root, parents created) into a running sandbox through its envd. */
   writeFile(sandboxId: string, envdAccessToken: string, path: string, data: Uint8Array): Promise<void>;
   /** Deletes a snapshot's files on the node; idempotent. */

@@ -72,7 +72,15 @@ export class SandboxCreation {
       custom?.snapshot ??
       (named || custom ? undefined : await this.teamSnapshot(team, input.templateId));
     const template = custom
-      ? await findTemplate(db, custom.build.baseTemplateId ?? "")
+      ? // The node template under a team template (`base`, or `scratch` under an image) is not itself offered.
+        {
+          id: custom.build.baseTemplateId ?? "",
+          alias: null,
+          cpuCount: custom.build.cpuCount,
+          memoryMB: custom.build.memoryMB,
+          diskSizeMB: custom.build.diskSizeMB,
+          envdVersion: custom.build.envdVersion,
+        }
       : snapshot
         ? await findTemplate(db, snapshot.templateId)
         : named;

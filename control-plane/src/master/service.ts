@@ -35,7 +35,12 @@ export function masterServiceImpl(
   return {
     startTemplateBuild: (req) =>
       guarded(async () => {
-        await builder.start(req.teamId, req.templateId, req.buildId);
+        await builder.start(
+          req.teamId,
+          req.templateId,
+          req.buildId,
+          req.registryUsername ? { username: req.registryUsername, password: req.registryPassword } : undefined,
+        );
         return {};
       }),
     createSandbox: (req) =>

@@ -1,7 +1,8 @@
 import { randomBytes } from "node:crypto";
+import { mkdir, rm } from "node:fs/promises";
 import { cpus, freemem, totalmem } from "node:os";
 import { join } from "node:path";
-import { isSandboxId } from "@warren/proto/redis";
+import { isSandboxId, isSnapshotId } from "@warren/proto/redis";
 import type { Instance, InstanceStats, RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
 import {
   CLOSED_EGRESS,
@@ -11,10 +12,12 @@ import {
   OPEN_EGRESS,
 } from "../runtime/egress/policy.js";
 import { driverServes } from "../templates/catalog.js";
+import { ImageError, type ImageErrorCode } from "../templates/oci/errors.js";
+import { type ImageCredentials, type PulledImage, pullImageRootfs } from "../templates/oci/pull.js";
 import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
 import type { NodeAgentConfig } from "./config.js";
 import { initEnvd } from "./envd-client.js";
-import { AgentError } from "./errors.js";
+import { AgentError, type AgentErrorCode } from "./errors.js";
 import { type Logger, tenths } from "./log.js";
 import { NodeSnapshots } from "./node-snapshots.js";
 import type { RouteStore } from "./routes.js";
@@ -35,6 +38,17 @@ import { SandboxQueue } from "./sandbox-queue.js";
 import { type PublishedSnapshot, SnapshotStore } from "./snapshot-store.js";
 import { StartGate } from "./start-gate.js";
 import { WarmPool } from "./warm-pool.js";
+
+/** How an image that cannot become a template base is answered. */
+const IMAGE_ERROR_CODES: Record<ImageErrorCode, AgentErrorCode> = {
+  invalid_ref: "invalid_argument",
+  not_found: "not_found",
+  unauthorized: "failed_precondition",
+  too_large: "failed_precondition",
+  unsupported: "failed_precondition",
+  timeout: "unavailable",
+  failed: "internal",
+};
 
 /** A failed checkpoint is tried again this much later (at the earliest). */
 const CHECKPOINT_RETRY_MS = 5_000;
@@ -127,6 +141,8 @@ export class NodeAgent {
     if (!build) {
       build = this.templates
         .ensure(templateId, async (image) => {
+          // An empty root has nothing to start: it is checked through the image templates stacked on it.
+          if (this.templates.recipe(image.templateId).empty) return;
           const instance = await this.driver.create({
             template: image,
             resources: this.templates.recipe(image.templateId).defaults,
@@ -270,6 +286,52 @@ export class NodeAgent {
     const have = (await this.snapshots.list()).find((s) => s.snapshotId === snapshotId);
     if (have) return have;
     return this.store.pull(snapshotId, digest, (data) => this.snapshots.import(snapshotId, data));
+  }
+
+  /**
+   * Pulls an OCI image, prepares its root filesystem for envd and keeps it as a files-only snapshot over the empty
+   * `scratch` template (the base of a template built `fromImage`). Nothing is left on failure.
+   */
+  async importImage(
+    snapshotId: string,
+    image: string,
+    credentials: ImageCredentials | undefined,
+  ): Promise<{ snapshot: SnapshotImage; pulled: PulledImage; log: string[] }> {
+    if (!this.driver.snapshotFromDirectory) {
+      throw new AgentError("unimplemented", `the ${this.driver.name} driver cannot build templates from images`);
+    }
+    if (!isSnapshotId(snapshotId)) throw new AgentError("invalid_argument", `invalid snapshot id '${snapshotId}'`);
+    const scratch = await this.ensureTemplate("scratch");
+    const workDir = join(this.config.stateDir, "image-work");
+    const dest = join(workDir, `rootfs-${snapshotId}`);
+    const log: string[] = [];
+    try {
+      await mkdir(workDir, { recursive: true });
+      const images = this.config.images ?? { insecureRegistries: [], maxBytes: 8 * 2 ** 30 };
+      const pulled = await pullImageRootfs({
+        ref: image,
+        ...(credentials ? { credentials } : {}),
+        ...(images.dockerHubMirror ? { dockerHubMirror: images.dockerHubMirror } : {}),
+        insecureRegistries: images.insecureRegistries,
+        maxBytes: images.maxBytes,
+        workDir,
+        destRootfs: dest,
+        uidBase: this.config.uidBase,
+        nodeBinary: this.config.nodeBinary,
+        envdRoot: this.config.envdRoot,
+        onLog: (line) => log.push(line),
+      });
+      const snapshot = await this.driver.snapshotFromDirectory(snapshotId, scratch, dest, scratch.recipe.defaults);
+      this.log.info("image imported as a template base", { snapshotId, image: pulled.ref, digest: pulled.digest });
+      return { snapshot, pulled, log };
+    } catch (error) {
+      if (error instanceof ImageError) throw new AgentError(IMAGE_ERROR_CODES[error.code], error.message);
+      throw error instanceof AgentError
+        ? error
+        : new AgentError("internal", `importing image '${image}' failed: ${(error as Error).message}`);
+    } finally {
+      await rm(dest, { recursive: true, force: true });
+    }
   }
 
   /** Writes a file into a running sandbox through its envd, as root (a template build's COPY archive). */

@@ -48,6 +48,9 @@ import { parseStoreUrl, type SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_STORE | oci:/var/lib/warren/store | where built templates are published for every node (snapshot-store.ts): `oci:<dir>` (a directory: one host, or a filesystem the nodes share) or `docker://<host[:port]>/<path>` (an OCI registry) |
  * | WARREN_STORE_INSECURE | 0 | 1: the registry speaks plain HTTP or has a certificate this node does not trust |
  * | WARREN_STORE_USERNAME, WARREN_STORE_PASSWORD | unset | the registry's credentials (passed to skopeo in a 0600 file, never logged) |
+ * | WARREN_IMAGE_MIRROR | unset | `host[:port]` pulled from instead of Docker Hub for its image names (templates `fromImage`) |
+ * | WARREN_INSECURE_REGISTRIES | unset | comma-separated `host:port` of registries spoken to over plain HTTP |
+ * | WARREN_IMAGE_MAX_BYTES | 8589934592 | the largest image a template may start from (compressed layers, and unpacked) |
  * | WARREN_RELAY_TOKEN | unset | shared secret proxies send in `Warren-Relay-Token` to tunnel to this node's sandboxes (`CONNECT <sandboxAddr>:<port>`, relay.ts); unset: the relay is off (405) |
  */
 export interface NodeAgentConfig {
@@ -91,6 +94,12 @@ export interface NodeAgentConfig {
   readonly relayToken: string | undefined;
   /** WARREN_STORE and its credentials: where built templates are published. */
   readonly store: SnapshotStoreConfig;
+  /** Templates from OCI images: WARREN_IMAGE_MIRROR, WARREN_INSECURE_REGISTRIES, WARREN_IMAGE_MAX_BYTES. */
+  readonly images: {
+    readonly dockerHubMirror?: string;
+    readonly insecureRegistries: readonly string[];
+    readonly maxBytes: number;
+  };
 }
 
 export class ConfigError extends Error {
@@ -213,5 +222,10 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     microvmRamFile: env.WARREN_MICROVM_RAM_FILE !== "0",
     relayToken: relayToken(env.WARREN_RELAY_TOKEN),
     store: storeConfig(env),
+    images: {
+      ...(env.WARREN_IMAGE_MIRROR ? { dockerHubMirror: env.WARREN_IMAGE_MIRROR } : {}),
+      insecureRegistries: list(env, "WARREN_INSECURE_REGISTRIES", ""),
+      maxBytes: integer(env, "WARREN_IMAGE_MAX_BYTES", 8 * 2 ** 30, 1 << 20, 2 ** 44),
+    },
   };
 }

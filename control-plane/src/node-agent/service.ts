@@ -181,6 +181,20 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
       guard("PullSnapshot", { snapshotId: req.snapshotId, digest: req.digest }, async () => ({
         snapshot: snapshotInfo(await agent.pullSnapshot(req.snapshotId, req.digest)),
       })),
+    importImage: (req) =>
+      guard("ImportImage", { snapshotId: req.snapshotId, image: req.image }, async () => {
+        const credentials = req.username ? { username: req.username, password: req.password } : undefined;
+        const { snapshot, pulled, log } = await agent.importImage(req.snapshotId, req.image, credentials);
+        return {
+          snapshot: snapshotInfo(snapshot),
+          resolved: pulled.ref,
+          digest: pulled.digest,
+          env: [...pulled.config.env],
+          user: pulled.config.user,
+          workdir: pulled.config.workdir,
+          log,
+        };
+      }),
     writeFile: (req) =>
       guard("WriteFile", { sandboxId: req.sandboxId, path: req.path, bytes: req.data.byteLength }, async () => {
         await agent.writeFile(req.sandboxId, req.envdAccessToken, req.path, req.data);

@@ -164,6 +164,17 @@ export interface RuntimeDriver {
    * snapshot is left and the instance is as it was.
    */
   snapshot(instanceId: string, snapshotId: string, options?: SnapshotOptions): Promise<SnapshotImage>;
+  /**
+   * Makes a files-only snapshot whose only layer is a copy of `dir` over `template`'s root (an OCI image's
+   * prepared rootfs over the empty `scratch` template): how templates built from images start. Drivers without it
+   * cannot build from images.
+   */
+  snapshotFromDirectory?(
+    snapshotId: string,
+    template: TemplateImage,
+    dir: string,
+    resources: SandboxResources,
+  ): Promise<SnapshotImage>;
   /** Removes a snapshot's files; unknown ids are ignored (idempotent). */
   deleteSnapshot(snapshotId: string): Promise<void>;
   /** Every snapshot this driver keeps (after an agent restart, too). */

@@ -55,7 +55,8 @@ export function parseTemplateName(raw: string): TemplateName {
   if (namespace !== undefined && !NAME_PART.test(namespace)) {
     throw new TemplateNameError(`Invalid name: namespace '${namespace}' (lowercase letters, digits, '-' and '_')`);
   }
-  if (rawTag !== undefined) parseTag(rawTag);
+  // A build id works where a tag is expected (E2B); only tags being assigned may not look like one.
+  if (rawTag !== undefined && !UUID.test(rawTag)) parseTag(rawTag);
   const tag = rawTag === undefined || rawTag === DEFAULT_TAG ? undefined : rawTag;
   return { ...(namespace !== undefined ? { namespace } : {}), alias, ...(tag !== undefined ? { tag } : {}) };
 }

@@ -18,6 +18,11 @@ export interface TemplateRecipe {
   /** Its sandboxes run the code gateway (`runCode`, port 49999) next to envd. */
   readonly codeGateway?: boolean;
   /**
+   * An empty root: nothing runs from it alone. Sandboxes start from snapshots stacked on it (an OCI image's
+   * prepared rootfs as their bottom layer: custom templates `fromImage`), so it has no ready check.
+   */
+  readonly empty?: boolean;
+  /**
    * Its sandboxes run only on nodes with this kind of driver: `microvm` = their own kernel (the `microvm` driver, or
    * `microvm-tcg` in tests), for code that must not share the host's kernel. Absent: any driver.
    */
@@ -93,6 +98,14 @@ ${CLEAN_APT}`,
     defaults: { cpuCount: 2, memoryMiB: 1024, diskMiB: 2048, pidsMax: 2048 },
     allowSetuid: true,
     codeGateway: true,
+  },
+  // Under the layers of templates built from OCI images (the image is the lowest layer).
+  scratch: {
+    id: "scratch",
+    steps: [],
+    defaults: { cpuCount: 2, memoryMiB: 1024, diskMiB: 2048, pidsMax: 2048 },
+    allowSetuid: true,
+    empty: true,
   },
   // `base` in a microVM of its own, never on a namespace node.
   "base-vm": {

@@ -163,7 +163,8 @@ export class TemplateStore {
         progress(`copy ${recipe.parent} rootfs`);
         await exec("cp", ["-a", "--reflink=auto", parent.rootfs, rootfs]);
       }
-      await exec("cp", ["/etc/resolv.conf", join(rootfs, "etc", "resolv.conf")]);
+      if (recipe.empty) await mkdir(rootfs);
+      else await exec("cp", ["/etc/resolv.conf", join(rootfs, "etc", "resolv.conf")]);
       for (const s of recipe.steps) {
         progress(s.name);
         await exec("unshare", ["--mount", "--propagation", "private", "sh", "-c", STEP_RUNNER, "step", rootfs], {
@@ -171,7 +172,7 @@ export class TemplateStore {
           onLine: (line) => log.debug("step output", { step: s.name, line }),
         });
       }
-      await writeFile(join(rootfs, "etc", "resolv.conf"), "");
+      if (!recipe.empty) await writeFile(join(rootfs, "etc", "resolv.conf"), "");
       progress("shift owners into the sandbox uid range");
       const changed = await shiftOwners(rootfs, this.options.uidBase);
       await writeFile(

@@ -1,9 +1,4 @@
-import { existsSync } from "node:fs";
-import { join } from "node:path";
-import { pathToFileURL } from "node:url";
-import { ApiClient } from "../api.js";
-import type { ConnectionOpts } from "../config.js";
-import { type CliConfig, WARREN_HOME } from "./config.js";
+import type { CliConfig } from "./config.js";
 import { CliError, ExitCode } from "./errors.js";
 import { type Output, table } from "./output.js";
 
@@ -114,71 +109,4 @@ export async function cordonNode(config: CliConfig, nodeId: string, cordoned: bo
   });
   out.result({ nodeId, cordoned }, () => `${cordoned ? "cordoned" : "uncordoned"} node ${nodeId}`);
   return ExitCode.ok;
-}
-
-interface TemplateView {
-  templateId: string;
-  aliases: string[];
-  cpuCount: number;
-  memoryMB: number;
-  source: "api" | "node catalog";
-}
-
-interface Recipe {
-  id: string;
-  parent?: string;
-  defaults: { cpuCount: number; memoryMiB: number };
-}
-
-/** The templates node agents of this checkout build (control-plane's catalog), when the api cannot list them. */
-async function catalogTemplates(): Promise<TemplateView[]> {
-  const catalog = join(WARREN_HOME, "control-plane", "dist", "templates", "catalog.js");
-  if (!existsSync(catalog)) throw new CliError("the api does not list templates, and no Warren checkout is at hand");
-  const { TEMPLATE_RECIPES } = (await import(pathToFileURL(catalog).href)) as {
-    TEMPLATE_RECIPES: Record<string, Recipe>;
-  };
-  return Object.values(TEMPLATE_RECIPES).map((r) => ({
-    templateId: r.id,
-    aliases: [r.id],
-    cpuCount: r.defaults.cpuCount,
-    memoryMB: r.defaults.memoryMiB,
-    source: "node catalog",
-  }));
-}
-
-/** E2B's `GET /templates`; Warren's api does not serve it yet, so the nodes' catalog answers instead. */
-export async function listTemplates(conn: ConnectionOpts, out: Output): Promise<number> {
-  const res = await new ApiClient(conn).request<Record<string, unknown>[]>({
-    method: "GET",
-    path: "/templates",
-    expect: [404, 501],
-  });
-  let templates: TemplateView[];
-  if (res.status === 404 || res.status === 501) {
-    out.note("warren: the api has no template listing yet; these are the templates the node agents build");
-    templates = await catalogTemplates();
-  } else {
-    templates = (res.body ?? []).map((t) => ({
-      templateId: String(t.templateID ?? t.templateId ?? ""),
-      aliases: Array.isArray(t.aliases) ? t.aliases.map(String) : [],
-      cpuCount: Number(t.cpuCount ?? 0),
-      memoryMB: Number(t.memoryMB ?? 0),
-      source: "api",
-    }));
-  }
-  out.result(templates, () =>
-    table([
-      ["TEMPLATE", "ALIASES", "CPUS", "MEMORY MB"],
-      ...templates.map((t) => [t.templateId, t.aliases.join(","), String(t.cpuCount), String(t.memoryMB)]),
-    ]),
-  );
-  return ExitCode.ok;
-}
-
-export function buildTemplate(): never {
-  throw new CliError(
-    "template builds are not available from the CLI yet: each node agent builds the templates of its catalog itself " +
-      "(at start, or on first use), from control-plane/src/templates/catalog.ts",
-    "to add a template, add a recipe to that catalog and restart the node agents (`warren down && warren up --detach`)",
-  );
 }

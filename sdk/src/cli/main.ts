@@ -2,7 +2,7 @@
 /** `warren`: the command line of Warren (cluster, sandboxes, snapshots, templates, nodes, teams and keys). */
 import { Command, CommanderError, InvalidArgumentError, Option } from "commander";
 import { SDK_VERSION } from "../config.js";
-import { buildTemplate, cordonNode, createKey, createTeam, listNodes, listTemplates } from "./admin.js";
+import { cordonNode, createKey, createTeam, listNodes } from "./admin.js";
 import { down, status, up } from "./cluster.js";
 import { type CliConfig, connectionOpts, type GlobalFlags, resolveConfig } from "./config.js";
 import { ExitCode, toCliError } from "./errors.js";
@@ -20,6 +20,7 @@ import {
 } from "./sandbox.js";
 import { shell } from "./shell.js";
 import { deleteSnapshots, forkSandbox, listSnapshots, snapshotSandbox } from "./snapshot.js";
+import { buildTemplate, deleteTemplates, listTemplates, templateInfo, templateTags } from "./template.js";
 
 const integer =
   (what: string, min = 0) =>
@@ -221,16 +222,57 @@ function snapshotCommands(warren: Command): void {
     .action(run(({ config, out, args }) => deleteSnapshots(connectionOpts(config), args, out)));
 }
 
-function adminCommands(warren: Command): void {
-  const template = warren.command("template").description("sandbox templates");
-  connected(template.command("list").alias("ls"))
-    .description("list templates")
-    .action(run(({ config, out }) => listTemplates(connectionOpts(config), out)));
-  connected(template.command("build"))
-    .description("build a template (not available yet: node agents build their catalog themselves)")
-    .argument("[name]", "template name")
-    .action(run(async () => buildTemplate()));
+function templateCommands(warren: Command): void {
+  const template = warren.command("template").alias("tpl").description("build, list, tag and delete templates");
+  const conn = (config: CliConfig) => connectionOpts(config);
 
+  connected(template.command("build"))
+    .description("build a template from a Dockerfile or a template file and follow it; prints the template id")
+    .argument("<name>", "name, optionally with a tag: name or name:tag")
+    .option("-f, --file <Dockerfile>", "the Dockerfile (default: e2b.Dockerfile or Dockerfile in the context dir)")
+    .option("--template-file <file.json>", "a template file: the JSON of Template.toJSON (see the SDK's README)")
+    .option("--context <dir>", "the directory COPY sources are relative to (default: the working directory)")
+    .option("--tag <tag>", "another tag for this build (repeatable)", collect)
+    .option("--cpu <n>", "vCPUs of sandboxes from it (1 or even, default the server's: 2)", integer("--cpu", 1))
+    .option(
+      "--memory-mb <n>",
+      "memory of sandboxes from it, MiB (even, default the server's: 1024)",
+      integer("--memory-mb", 128),
+    )
+    .option("--start-cmd <command>", "start command, running when a sandbox is created (replaces CMD)")
+    .option("--ready-cmd <command>", "exits 0 once the start command is ready (default: sleep 20)")
+    .option("--no-cache", "rebuild every layer")
+    .addHelpText(
+      "after",
+      "\nExamples:\n  warren template build my-app -f Dockerfile --context .\n" +
+        "  warren template build my-app:v2 --tag stable --cpu 4 --memory-mb 4096\n" +
+        "  TPL=$(warren template build my-app --json | jq -r .templateId)",
+    )
+    .action(run(({ config, out, args, opts }) => buildTemplate(conn(config), args[0] as string, opts, out)));
+
+  connected(template.command("list").alias("ls"))
+    .description("list your team's templates")
+    .action(run(({ config, out }) => listTemplates(conn(config), out)));
+
+  connected(template.command("info"))
+    .description("show a template: resources, tags and builds")
+    .argument("<name>", "template id or name")
+    .action(run(({ config, out, args }) => templateInfo(conn(config), args[0] as string, out)));
+
+  connected(template.command("delete").alias("rm"))
+    .description("delete templates (not while sandboxes use them)")
+    .argument("<name...>", "template ids or names")
+    .action(run(({ config, out, args }) => deleteTemplates(conn(config), args, out)));
+
+  connected(template.command("tags"))
+    .description("list a template's tags, or --assign / --remove some")
+    .argument("<name>", "template name; with --assign, name:tag picks the build to tag (default tag: default)")
+    .option("--assign <tag>", "point this tag at the build of <name> (repeatable)", collect)
+    .option("--remove <tag>", "remove this tag (repeatable; never `default`)", collect)
+    .action(run(({ config, out, args, opts }) => templateTags(conn(config), args[0] as string, opts, out)));
+}
+
+function adminCommands(warren: Command): void {
   const team = warren.command("team").description("teams (admin)");
   connected(team.command("create"), { admin: true })
     .description("create a team and its first API key")
@@ -271,6 +313,7 @@ export function warrenProgram(): Command {
   clusterCommands(warren);
   sandboxCommands(warren);
   snapshotCommands(warren);
+  templateCommands(warren);
   adminCommands(warren);
   warren.exitOverride();
   for (const cmd of allCommands(warren)) cmd.exitOverride();

@@ -31,7 +31,7 @@ import {
 } from "../../store/templates.js";
 import { MasterError } from "../errors.js";
 import type { Logger } from "../log.js";
-import type { NodeAgentClient, NodeAgentConnector } from "../node-agent-client.js";
+import type { ImportedImage, NodeAgentClient, NodeAgentConnector } from "../node-agent-client.js";
 import type { NodeRegistry } from "../node-registry.js";
 import { rankNodes } from "../placement.js";
 import { ensureSnapshotOn, holdersFirst } from "../snapshot-copies.js";
@@ -96,6 +96,12 @@ class PhaseError extends Error {
   }
 }
 
+/** Registry credentials of a build's `fromImage`, from the trigger (never stored). */
+export interface RegistryLogin {
+  readonly username: string;
+  readonly password: string;
+}
+
 const DEFAULT_CONTEXT: BuildContext = { user: "user", workdir: null, env: {} };
 /** Matches E2B's default base image, which is Warren's `base` template. */
 const E2B_BASE_IMAGE = /^(?:(?:docker\.io|index\.docker\.io)\/)?e2bdev\/base(?::[\w.-]+)?$/;
@@ -114,7 +120,7 @@ export class TemplateBuilder {
   constructor(private readonly deps: TemplateBuilderDeps) {}
 
   /** Starts a waiting build in the background; resolves once it is `building`. */
-  async start(teamId: string, templateId: string, buildId: string): Promise<void> {
+  async start(teamId: string, templateId: string, buildId: string, credentials?: RegistryLogin): Promise<void> {
     const { db, tokens } = this.deps;
     const build = await getBuild(db, buildId);
     if (!build || build.teamId !== teamId || build.templateId !== templateId) {
@@ -128,7 +134,7 @@ export class TemplateBuilder {
     if (!marked) throw new MasterError("conflict", `build '${buildId}' is not in waiting state`);
     const abort = new AbortController();
     this.running.set(buildId, abort);
-    void this.run(marked, abort).finally(() => this.running.delete(buildId));
+    void this.run(marked, abort, credentials).finally(() => this.running.delete(buildId));
   }
 
   /** Cancels builds running here (master shutdown): each ends in `error`. */
@@ -147,7 +153,7 @@ export class TemplateBuilder {
     }
   }
 
-  private async run(build: BuildRecord, abort: AbortController): Promise<void> {
+  private async run(build: BuildRecord, abort: AbortController, credentials?: RegistryLogin): Promise<void> {
     const { db, log } = this.deps;
     const started = Date.now();
     const buildLog = new BuildLog(db, build.id);
@@ -159,7 +165,7 @@ export class TemplateBuilder {
       const spec = parseBuildSpec(build.spec);
       const team = await getTeam(db, build.teamId);
       if (!team) throw new PhaseError("base", "the build's team no longer exists");
-      placed = await this.execute(build, spec, team, buildLog, abort.signal, (p) => {
+      placed = await this.execute(build, spec, team, buildLog, abort.signal, credentials, (p) => {
         placed = p;
       });
       const seconds = Math.round((Date.now() - started) / 100) / 10;
@@ -186,10 +192,11 @@ export class TemplateBuilder {
     team: Team,
     buildLog: BuildLog,
     signal: AbortSignal,
+    credentials: RegistryLogin | undefined,
     onPlaced: (placed: { node: NodeAgentClient; nodeId: string }) => void,
   ): Promise<{ node: NodeAgentClient; nodeId: string } | undefined> {
     const { db, tokens } = this.deps;
-    const base = await this.resolveBase(team, spec);
+    const base = await this.resolveBase(team, spec, build, credentials, buildLog);
     buildLog.info(`[base] ${base.description} [${base.key.slice(0, 12)}]`, "base");
     const defaultUserKey = hashKeys(base.key, "DEFAULT USER", "user");
     const steps = spec.steps;
@@ -311,7 +318,13 @@ export class TemplateBuilder {
     return placed;
   }
 
-  private async resolveBase(team: Team, spec: TemplateBuildSpec): Promise<BuildBase> {
+  private async resolveBase(
+    team: Team,
+    spec: TemplateBuildSpec,
+    build: BuildRecord,
+    credentials: RegistryLogin | undefined,
+    buildLog: BuildLog,
+  ): Promise<BuildBase> {
     if (spec.fromTemplate) {
       const resolved = await findTemplateByRef(
         this.deps.db,
@@ -356,10 +369,86 @@ export class TemplateBuilder {
         readyCmd: null,
       };
     }
-    throw new PhaseError(
-      "base",
-      `image '${image}': this cluster builds from templates and E2B's base image only (fromTemplate, fromBaseImage); pulling other images is not available yet`,
-    );
+    return this.imageBase(team, spec, build, credentials, buildLog);
+  }
+
+  /**
+   * An OCI image as the base: pulled by a node (ImportImage) into a files-only snapshot over the empty `scratch`
+   * template, cached as the team's layer under E2B's base key (the reference as text: a moved tag needs `force`).
+   * The context is E2B's after the default-user phase: `user`, no workdir, the image's environment.
+   */
+  private async imageBase(
+    team: Team,
+    spec: TemplateBuildSpec,
+    build: BuildRecord,
+    credentials: RegistryLogin | undefined,
+    buildLog: BuildLog,
+  ): Promise<BuildBase> {
+    const { db } = this.deps;
+    const image = spec.fromImage ?? "";
+    const key = hashKeys("warren-v1", "image", image);
+    const description = `FROM ${image}`;
+    const cached = spec.force ? undefined : await findLayer(db, team.id, key);
+    if (cached && (await this.reachable(cached.snapshotId))) {
+      buildLog.info(`CACHED [base] ${description}`, "base");
+      await addBuildLayerKey(db, build.id, key);
+      return {
+        nodeTemplateId: "scratch",
+        key,
+        description,
+        snapshot: { id: cached.snapshotId, nodeId: cached.nodeId },
+        context: cached.context,
+        startCmd: null,
+        readyCmd: null,
+      };
+    }
+    const [nodes, reserved] = await Promise.all([this.deps.registry.placeableNodes(), reservedMemoryByNode(db)]);
+    const node = rankNodes(
+      nodes,
+      reserved,
+      { templateId: "scratch", memoryMB: build.memoryMB },
+      { memoryOvercommit: this.deps.memoryOvercommit },
+    )[0];
+    if (!node) throw new PhaseError("base", "no node can pull an image now");
+    const id = `l${randomBytes(10).toString("hex")}`;
+    buildLog.info(`[base] pulling ${image} on node ${node.nodeId}`, "base");
+    let imported: ImportedImage;
+    try {
+      imported = await this.deps.nodeAgent(node.nodeId, node.addr).importImage(id, image, credentials);
+    } catch (error) {
+      throw new PhaseError("base", (error as Error).message.replace(/^[A-Z][a-z]+: /, ""));
+    }
+    for (const line of imported.log) buildLog.info(`[base] ${line}`, "base");
+    const context: BuildContext = { user: "user", workdir: null, env: imageEnv(imported.env) };
+    await insertSnapshot(db, {
+      id,
+      teamId: team.id,
+      name: null,
+      kind: "layer",
+      sourceSandboxId: build.buildSandboxId as string,
+      nodeId: node.nodeId,
+      templateId: imported.snapshot.templateId,
+      driver: imported.snapshot.driver,
+      memory: false,
+      sizeBytes: imported.snapshot.sizeBytes,
+      cpuCount: build.cpuCount,
+      memoryMB: build.memoryMB,
+      diskSizeMB: this.deps.config.sandboxDiskMB,
+      envVars: { ...context.env },
+      metadata: { image: imported.resolved, digest: imported.digest },
+    });
+    await putLayer(db, team.id, { key, snapshotId: id, nodeId: node.nodeId, context });
+    await addBuildLayerKey(db, build.id, key);
+    buildLog.info(`[base] ${description} (${imported.resolved}@${imported.digest}) [${key.slice(0, 12)}]`, "base");
+    return {
+      nodeTemplateId: "scratch",
+      key,
+      description,
+      snapshot: { id, nodeId: node.nodeId },
+      context,
+      startCmd: null,
+      readyCmd: null,
+    };
   }
 
   /** The node and the build sandbox: where the starting layer is, else the best node for the node template. */
@@ -616,6 +705,16 @@ function connectReason(error: unknown): string {
   if (!match) return message;
   const code = (match[1] as string).replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
   return `${code}: ${match[2]}`;
+}
+
+/** An image config's `K=V` list as a map (a later duplicate wins, as in Docker). */
+function imageEnv(env: readonly string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const entry of env) {
+    const eq = entry.indexOf("=");
+    if (eq > 0) out[entry.slice(0, eq)] = entry.slice(eq + 1);
+  }
+  return out;
 }
 
 function failureReason(error: unknown, signal: AbortSignal): BuildReason {

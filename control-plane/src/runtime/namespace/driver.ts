@@ -10,8 +10,10 @@ import type {
   ReconcileResult,
   ResumeResult,
   RuntimeDriver,
+  SandboxResources,
   SnapshotImage,
   SnapshotOptions,
+  TemplateImage,
 } from "../driver.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { DEFAULT_LOG_CAP, LogCap, type LogCapLimits } from "../log-cap.js";
@@ -233,6 +235,15 @@ export class NamespaceDriver implements RuntimeDriver {
   /** See InstanceSnapshots.capture: a running sandbox is frozen for the copy and runs on, a paused one stays paused. */
   async snapshot(instanceId: string, snapshotId: string, options: SnapshotOptions = {}): Promise<SnapshotImage> {
     return this.snapshots.capture(this.require(instanceId), snapshotId, options.filesOnly === true);
+  }
+
+  async snapshotFromDirectory(
+    snapshotId: string,
+    template: TemplateImage,
+    dir: string,
+    resources: SandboxResources,
+  ): Promise<SnapshotImage> {
+    return this.snapshots.captureDirectory(snapshotId, template, dir, resources);
   }
 
   async deleteSnapshot(snapshotId: string): Promise<void> {

@@ -1,7 +1,7 @@
 import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "../../node-agent/log.js";
-import type { SnapshotImage } from "../driver.js";
+import type { SandboxResources, SnapshotImage, TemplateImage } from "../driver.js";
 import { exec } from "../exec.js";
 import type { CgroupManager } from "./cgroups.js";
 import { criuDump, externalFileKey } from "./criu.js";
@@ -83,6 +83,23 @@ export class InstanceSnapshots {
       if (withMemory && !record.checkpoint) await cgroup.freeze().catch(() => undefined);
       if (freeze) await cgroup.thaw();
     }
+  }
+
+  /** A files-only snapshot of a directory (copied into a layer) over `template`'s root. */
+  async captureDirectory(
+    snapshotId: string,
+    template: TemplateImage,
+    dir: string,
+    resources: SandboxResources,
+  ): Promise<SnapshotImage> {
+    const { layers: _layers, ...image } = await this.store.capture(snapshotId, {
+      templateId: template.templateId,
+      templateHash: template.hash,
+      resources,
+      upperDir: dir,
+      layers: [],
+    });
+    return image;
   }
 
   private async dumpForSnapshot(record: InstanceRecord, imagesDir: string): Promise<MemoryImage> {

@@ -1,0 +1,108 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Sandbox, Template } from "e2b";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { LocalCluster } from "../src/cluster.js";
+import { pushBusyboxImage, startRegistry } from "../src/registry.js";
+import type { ManagedChild } from "../src/services.js";
+
+// Templates `fromImage`: an image the test makes (busybox, no glibc) pushed to registries on loopback (Debian's
+// docker-registry, one of them behind htpasswd), pulled by the node agent without Docker (skopeo, umoci), prepared
+// for envd and kept as the template's bottom layer; then steps on top, through the official SDK.
+const dataDir = mkdtempSync(join(tmpdir(), "warren-timg-"));
+const login = { username: "builder", password: "s3cret-pass" };
+let open: { host: string; process: ManagedChild };
+let locked: { host: string; process: ManagedChild };
+let cluster: LocalCluster;
+const created: Sandbox[] = [];
+
+beforeAll(async () => {
+  open = await startRegistry(join(dataDir, "open"));
+  locked = await startRegistry(join(dataDir, "locked"), login);
+  await pushBusyboxImage(join(dataDir, "img-open"), `${open.host}/tests/busybox:1`);
+  await pushBusyboxImage(join(dataDir, "img-locked"), `${locked.host}/private/busybox:1`, login);
+  cluster = new LocalCluster({
+    dataDir,
+    nodeAgents: 1,
+    poolSize: 0,
+    instancePrefix: "v",
+    nodeCidr: () => "10.230.0.0/22",
+    env: { WARREN_INSECURE_REGISTRIES: `${open.host},${locked.host}` },
+  });
+  const env = await cluster.start();
+  Object.assign(process.env, {
+    E2B_API_URL: env.E2B_API_URL,
+    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+    E2B_API_KEY: env.E2B_API_KEY,
+  });
+}, 600_000);
+
+afterAll(async () => {
+  await Promise.all(created.map((s) => s.kill().catch(() => undefined)));
+  await cluster?.stop();
+  await open?.process.stop();
+  await locked?.process.stop();
+  rmSync(dataDir, { recursive: true, force: true });
+}, 120_000);
+
+const run = async (sbx: Sandbox, cmd: string) => (await sbx.commands.run(cmd)).stdout.trim();
+
+describe("templates from OCI images", () => {
+  it("builds from an image in a registry: its files, its config's environment, steps on top, E2B's user", async () => {
+    const logs: string[] = [];
+    await Template.build(
+      Template()
+        .fromImage(`${open.host}/tests/busybox:1`)
+        .runCmd("echo layered > /etc/layered", { user: "root" })
+        .runCmd("echo $IMAGE_VAR > /tmp/seen-at-build"),
+      "from-image",
+      { onBuildLogs: (e) => logs.push(e.message) },
+    );
+    expect(logs.some((l) => l.includes(`pulling ${open.host}/tests/busybox:1`))).toBe(true);
+    const sbx = await Sandbox.create("from-image", { timeoutMs: 120_000 });
+    created.push(sbx);
+    expect(await run(sbx, "cat /etc/greeting")).toBe("hello from the image");
+    expect(await run(sbx, "cat /etc/layered")).toBe("layered");
+    expect(await run(sbx, "cat /tmp/seen-at-build")).toBe("from-the-config");
+    expect(await run(sbx, "id -un")).toBe("user");
+
+    // A rebuild reuses the pulled image (the reference is its cache key, as on E2B).
+    const again: string[] = [];
+    await Template.build(
+      Template().fromImage(`${open.host}/tests/busybox:1`).runCmd("echo layered > /etc/layered", { user: "root" }),
+      "from-image-2",
+      { onBuildLogs: (e) => again.push(e.message) },
+    );
+    expect(again.some((l) => l.startsWith("CACHED [base]"))).toBe(true);
+  });
+
+  it("pulls from a private registry with the credentials the SDK sends, and names refused ones", async () => {
+    const ref = `${locked.host}/private/busybox:1`;
+    await Template.build(Template().fromImage(ref, login).runCmd("true"), "from-private");
+    const sbx = await Sandbox.create("from-private", { timeoutMs: 120_000 });
+    created.push(sbx);
+    expect(await run(sbx, "cat /etc/greeting")).toBe("hello from the image");
+    const refused = await Template.build(
+      Template().fromImage(ref, { username: login.username, password: "wrong" }).runCmd("true"),
+      "refused",
+      // The pulled image is cached under its reference: skipCache makes the build pull (and log in) again.
+      { skipCache: true },
+    ).catch((e: unknown) => e as Error);
+    expect((refused as Error).message).toMatch(/unauthorized/);
+    const anonymous = await Template.build(Template().fromImage(ref).runCmd("true"), "anonymous", {
+      skipCache: true,
+    }).catch(
+      (e: unknown) => e as Error,
+    );
+    expect((anonymous as Error).message).toMatch(/unauthorized/);
+  });
+
+  it("fails a build from a missing image with a clear reason at the base step", async () => {
+    const error = await Template.build(
+      Template().fromImage(`${open.host}/tests/nothing-here:9`).runCmd("true"),
+      "missing-image",
+    ).catch((e: unknown) => e as Error);
+    expect((error as Error).message).toMatch(/not found/);
+  });
+});
