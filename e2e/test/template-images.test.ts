@@ -92,9 +92,7 @@ describe("templates from OCI images", () => {
     expect((refused as Error).message).toMatch(/unauthorized/);
     const anonymous = await Template.build(Template().fromImage(ref).runCmd("true"), "anonymous", {
       skipCache: true,
-    }).catch(
-      (e: unknown) => e as Error,
-    );
+    }).catch((e: unknown) => e as Error);
     expect((anonymous as Error).message).toMatch(/unauthorized/);
   });
 
