@@ -39,6 +39,7 @@ describe("schema migrations", () => {
       "sandbox_metrics",
       "sandboxes",
       "schema_migrations",
+      "snapshot_copies",
       "snapshots",
       "teams",
       "template_build_logs",

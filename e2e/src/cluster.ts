@@ -205,15 +205,23 @@ export class LocalCluster {
 
       // A node agent heartbeats before its first template build ends (on a fresh machine, a minute of
       // debootstrap): the cluster is ready only when every node lists the templates it prebuilds as ready.
-      progress("waiting for the node agents' templates");
+      const templates = this.options.readyTemplates ?? ["base"];
+      const announced = new Set<string>();
+      progress(`templates still building on the node agents: ${templates.join(", ")} (a first start runs debootstrap)`);
       await waitFor(
         "node agents' templates",
         async () => {
           for (const child of this.processes) this.assertRunning(child);
-          for (const templateId of this.options.readyTemplates ?? ["base"]) {
-            if ((await this.nodesWithTemplate(templateId)) < agents) return undefined;
+          let all = true;
+          for (const templateId of templates) {
+            const ready = await this.nodesWithTemplate(templateId);
+            if (ready < agents) all = false;
+            else if (!announced.has(templateId)) {
+              announced.add(templateId);
+              progress(`template ${templateId} ready on ${ready} node agent(s)`);
+            }
           }
-          return true;
+          return all ? true : undefined;
         },
         900_000,
       );

@@ -212,6 +212,33 @@ describe("the official e2b SDK against a whole Warren cluster", () => {
     }
   });
 
+  it("network.maskRequestHost reaches the route: the sandbox's server sees the masked Host through the proxy", async () => {
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: E2B's own placeholder, replaced by the proxy
+    const sandbox = await Sandbox.create({ network: { maskRequestHost: "masked-${PORT}.example.test" } });
+    try {
+      // A server that answers with the Host header it received.
+      await sandbox.commands.run(
+        `exec python3 -c "
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = self.headers.get('Host', '').encode()
+        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)
+http.server.HTTPServer(('0.0.0.0', 8124), H).serve_forever()"`,
+        { background: true },
+      );
+      const host = await eventually(async () => {
+        const res = await fetch(`${process.env.E2B_SANDBOX_URL}/`, {
+          headers: { "E2b-Sandbox-Id": sandbox.sandboxId, "E2b-Sandbox-Port": "8124" },
+        }).catch(() => undefined);
+        return res?.ok ? res.text() : undefined;
+      }, 30_000);
+      expect(host).toBe("masked-8124.example.test");
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
   it("a wrong API key is refused with 401", async () => {
     await expect(Sandbox.create({ apiKey: "e2b_0000000000000000000000000000000000000000" })).rejects.toThrow(
       /401|[Ii]nvalid API key|[Aa]uthentication/,

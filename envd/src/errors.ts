@@ -23,7 +23,12 @@ export const failedPrecondition = (message: string) => new EnvdError(Code.Failed
 export const resourceExhausted = (message: string) => new EnvdError(Code.ResourceExhausted, message);
 export const unavailable = (message: string) => new EnvdError(Code.Unavailable, message);
 
-/** Turns a Node filesystem error into an EnvdError that names the path involved. */
+/**
+ * Turns a Node filesystem error into an EnvdError that names the path involved. Whatever the
+ * request itself runs into (a read-only mount, a busy file, a value the kernel rejects) is
+ * the client's error; only failures of the machine (EIO, out of descriptors or memory) stay
+ * `internal`. E2B's envd answers 500 for all but ENOSPC and ENOENT (issue 18).
+ */
 export function fromFsError(error: unknown, path: string): EnvdError {
   if (error instanceof EnvdError) return error;
   const errno = (error as NodeJS.ErrnoException | undefined)?.code;
@@ -33,6 +38,24 @@ export function fromFsError(error: unknown, path: string): EnvdError {
     case "EACCES":
     case "EPERM":
       return permissionDenied(`permission denied for path '${path}'`);
+    case "EROFS":
+      return permissionDenied(`path '${path}' is on a read-only file system`);
+    case "ETXTBSY":
+      return failedPrecondition(`file '${path}' is a program being run (text file busy)`);
+    case "EBUSY":
+      return failedPrecondition(`path '${path}' is busy (in use or a mount point)`);
+    case "ENOTSUP":
+    case "EOPNOTSUPP":
+      return failedPrecondition(`the file system of '${path}' does not support this operation`);
+    case "ENXIO":
+    case "ENODEV":
+      return failedPrecondition(`path '${path}' is a device or special file that cannot be opened`);
+    case "EINVAL":
+      return invalidArgument(`the kernel rejected the operation on '${path}' as invalid`);
+    case "EFBIG":
+      return invalidArgument(`file '${path}' would be larger than its file system allows`);
+    case "EMLINK":
+      return invalidArgument(`'${path}' would have too many links`);
     case "EEXIST":
       return alreadyExists(`path '${path}' already exists`);
     case "ENOTDIR":

@@ -15,6 +15,7 @@ import { sendError, sendJson, sendJsonError } from "./http/respond.js";
 import { createLogger, type Logger } from "./log.js";
 import { LoopbackForwarder } from "./ports/loopback-forwarder.js";
 import { createProcessService } from "./process/service.js";
+import { relabelUnaryDecodeErrors, streamDecodeErrors } from "./rpc-decode-errors.js";
 import { SandboxState } from "./state.js";
 import { UserDirectory } from "./users.js";
 import { warmUp } from "./warmup.js";
@@ -47,9 +48,11 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
   const rpc = connectNodeAdapter({
     grpc: false,
     grpcWeb: false,
+    interceptors: [streamDecodeErrors],
     routes(router) {
       router.service(Process, processes.impl);
       router.service(Filesystem, filesystem.impl);
+      relabelUnaryDecodeErrors(router);
     },
     fallback(_req, res) {
       res.writeHead(404, { "Content-Type": "application/json; charset=utf-8" });

@@ -250,12 +250,16 @@ describe("POST /files/compose", () => {
     expect(existsSync(`${abs}/shared.txt`)).toBe(false);
   });
 
-  test("a destination in a directory the user may not write is 403 and the sources stay", async () => {
+  test("the destination is written like an upload: into root's directory, handed to the user (E2B)", async () => {
     const a = userFile(`${abs}/nowrite-a`, "a");
-    const res = await compose(envd, { destination: `${rootDir}/out.txt`, source_paths: [a], username: "user" });
-    expect((await errorOf(res)).status).toBe(403);
-    expect(readFileSync(a, "utf8")).toBe("a");
-    expect(readdirSync(rootDir).filter((name) => name.startsWith("out.txt"))).toEqual([]);
+    const destination = `${rootDir}/made/out.txt`;
+    const res = await compose(envd, { destination, source_paths: [a], username: "user" });
+    expect(res.status).toBe(200);
+    expect(readFileSync(destination, "utf8")).toBe("a");
+    expect(statSync(destination).uid).toBe(statSync(HOME).uid);
+    expect(statSync(`${rootDir}/made`)).toMatchObject({ uid: statSync(HOME).uid, mode: 0o40755 });
+    expect(existsSync(a)).toBe(false);
+    expect(leftoverTemporaries(`${rootDir}/made`)).toEqual([]);
   });
 
   test("root may compose anywhere and owns the result", async () => {

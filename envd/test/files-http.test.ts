@@ -11,6 +11,7 @@ import {
   statSync,
   writeFileSync,
 } from "node:fs";
+import { dirname } from "node:path";
 import { Readable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
 import { gunzipSync, gzipSync } from "node:zlib";
@@ -198,11 +199,21 @@ describe("GET and POST /files over plain HTTP", () => {
     expect(await asRoot.text()).toBe("root only");
   });
 
-  test("a user may not upload into /root: 403 and nothing is written", async () => {
-    const target = `/root/${scratchName("denied")}.txt`;
-    const res = await upload({ path: target, username: "user" }, "nope");
-    expect((await errorOf(res)).status).toBe(403);
-    expect(existsSync(target)).toBe(false);
+  test("an upload needs no permission of the user: envd writes into /root and hands the file over (E2B)", async () => {
+    const target = `/root/${scratchName("handed")}/nested/file.txt`;
+    const res = await upload({ path: target, username: "user" }, "theirs");
+    try {
+      expect(res.status).toBe(200);
+      expect(readFileSync(target, "utf8")).toBe("theirs");
+      const uid = statSync(HOME).uid;
+      expect(statSync(target)).toMatchObject({ uid, mode: 0o100644 });
+      // Only the folders envd created are handed over; /root stays root's.
+      expect(statSync(dirname(target))).toMatchObject({ uid, mode: 0o40755 });
+      expect(statSync(dirname(dirname(target))).uid).toBe(uid);
+      expect(statSync("/root").uid).toBe(0);
+    } finally {
+      rmSync(dirname(dirname(target)), { recursive: true, force: true });
+    }
   });
 
   test("an octet-stream upload without a path query is 400", async () => {
@@ -392,13 +403,36 @@ describe("GET and POST /files over plain HTTP", () => {
     expect((await fetch(`${envd.url}/health`)).status).toBe(204);
   });
 
-  test("a user writing into root's world-writable file does not become its owner", async () => {
-    writeFileSync(`${abs}/shared.txt`, "root's");
-    chmodSync(`${abs}/shared.txt`, 0o666);
-    const res = await upload({ path: `${dir}/shared.txt`, username: "user" }, "user's");
+  test("overwriting root's read-only file hands it to the user with its mode kept, as E2B's envd does", async () => {
+    writeFileSync(`${abs}/roots.txt`, "root's longer content");
+    chmodSync(`${abs}/roots.txt`, 0o444);
+    const res = await upload({ path: `${dir}/roots.txt`, username: "user" }, "user's");
     expect(res.status).toBe(200);
-    expect(readFileSync(`${abs}/shared.txt`, "utf8")).toBe("user's");
-    expect(statSync(`${abs}/shared.txt`).uid).toBe(0);
+    expect(readFileSync(`${abs}/roots.txt`, "utf8")).toBe("user's");
+    expect(statSync(`${abs}/roots.txt`)).toMatchObject({ uid: statSync(HOME).uid, mode: 0o100444 });
+  });
+
+  test("root overwriting the user's file takes it over", async () => {
+    writeFileSync(`${abs}/users.txt`, "user's");
+    execFileSync("chown", ["user:user", `${abs}/users.txt`]);
+    expect((await upload({ path: `${abs}/users.txt`, username: "root" }, "root's")).status).toBe(200);
+    expect(statSync(`${abs}/users.txt`)).toMatchObject({ uid: 0, gid: 0 });
+  });
+
+  test("a device or FIFO is not an upload target: 400 and it stays as it was", async () => {
+    execFileSync("mkfifo", [`${abs}/fifo`]);
+    const fifo = await errorOf(await upload({ path: `${dir}/fifo`, username: "user" }, "x"));
+    expect(fifo).toMatchObject({ status: 400, message: `path '${abs}/fifo' is not a regular file` });
+    const owner = statSync("/dev/null").uid;
+    const device = await errorOf(await upload({ path: "/dev/null", username: "user" }, "x"));
+    expect(device.status).toBe(400);
+    expect(statSync("/dev/null").uid).toBe(owner);
+  });
+
+  test("a file on the way to the target is 400, not 500", async () => {
+    writeFileSync(`${abs}/plain.txt`, "p");
+    const res = await upload({ path: `${dir}/plain.txt/below.txt` }, "x");
+    expect(await errorOf(res)).toMatchObject({ status: 400, code: 400 });
   });
 
   test("a full disk is 507 'not enough disk space available' and leaves no partial file", async () => {

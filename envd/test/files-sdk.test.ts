@@ -1,5 +1,6 @@
 import { createHash, randomBytes } from "node:crypto";
 import { rmSync, statSync, symlinkSync } from "node:fs";
+import { basename } from "node:path";
 import {
   FileNotFoundError,
   type FilesystemEvent,
@@ -139,6 +140,44 @@ describe("files through the official e2b SDK", () => {
     ]);
     expect(await sandbox.files.read(`${dir}/multi/two.txt`)).toBe("two");
     expect(await sandbox.files.read(`${dir}/multi/three.txt`)).toBe("three");
+  });
+
+  // E2B's own `sandbox/files/write > write multiple files` writes /<i>/multi_test_file<i>.txt as the default user.
+  test("write with an array creates folders under / for the user, as E2B's 'write multiple files' expects", async () => {
+    const top = `/${scratchName("top")}`;
+    const files = [0, 1, 2, 3].map((i) => ({
+      path: i % 2 === 0 ? `${top}/${i}/multi_test_file${i}.txt` : `${abs}/multi_test_file${i}.txt`,
+      data: `This is a test file ${i}.`,
+    }));
+    try {
+      const infos = await sandbox.files.write(files);
+      expect(infos).toEqual(files.map((file) => ({ name: basename(file.path), type: "file", path: file.path })));
+      for (const file of files) {
+        expect(await sandbox.files.exists(file.path)).toBe(true);
+        expect(await sandbox.files.read(file.path)).toBe(file.data);
+        expect(await sandbox.files.getInfo(file.path)).toMatchObject({ owner: "user", group: "user", mode: 0o644 });
+      }
+      for (const folder of [top, `${top}/0`, `${top}/2`]) {
+        expect(await sandbox.files.getInfo(folder)).toMatchObject({ type: "dir", owner: "user", mode: 0o755 });
+      }
+      expect(statSync("/").uid).toBe(0);
+    } finally {
+      rmSync(top, { recursive: true, force: true });
+    }
+  });
+
+  test("makeDir and rename make folders outside the user's home for them, as E2B's envd does", async () => {
+    const top = `/${scratchName("top")}`;
+    try {
+      expect(await sandbox.files.makeDir(`${top}/made/deeper`)).toBe(true);
+      expect(await sandbox.files.getInfo(`${top}/made`)).toMatchObject({ owner: "user", mode: 0o755 });
+      await sandbox.files.write(`${dir}/to-move.txt`, "moved");
+      const info = await sandbox.files.rename(`${dir}/to-move.txt`, `${top}/moved/here.txt`);
+      expect(info).toMatchObject({ path: `${top}/moved/here.txt`, owner: "user" });
+      expect(await sandbox.files.getInfo(`${top}/moved`)).toMatchObject({ owner: "user", mode: 0o755 });
+    } finally {
+      rmSync(top, { recursive: true, force: true });
+    }
   });
 
   test("writing over a file replaces its content", async () => {

@@ -94,18 +94,40 @@ describe("filesystem.Filesystem over Connect", () => {
     expect(listed.entries.map((entry) => entry.name)).toEqual(["secret.txt"]);
   });
 
-  test("MakeDir, Move and Remove inside /root are denied to user and change nothing", async () => {
-    expect((await codeOf(fs.makeDir({ path: `${rootDir}/new` }, { headers: AS_USER }))).code).toBe(
-      Code.PermissionDenied,
-    );
+  test("Move and Remove of root's entries are denied to user and change nothing", async () => {
     expect((await codeOf(fs.remove({ path: `${rootDir}/secret.txt` }, { headers: AS_USER }))).code).toBe(
       Code.PermissionDenied,
     );
     const move = fs.move({ source: `${rootDir}/secret.txt`, destination: `${abs}/stolen.txt` }, { headers: AS_USER });
     expect((await codeOf(move)).code).toBe(Code.PermissionDenied);
-    expect(existsSync(`${rootDir}/new`)).toBe(false);
     expect(existsSync(`${rootDir}/secret.txt`)).toBe(true);
     expect(existsSync(`${abs}/stolen.txt`)).toBe(false);
+  });
+
+  test("MakeDir needs no permission of the user: root creates the folders and hands them over (E2B)", async () => {
+    const res = await fs.makeDir({ path: `${rootDir}/new/deeper` }, { headers: AS_USER });
+    expect(res.entry).toMatchObject({ path: `${rootDir}/new/deeper`, owner: "user", group: "user", mode: 0o755 });
+    expect(statSync(`${rootDir}/new`)).toMatchObject({ uid: statSync(HOME).uid, mode: 0o40755 });
+    expect(statSync(rootDir)).toMatchObject({ uid: 0, mode: 0o40700 });
+  });
+
+  test("a Move's destination is a write: the user's file moves into root's folder, its parents created for them", async () => {
+    writeFileSync(`${abs}/mine.txt`, "m");
+    execFileSync("chown", ["user:user", `${abs}/mine.txt`]);
+    const destination = `${rootDir}/moved-in/mine.txt`;
+    const res = await fs.move({ source: `${abs}/mine.txt`, destination }, { headers: AS_USER });
+    expect(res.entry).toMatchObject({ path: destination, owner: "user" });
+    expect(statSync(`${rootDir}/moved-in`)).toMatchObject({ uid: statSync(HOME).uid, mode: 0o40755 });
+    expect(existsSync(`${abs}/mine.txt`)).toBe(false);
+  });
+
+  test("a denied Move creates none of the destination's folders", async () => {
+    const move = fs.move(
+      { source: `${rootDir}/secret.txt`, destination: `${abs}/not-made/stolen.txt` },
+      { headers: AS_USER },
+    );
+    expect((await codeOf(move)).code).toBe(Code.PermissionDenied);
+    expect(existsSync(`${abs}/not-made`)).toBe(false);
   });
 
   test("Remove of a tree holding a directory the user may not write is denied and removes nothing", async () => {
@@ -177,6 +199,43 @@ describe("filesystem.Filesystem over Connect", () => {
     });
     expect(res.status).toBeGreaterThanOrEqual(400);
     expect(res.status).toBeLessThan(500);
+    expect((await fs.stat({ path: abs })).entry?.type).toBe(FileType.DIRECTORY);
+  });
+
+  test("a body that is not valid protobuf binary is invalid_argument as in JSON, unary and streaming", async () => {
+    const garbage = Buffer.from([0xff, 0xff, 0xff]);
+    const call = (path: string, contentType: string, body: Buffer, headers: Record<string, string> = {}) =>
+      fetch(`${envd.url}/${path}`, {
+        method: "POST",
+        headers: { "Content-Type": contentType, "Connect-Protocol-Version": "1", ...headers },
+        body,
+      });
+    for (const contentType of ["application/proto", "application/json"]) {
+      const res = await call("filesystem.Filesystem/Stat", contentType, garbage);
+      expect(res.status).toBe(400);
+      expect(((await res.json()) as { code: string }).code).toBe("invalid_argument");
+    }
+    const truncatedGzip = await call("filesystem.Filesystem/Stat", "application/proto", Buffer.from([0x1f, 0x8b]), {
+      "Content-Encoding": "gzip",
+    });
+    expect(await truncatedGzip.json()).toEqual({
+      code: "invalid_argument",
+      message: "cannot decompress the filesystem.StatRequest message: it is truncated or corrupt",
+    });
+    const envelope = Buffer.concat([Buffer.from([0, 0, 0, 0, garbage.length]), garbage]);
+    for (const [path, contentType] of [
+      ["filesystem.Filesystem/WatchDir", "application/connect+proto"],
+      ["filesystem.Filesystem/WatchDir", "application/connect+json"],
+      ["process.Process/Start", "application/connect+proto"],
+    ] as const) {
+      const res = await call(path, contentType, envelope);
+      const body = Buffer.from(await res.arrayBuffer());
+      // One end-stream envelope (flags 0x02) carrying the error.
+      expect(body[0]).toBe(2);
+      const end = JSON.parse(body.subarray(5).toString()) as { error: { code: string; message: string } };
+      expect(end.error.code).toBe("invalid_argument");
+      expect(end.error.message).toContain("cannot decode message");
+    }
     expect((await fs.stat({ path: abs })).entry?.type).toBe(FileType.DIRECTORY);
   });
 

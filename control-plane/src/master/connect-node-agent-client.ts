@@ -97,6 +97,7 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
             egress: { allowOut: [...request.egress.allowOut], denyOut: [...request.egress.denyOut] },
             snapshotId: request.snapshotId ?? "",
             snapshotEnvdAccessToken: request.snapshotEnvdAccessToken ?? "",
+            maskRequestHost: request.maskRequestHost ?? "",
             defaultUser: request.defaultUser ?? "",
             defaultWorkdir: request.defaultWorkdir ?? "",
           },

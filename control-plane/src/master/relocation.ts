@@ -22,6 +22,7 @@ export function nodeCreateRequest(row: SandboxRow, tokens: TokenIssuer): CreateO
     network: row.network,
     allowInternetAccess: row.allowInternetAccess,
     egress: row.egress ?? effectiveEgress(row.network, row.allowInternetAccess, "open"),
+    maskRequestHost: typeof row.network?.maskRequestHost === "string" ? row.network.maskRequestHost : "",
   };
 }
 

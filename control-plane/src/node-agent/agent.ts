@@ -400,6 +400,7 @@ export class NodeAgent {
         publicTraffic: input.publicTraffic ? "1" : "0",
         trafficTokenHash: input.trafficTokenHash ?? "",
         autoResume: input.autoResume ? "1" : "0",
+        maskRequestHost: input.maskRequestHost ?? "",
         metadata: JSON.stringify(input.metadata ?? {}),
       };
       instance = await this.driver.label(instance.instanceId, labels);

@@ -21,6 +21,8 @@ export interface CreateSandboxInput {
   readonly metadata?: Readonly<Record<string, string>>;
   readonly defaultUser?: string;
   readonly defaultWorkdir?: string;
+  /** E2B's network.maskRequestHost, written into the route. */
+  readonly maskRequestHost?: string;
   /** Replaces the sandbox's start command (tests of failing starts only; never pooled). */
   readonly command?: readonly string[];
   /** Egress policy (E2B allowOut/denyOut, internet access folded in by the master); default: nothing leaves. */
@@ -154,6 +156,6 @@ export function sandboxRoute(
     public: labels.publicTraffic === "1",
     trafficTokenHash: labels.trafficTokenHash ?? "",
     autoResume: labels.autoResume === "1",
-    maskRequestHost: "",
+    maskRequestHost: labels.maskRequestHost ?? "",
   };
 }

@@ -52,6 +52,7 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
           metadata: req.metadata,
           defaultUser: req.defaultUser,
           defaultWorkdir: req.defaultWorkdir,
+          maskRequestHost: req.maskRequestHost,
           ...(req.egress ? { egress: { allowOut: req.egress.allowOut, denyOut: req.egress.denyOut } } : {}),
           ...(req.snapshotId ? { snapshotId: req.snapshotId } : {}),
           ...(req.snapshotEnvdAccessToken ? { snapshotEnvdAccessToken: req.snapshotEnvdAccessToken } : {}),

@@ -286,7 +286,7 @@ export async function markBuildReady(db: Queryable, buildId: string, r: BuildRes
   const result = await db.query(
     `UPDATE template_builds SET status = 'ready', node_id = $2, snapshot_id = $3, layer_snapshot_id = $4,
        base_template_id = $5, start_cmd = $6, ready_cmd = $7, default_user = $8, default_workdir = $9, env_vars = $10,
-       layer_keys = $11, disk_size_mb = $12, finished_at = now(), updated_at = now()
+       layer_keys = ARRAY(SELECT DISTINCT unnest(layer_keys || $11::text[])), disk_size_mb = $12, finished_at = now(), updated_at = now()
      WHERE id = $1 AND status = 'building'`,
     [
       buildId,

@@ -21,11 +21,12 @@ function selfAndAncestors(path: string): string[] {
 }
 
 /**
- * Creates `dir` and any missing parents, each 0755 and owned by `user` (existing ones are
- * left alone). A non-directory on the way is `invalid_argument`.
+ * Creates `dir` and any missing parents as root and hands each one it created to `user`
+ * (0755, `user`:`user`); existing ones are left alone. As in E2B's envd (EnsureDirs) this
+ * needs no permission of the user: envd writes on their behalf. A non-directory on the way
+ * is `invalid_argument`.
  */
-export async function ensureDirectory(dir: string, user: SandboxUser, access: AccessChecker): Promise<void> {
-  let checked = false;
+export async function ensureDirectory(dir: string, user: SandboxUser): Promise<void> {
   for (const current of selfAndAncestors(dir)) {
     const info = await stat(current).catch((error: unknown) => {
       if (errnoOf(error) === "ENOENT") return undefined;
@@ -34,10 +35,6 @@ export async function ensureDirectory(dir: string, user: SandboxUser, access: Ac
     if (info) {
       if (!info.isDirectory()) throw invalidArgument(`path '${current}' exists but is not a directory`);
       continue;
-    }
-    if (!checked) {
-      await access.assertCreatable(current);
-      checked = true;
     }
     try {
       await mkdir(current, DIRECTORY_MODE);
@@ -60,22 +57,27 @@ export async function statEntry(path: string, access: AccessChecker, users: User
   return entryInfo(path, users);
 }
 
-/** E2B's MakeDir: an existing directory is `already_exists` (the SDK answers false), a file `invalid_argument`. */
-export async function makeDirectory(
-  path: string,
-  user: SandboxUser,
-  access: AccessChecker,
-  users: UserDirectory,
-): Promise<EntryInfo> {
-  await access.assertReachable(path);
-  const existing = await stat(path).catch(() => undefined);
+/**
+ * E2B's MakeDir: the directory and its missing parents are created for the user wherever
+ * root may create them (E2B checks no permission either); an existing directory is
+ * `already_exists` (the SDK answers false), anything else there `invalid_argument`.
+ */
+export async function makeDirectory(path: string, user: SandboxUser, users: UserDirectory): Promise<EntryInfo> {
+  const existing = await stat(path).catch((error: unknown) => {
+    if (errnoOf(error) === "ENOENT") return undefined;
+    throw fromFsError(error, path);
+  });
   if (existing?.isDirectory()) throw alreadyExists(`directory '${path}' already exists`);
   if (existing) throw invalidArgument(`path '${path}' already exists but is not a directory`);
-  await ensureDirectory(path, user, access);
+  await ensureDirectory(path, user);
   return entryInfo(path, users);
 }
 
-/** rename(2) with the destination's parents created for the user; returns the destination entry. */
+/**
+ * rename(2), returning the destination entry. Taking the source away is checked like
+ * Remove; the destination side is a write, done as in E2B's Move: its missing parents are
+ * created for the user and whatever root may put there is allowed.
+ */
 export async function moveEntry(
   source: string,
   destination: string,
@@ -89,11 +91,9 @@ export async function moveEntry(
   });
   await access.assertUnlinkable(source, info);
   const targetDir = dirname(destination);
-  await ensureDirectory(targetDir, user, access);
-  await access.assertCreatable(destination);
-  if (await lstat(destination).catch(() => undefined)) await access.assertUnlinkable(destination);
   // Moving a directory to a new parent rewrites its "..", which needs write permission on it.
   if (info.isDirectory() && dirname(source) !== targetDir) await access.assertWritable(source);
+  await ensureDirectory(targetDir, user);
   try {
     await rename(source, destination);
   } catch (error) {

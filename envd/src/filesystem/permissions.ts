@@ -35,12 +35,14 @@ export function ancestorsOf(path: string): string[] {
 }
 
 /**
- * envd runs as root, so it checks for the request's user what the kernel would check for a
- * process of theirs: search permission on every directory a path goes through, read or
- * write permission on the target, write and search permission on the directory an entry is
- * created in, removed from or renamed out of (plus the sticky-bit rule). Paths that do not
- * exist pass, so the operation itself reports `not_found` as it would for root. Denials
- * are `permission_denied` naming the path and what was missing.
+ * envd runs as root, so for reading, listing, watching and taking entries away it checks
+ * for the request's user what the kernel would check for a process of theirs: search
+ * permission on every directory a path goes through, read permission on the target, write
+ * and search permission on the directory an entry is removed from or renamed out of (plus
+ * the sticky-bit rule). Writes (uploads, compose, MakeDir, a Move's destination) are not checked:
+ * E2B's envd makes them as root and hands the result to the user. Paths that do not exist
+ * pass, so the operation itself reports `not_found` as it would for root. Denials are
+ * `permission_denied` naming the path and what was missing.
  */
 export class AccessChecker {
   constructor(readonly user: SandboxUser) {}
@@ -72,18 +74,6 @@ export class AccessChecker {
   /** Listing or watching a directory needs read and search permission on it. */
   async assertListable(dir: string): Promise<void> {
     await this.assertTarget(dir, READ | SEARCH, "list");
-  }
-
-  /** Creating `path` (and any missing parents) needs write+search on its deepest existing ancestor. */
-  async assertCreatable(path: string): Promise<void> {
-    if (this.unrestricted) return;
-    await this.assertReachable(path);
-    const parent = await this.deepestExisting(dirname(path));
-    if (!parent) return;
-    const info = await stat(parent).catch(() => undefined);
-    if (info?.isDirectory() && !mayAccess(this.user, info, WRITE | SEARCH)) {
-      throw this.denied(`create entries in '${parent}'`, path);
-    }
   }
 
   /** Unlinking or renaming `path` away: write+search on its directory, and the sticky-bit rule. */

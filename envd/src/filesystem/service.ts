@@ -27,7 +27,9 @@ interface WatchParams {
 /**
  * envd's `filesystem.Filesystem` Connect service (E2B-PROTOCOL.md §3.3). Each call acts as
  * the user of its Basic header (else the sandbox default): paths resolve against their
- * home and everything is checked against their permissions, although envd runs as root.
+ * home. Reads, listings, watches and removals are checked against their permissions,
+ * although envd runs as root; what MakeDir and Move create is made as in E2B's envd, by
+ * root, and handed to them.
  */
 export function createFilesystemService(ctx: EnvdContext): Closable & { impl: ServiceImpl<typeof Filesystem> } {
   const registry = new WatcherRegistry(ctx.log);
@@ -50,7 +52,7 @@ export function createFilesystemService(ctx: EnvdContext): Closable & { impl: Se
     },
     async makeDir(req, handler) {
       const who = caller(handler);
-      return { entry: await makeDirectory(who.resolve(req.path), who.user, who.access, ctx.users) };
+      return { entry: await makeDirectory(who.resolve(req.path), who.user, ctx.users) };
     },
     async move(req, handler) {
       const who = caller(handler);

@@ -6,7 +6,6 @@ import { type EnvdError, fromFsError, invalidArgument } from "../errors.js";
 import type { SandboxUser } from "../users.js";
 import { type Metadata, replaceMetadata } from "./metadata.js";
 import { ensureDirectory } from "./operations.js";
-import type { AccessChecker } from "./permissions.js";
 
 /** Mode of files envd creates for a user, set explicitly so the umask does not matter. */
 export const FILE_MODE = 0o644;
@@ -56,61 +55,69 @@ function copy(source: Readable, sink: Writable, path: string): Promise<void> {
   });
 }
 
-/** Opens `path` for the upload: created 0644 if new (reported), else truncated once writable. */
-async function openTarget(path: string, access: AccessChecker): Promise<{ handle: FileHandle; created: boolean }> {
+/**
+ * Opens `path` for the upload as root: created 0644 if new (reported, so a failed upload
+ * can remove it again), else opened as it is. Nothing is truncated yet.
+ */
+async function openTarget(path: string): Promise<{ handle: FileHandle; created: boolean }> {
   try {
     const handle = await open(path, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL, FILE_MODE);
     return { handle, created: true };
   } catch (error) {
     if (errnoOf(error) !== "EEXIST") throw fromFsError(error, path);
   }
-  await access.assertWritable(path);
   try {
-    return { handle: await open(path, constants.O_WRONLY | constants.O_TRUNC), created: false };
+    // Non-blocking, so a FIFO swapped in since the caller's stat fails (ENXIO) instead of hanging.
+    return { handle: await open(path, constants.O_WRONLY | constants.O_NONBLOCK), created: false };
   } catch (error) {
     throw fromFsError(error, path);
   }
 }
 
 /**
- * Writes one uploaded file as E2B's envd does: parents created (0755, owned by the user),
- * the file created 0644 or truncated and rewritten in place (so watchers see a WRITE of
- * the file itself), owned by the user (an existing file only when root writes it), and
- * its metadata replaced by `metadata`. A file this call created is removed again if the
+ * Hands the opened file to `user` as E2B's envd does with every upload target, new or
+ * overwritten, then empties an existing one. No-op changes are skipped: each change is an
+ * inotify ATTRIB (a CHMOD event for watchers). Emptying only now means a file that cannot
+ * be handed over (a procfs file refuses chown) is left as it was.
+ */
+async function prepareTarget(handle: FileHandle, created: boolean, user: SandboxUser, path: string): Promise<void> {
+  try {
+    const current = await handle.stat();
+    if (!current.isFile()) throw invalidArgument(`path '${path}' is not a regular file`);
+    if (current.uid !== user.uid || current.gid !== user.gid) await handle.chown(user.uid, user.gid);
+    if (created && (current.mode & 0o7777) !== FILE_MODE) await handle.chmod(FILE_MODE);
+    if (!created) await handle.truncate(0);
+  } catch (error) {
+    throw fromFsError(error, path);
+  }
+}
+
+/**
+ * Writes one uploaded file with E2B's semantics: envd writes as root on the user's behalf,
+ * so no permission of the user is needed. Missing parents are created 0755 and the file
+ * 0644, an existing file is rewritten in place (so watchers see a WRITE of the file itself,
+ * its mode kept), and what was written belongs to `user` afterwards. Its metadata is
+ * replaced by `metadata`. A directory or another non-regular file (device, FIFO, socket)
+ * at `path` is `invalid_argument`, and a file this call created is removed again if the
  * upload fails.
  */
 export async function writeUploadedFile(
   path: string,
   source: Readable,
   user: SandboxUser,
-  access: AccessChecker,
   metadata: Metadata,
 ): Promise<void> {
-  await access.assertReachable(path);
   const existing = await stat(path).catch((error: unknown) => {
     if (errnoOf(error) === "ENOENT") return undefined;
     throw fromFsError(error, path);
   });
   if (existing?.isDirectory()) throw invalidArgument(`path '${path}' is a directory`);
   if (existing && !existing.isFile()) throw invalidArgument(`path '${path}' is not a regular file`);
-  if (existing) await access.assertWritable(path);
-  else {
-    await ensureDirectory(dirname(path), user, access);
-    await access.assertCreatable(path);
-  }
+  if (!existing) await ensureDirectory(dirname(path), user);
 
-  const { handle, created } = await openTarget(path, access);
+  const { handle, created } = await openTarget(path);
   try {
-    try {
-      // Each change is an inotify ATTRIB (a CHMOD event for watchers), so skip the no-ops. A
-      // user writing into someone else's (writable) file does not get to own it; root does.
-      const current = await handle.stat();
-      const mayTakeOver = created || user.uid === 0;
-      if (mayTakeOver && (current.uid !== user.uid || current.gid !== user.gid)) await handle.chown(user.uid, user.gid);
-      if (created && (current.mode & 0o7777) !== FILE_MODE) await handle.chmod(FILE_MODE);
-    } catch (error) {
-      throw fromFsError(error, path);
-    }
+    await prepareTarget(handle, created, user, path);
     // The stream closes the handle when it finishes or fails; the close below is then a no-op.
     await copy(source, handle.createWriteStream(), path);
     await replaceMetadata(path, metadata);

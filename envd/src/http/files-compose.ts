@@ -80,14 +80,14 @@ async function checkSources(
   return sources;
 }
 
-/** The destination's parents exist (created for the user) and the user may create and replace entries there. */
-async function prepareDestination(destination: string, temporary: string, user: SandboxUser, access: AccessChecker) {
-  await access.assertReachable(destination);
+/**
+ * The destination is written as an upload is (E2B's compose does the same): its missing
+ * parents are created for the user and no permission of theirs is needed there.
+ */
+async function prepareDestination(destination: string, user: SandboxUser): Promise<void> {
   const existing = await stat(destination).catch(() => undefined);
   if (existing?.isDirectory()) throw invalidArgument(`path '${destination}' is a directory`);
-  await ensureDirectory(dirname(destination), user, access);
-  await access.assertCreatable(temporary);
-  if (existing) await access.assertUnlinkable(destination);
+  await ensureDirectory(dirname(destination), user);
 }
 
 /** Every source's bytes in order; a read failure names the source it came from. */
@@ -164,7 +164,7 @@ export async function handleFilesCompose(req: IncomingMessage, res: ServerRespon
     const destination = resolveUserPath(request.destination, user);
     const sources = await checkSources(request, destination, user, access);
     const temporary = `${destination}.e2b-compose.${randomUUID()}.tmp`;
-    await prepareDestination(destination, temporary, user, access);
+    await prepareDestination(destination, user);
     const size = await writeComposed(sources, destination, temporary, user);
     // As in E2B, the composed file stands once renamed; a source that cannot be removed is left.
     await Promise.all(sources.map((source) => unlink(source).catch(() => {})));

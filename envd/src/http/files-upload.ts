@@ -4,7 +4,6 @@ import type { Readable } from "node:stream";
 import { createGunzip } from "node:zlib";
 import { invalidArgument } from "../errors.js";
 import { type Metadata, validateMetadata } from "../filesystem/metadata.js";
-import { AccessChecker } from "../filesystem/permissions.js";
 import { writeUploadedFile } from "../filesystem/write-file.js";
 import { resolveUserPath } from "../paths.js";
 import type { SandboxUser } from "../users.js";
@@ -68,7 +67,8 @@ function uploadedEntry(path: string, metadata: Metadata): UploadedEntry {
 /**
  * POST /files (E2B-PROTOCOL.md §4.5): multipart/form-data (every `file` part, its target the
  * `path` query or else the part's filename) or application/octet-stream (target = `path`),
- * optionally gzip-encoded, streamed to disk as `user`. Answers the written entries in order.
+ * optionally gzip-encoded, streamed to disk by root for `user` as E2B's envd does (no permission
+ * of theirs needed; what is written becomes theirs). Answers the written entries in order.
  */
 export async function receiveUpload(
   req: IncomingMessage,
@@ -86,7 +86,6 @@ export async function receiveUpload(
   }
   const metadata = metadataFromHeaders(req);
   const body = decodedBody(req);
-  const access = new AccessChecker(user);
   const uploaded: UploadedEntry[] = [];
   const targets = new Set<string>();
 
@@ -96,7 +95,7 @@ export async function receiveUpload(
       throw invalidArgument(`you cannot upload multiple files to the same path '${path}' in one upload request`);
     }
     targets.add(path);
-    await writeUploadedFile(path, data, user, access, metadata);
+    await writeUploadedFile(path, data, user, metadata);
     uploaded.push(uploadedEntry(path, metadata));
   };
 

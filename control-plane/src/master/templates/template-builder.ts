@@ -18,6 +18,7 @@ import {
   type BuildContext,
   type BuildReason,
   type BuildRecord,
+  type BuildResult,
   failAbandonedBuilds,
   findLayer,
   getBuild,
@@ -161,31 +162,40 @@ export class TemplateBuilder {
     const heartbeat = setInterval(() => void touchBuild(db, build.id).catch(() => undefined), HEARTBEAT_MS);
     let placed: { node: NodeAgentClient; nodeId: string } | undefined;
     const sandboxId = build.buildSandboxId as string;
+    let outcome: { result: BuildResult } | { reason: BuildReason };
     try {
       const spec = parseBuildSpec(build.spec);
       const team = await getTeam(db, build.teamId);
       if (!team) throw new PhaseError("base", "the build's team no longer exists");
-      placed = await this.execute(build, spec, team, buildLog, abort.signal, credentials, (p) => {
+      const result = await this.execute(build, spec, team, buildLog, abort.signal, credentials, (p) => {
         placed = p;
       });
-      const seconds = Math.round((Date.now() - started) / 100) / 10;
-      buildLog.info(`Build finished, took ${seconds}s`);
-      log.info("template build ready", { buildId: build.id, templateId: build.templateId, seconds });
+      outcome = { result };
+      buildLog.info(`Build finished, took ${Math.round((Date.now() - started) / 100) / 10}s`);
     } catch (error) {
       const reason = failureReason(error, abort.signal);
+      outcome = { reason };
       buildLog.add("error", `Build failed: ${reason.message}`, reason.step);
-      await markBuildFailed(db, build.id, reason).catch(() => undefined);
-      log.warn("template build failed", { buildId: build.id, templateId: build.templateId, ...reason });
-    } finally {
-      clearTimeout(timer);
-      clearInterval(heartbeat);
-      if (placed) await this.removeSandbox(placed.node, sandboxId);
-      if (placed) this.perNode.set(placed.nodeId, (this.perNode.get(placed.nodeId) ?? 1) - 1);
-      await buildLog.flush().catch((error) => log.warn("writing build logs failed", { buildId: build.id, error }));
     }
+    clearTimeout(timer);
+    // The status changes last: when a client sees `ready` or `error`, the log is whole and the sandbox gone.
+    if (placed) {
+      await this.removeSandbox(placed.node, sandboxId);
+      this.perNode.set(placed.nodeId, (this.perNode.get(placed.nodeId) ?? 1) - 1);
+    }
+    await buildLog.flush().catch((error) => log.warn("writing build logs failed", { buildId: build.id, error }));
+    clearInterval(heartbeat);
+    const seconds = Math.round((Date.now() - started) / 100) / 10;
+    if ("result" in outcome && (await markBuildReady(db, build.id, outcome.result))) {
+      log.info("template build ready", { buildId: build.id, templateId: build.templateId, seconds });
+      return;
+    }
+    const reason = "reason" in outcome ? outcome.reason : { message: "build was cancelled" };
+    await markBuildFailed(db, build.id, reason).catch(() => undefined);
+    log.warn("template build failed", { buildId: build.id, templateId: build.templateId, seconds, ...reason });
   }
 
-  /** The whole build; returns where its sandbox ran (removed by the caller). */
+  /** The whole build up to its result; `onPlaced` says where its sandbox runs (the caller removes it). */
   private async execute(
     build: BuildRecord,
     spec: TemplateBuildSpec,
@@ -194,7 +204,7 @@ export class TemplateBuilder {
     signal: AbortSignal,
     credentials: RegistryLogin | undefined,
     onPlaced: (placed: { node: NodeAgentClient; nodeId: string }) => void,
-  ): Promise<{ node: NodeAgentClient; nodeId: string } | undefined> {
+  ): Promise<BuildResult> {
     const { db, tokens } = this.deps;
     const base = await this.resolveBase(team, spec, build, credentials, buildLog);
     buildLog.info(`[base] ${base.description} [${base.key.slice(0, 12)}]`, "base");
@@ -303,7 +313,7 @@ export class TemplateBuilder {
         );
       }
     }
-    const ready = await markBuildReady(db, build.id, {
+    return {
       nodeId: finalSnapshot?.nodeId ?? "",
       snapshotId: finalSnapshot?.id ?? "",
       layerSnapshotId: snapshot?.id ?? "",
@@ -313,9 +323,7 @@ export class TemplateBuilder {
       context,
       layerKeys: keys,
       diskSizeMB: this.deps.config.sandboxDiskMB,
-    });
-    if (!ready) throw new PhaseError(undefined, "build was cancelled");
-    return placed;
+    };
   }
 
   private async resolveBase(

@@ -1,0 +1,143 @@
+#!/usr/bin/env node
+// Template build benchmarks (issue 17): prints figures, asserts nothing. Run as root after `npm run build`:
+//   node e2e/bench/templates.mjs [--quick]
+// Starts its own cluster (two namespace node agents, the template store on a loopback docker-registry) in a temp
+// dir and drives it with the official e2b SDK: a cold five-step build, the same build fully cached, create from a
+// custom template → first command side by side with `base`, and a template's first pull onto another node.
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Sandbox, Template } from "e2b";
+import { Redis } from "ioredis";
+import { LocalCluster } from "../dist/cluster.js";
+import { startRegistry } from "../dist/registry.js";
+
+const quick = process.argv.includes("--quick");
+const N = quick ? 5 : 20;
+const BIG_MB = quick ? 50 : 300;
+const dataDir = mkdtempSync(join(tmpdir(), "warren-bench-tpl-"));
+const contextDir = join(dataDir, "context");
+
+const pct = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
+const ms = (n) => `${n.toFixed(0)} ms`;
+const stats = (times) => {
+  const sorted = [...times].sort((a, b) => a - b);
+  return { p50: pct(sorted, 50), p99: pct(sorted, 99), n: sorted.length };
+};
+const fmt = (s) => `p50 ${ms(s.p50)}  p99 ${ms(s.p99)}  (n=${s.n})`;
+const line = (label, text) => console.log(`${label.padEnd(58)} ${text}`);
+
+async function timed(fn) {
+  const t0 = performance.now();
+  const value = await fn();
+  return { value, ms: performance.now() - t0 };
+}
+
+function fiveSteps(stamp) {
+  return Template({ fileContextPath: contextDir })
+    .fromTemplate("base")
+    .runCmd(`echo ${stamp} > /opt/stamp && python3 -c 'print(sum(range(10**6)))'`, { user: "root" })
+    .copy("app.py", "/app/", { user: "user" })
+    .setEnvs({ APP_MODE: "bench" })
+    .setWorkdir("/app")
+    .runCmd("python3 -m py_compile app.py");
+}
+
+async function createAndRun(template) {
+  const t0 = performance.now();
+  const sbx = await Sandbox.create(template, { timeoutMs: 120_000 });
+  await sbx.commands.run("true");
+  const elapsed = performance.now() - t0;
+  await sbx.kill();
+  return elapsed;
+}
+
+async function nodeOf(cluster, sandboxId) {
+  const redis = new Redis(cluster.redisUrl, { maxRetriesPerRequest: 1 });
+  try {
+    return (await redis.hget(`warren:route:${sandboxId}`, "node")) ?? "";
+  } finally {
+    redis.disconnect();
+  }
+}
+
+async function main() {
+  const registry = await startRegistry(join(dataDir, "registry"));
+  const cluster = new LocalCluster({
+    dataDir,
+    nodeAgents: 2,
+    poolSize: 2,
+    instancePrefix: "y",
+    nodeCidr: (i) => `10.232.${i * 16}.0/20`,
+    onProgress: (text) => process.stderr.write(`  ${text}\n`),
+    env: {
+      WARREN_UPLINK_FORWARDING: "0",
+      WARREN_DNS_UPSTREAM: "127.0.0.1:9",
+      WARREN_STORE: `docker://${registry.host}/bench`,
+      WARREN_STORE_INSECURE: "1",
+    },
+  });
+  try {
+    const env = await cluster.start();
+    Object.assign(process.env, {
+      E2B_API_URL: env.E2B_API_URL,
+      E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+      E2B_API_KEY: env.E2B_API_KEY,
+    });
+    mkdirSync(contextDir, { recursive: true });
+    writeFileSync(join(contextDir, "app.py"), "print('hello')\n");
+    console.log(`Warren template benchmarks (${quick ? "quick" : "full"}), ${new Date().toISOString()}`);
+    console.log("two namespace node agents, store on a loopback docker-registry, official e2b SDK\n");
+
+    const cold = await timed(() => Template.build(fiveSteps("cold"), "bench-five"));
+    line("cold build, five steps (from base)", ms(cold.ms));
+    const cached = [];
+    for (let i = 0; i < (quick ? 3 : 5); i++)
+      cached.push((await timed(() => Template.build(fiveSteps("cold"), "bench-five"))).ms);
+    line("the same build, every step cached (target ≤ 2 s)", fmt(stats(cached)));
+    const oneChanged = await timed(() => Template.build(fiveSteps("changed"), "bench-five"));
+    line("first step changed (all five rerun)", ms(oneChanged.ms));
+
+    // Create → first command, custom template and base interleaved in the same run.
+    const custom = [];
+    const base = [];
+    for (let i = 0; i < N; i++) {
+      base.push(await createAndRun("base"));
+      custom.push(await createAndRun("bench-five"));
+    }
+    const c = stats(custom);
+    const b = stats(base);
+    line("create → first command, base", fmt(b));
+    line("create → first command, custom five-step template", fmt(c));
+    line("ratio custom / base, p50 (target ≤ 1.2)", (c.p50 / b.p50).toFixed(2));
+
+    // A template of BIG_MB, built on one node, first started on the other (pulled from the registry).
+    const big = Template().fromTemplate("base").runCmd(`head -c ${BIG_MB}M /dev/urandom > /opt/big`, { user: "root" });
+    const built = await timed(() => Template.build(big, "bench-big"));
+    line(`build of a ${BIG_MB} MB template (publish included)`, ms(built.ms));
+    const first = await Sandbox.create("bench-big", { timeoutMs: 300_000 });
+    const home = await nodeOf(cluster, first.sandboxId);
+    await first.kill();
+    const other = home.endsWith("a") ? home.replace(/a$/, "b") : home.replace(/b$/, "a");
+    const cordon = (node, on) =>
+      fetch(`${env.WARREN_API_URL}/warren/v1/admin/nodes/${node}/cordon`, {
+        method: on ? "POST" : "DELETE",
+        headers: { "X-Admin-Token": env.WARREN_ADMIN_TOKEN },
+      });
+    await cordon(home, true);
+    const pulled = await timed(() => createAndRun("bench-big"));
+    const again = await timed(() => createAndRun("bench-big"));
+    await cordon(home, false);
+    line(`first create on ${other}: pull ${BIG_MB} MB + create + command`, ms(pulled.ms));
+    line(`second create there (copy cached)`, ms(again.ms));
+  } finally {
+    await cluster.stop();
+    await registry.process.stop();
+    rmSync(dataDir, { recursive: true, force: true });
+  }
+}
+
+main().catch((error) => {
+  console.error(error);
+  process.exit(1);
+});

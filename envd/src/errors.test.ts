@@ -1,0 +1,42 @@
+import { Code } from "@connectrpc/connect";
+import { describe, expect, test } from "vitest";
+import { fromFsError } from "./errors.js";
+import { httpStatusOf } from "./http/respond.js";
+
+function errno(code: string): NodeJS.ErrnoException {
+  return Object.assign(new Error(`${code}: failed`), { code });
+}
+
+describe("filesystem errors", () => {
+  test.each([
+    ["ENOENT", Code.NotFound, 404],
+    ["EACCES", Code.PermissionDenied, 403],
+    ["EROFS", Code.PermissionDenied, 403],
+    ["ETXTBSY", Code.FailedPrecondition, 400],
+    ["EBUSY", Code.FailedPrecondition, 400],
+    ["EOPNOTSUPP", Code.FailedPrecondition, 400],
+    ["ENXIO", Code.FailedPrecondition, 400],
+    ["EINVAL", Code.InvalidArgument, 400],
+    ["EFBIG", Code.InvalidArgument, 400],
+    ["ENAMETOOLONG", Code.InvalidArgument, 400],
+    ["ENOTDIR", Code.InvalidArgument, 400],
+    ["ENOSPC", Code.ResourceExhausted, 507],
+    ["EDQUOT", Code.ResourceExhausted, 507],
+  ])("%s is the client's error: %s, HTTP %i", (code, connectCode, status) => {
+    const error = fromFsError(errno(code), "/etc/resolv.conf");
+    expect(error.code).toBe(connectCode);
+    expect(httpStatusOf(error)).toBe(status);
+  });
+
+  test("a read-only file system is named in the message", () => {
+    expect(fromFsError(errno("EROFS"), "/etc/resolv.conf").rawMessage).toBe(
+      "path '/etc/resolv.conf' is on a read-only file system",
+    );
+  });
+
+  test.each(["EIO", "EMFILE", "ENOMEM"])("%s is the machine's failure: internal, HTTP 500", (code) => {
+    const error = fromFsError(errno(code), "/x");
+    expect(error.code).toBe(Code.Internal);
+    expect(httpStatusOf(error)).toBe(500);
+  });
+});
