@@ -40,7 +40,7 @@ function fiveSteps(stamp) {
     .copy("app.py", "/app/", { user: "user" })
     .setEnvs({ APP_MODE: "bench" })
     .setWorkdir("/app")
-    .runCmd("python3 -m py_compile app.py");
+    .runCmd("python3 -m py_compile app.py", { user: "root" });
 }
 
 async function createAndRun(template) {
@@ -67,7 +67,7 @@ async function main() {
     dataDir,
     nodeAgents: 2,
     poolSize: 2,
-    instancePrefix: "y",
+    instancePrefix: "q",
     nodeCidr: (i) => `10.232.${i * 16}.0/20`,
     onProgress: (text) => process.stderr.write(`  ${text}\n`),
     env: {
@@ -138,6 +138,6 @@ async function main() {
 }
 
 main().catch((error) => {
-  console.error(error);
+  console.error(error instanceof Error ? `${error.name}: ${error.message}` : error);
   process.exit(1);
 });

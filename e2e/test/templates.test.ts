@@ -18,7 +18,7 @@ const cluster = new LocalCluster({
   dataDir,
   nodeAgents: 1,
   poolSize: 1,
-  instancePrefix: "t",
+  instancePrefix: "w",
   nodeCidr: () => "10.224.0.0/22",
 });
 let env: ClusterEnv;

@@ -98,6 +98,7 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
             snapshotId: request.snapshotId ?? "",
             snapshotEnvdAccessToken: request.snapshotEnvdAccessToken ?? "",
             maskRequestHost: request.maskRequestHost ?? "",
+            warmPool: request.warmPool === true,
             defaultUser: request.defaultUser ?? "",
             defaultWorkdir: request.defaultWorkdir ?? "",
           },

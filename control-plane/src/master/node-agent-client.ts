@@ -33,6 +33,8 @@ export interface CreateOnNodeRequest {
   readonly snapshotId?: string;
   /** A memory snapshot's envd holds its source's access token: the node presents it to /init. Never logged. */
   readonly snapshotEnvdAccessToken?: string;
+  /** Keep and use warm sandboxes of `snapshotId` on the node (a custom template's creates). */
+  readonly warmPool?: boolean;
   /** E2B's network.maskRequestHost (a route field); empty: the client's Host goes through. */
   readonly maskRequestHost?: string;
   /** envd's default user and working directory (a custom template's last USER/WORKDIR); absent: `user`, home. */

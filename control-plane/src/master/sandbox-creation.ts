@@ -257,6 +257,8 @@ export class SandboxCreation {
     const reasons: string[] = [];
     const fromSnapshot = {
       ...(snapshot ? await this.snapshotStart(snapshot, build) : {}),
+      // A custom template's sandboxes come from a warm pool of its snapshot on the node, kept once used there.
+      ...(build && snapshot ? { warmPool: true } : {}),
       // A custom template's last USER and WORKDIR are envd's defaults.
       ...(build?.defaultUser ? { defaultUser: build.defaultUser } : {}),
       ...(build?.defaultWorkdir ? { defaultWorkdir: build.defaultWorkdir } : {}),

@@ -35,6 +35,7 @@ import {
   summaryOf,
 } from "./sandbox-model.js";
 import { SandboxQueue } from "./sandbox-queue.js";
+import { SnapshotPools } from "./snapshot-pools.js";
 import { type PublishedSnapshot, SnapshotStore } from "./snapshot-store.js";
 import { StartGate } from "./start-gate.js";
 import { WarmPool } from "./warm-pool.js";
@@ -65,6 +66,8 @@ export class NodeAgent {
   private readonly queue = new SandboxQueue();
   private readonly snapshots: NodeSnapshots;
   private readonly store: SnapshotStore;
+  /** Warm sandboxes of custom templates (their snapshots), for creates that ask for them. */
+  private readonly snapshotPools: SnapshotPools;
   private readonly checkpointTimers = new Map<string, NodeJS.Timeout>();
   private readonly pools = new Map<string, WarmPool>();
   /** Cold starts run at most `maxConcurrentStarts` at once (claims from a warm pool never wait). */
@@ -90,6 +93,23 @@ export class NodeAgent {
     // Tests build configs by hand; an absent limit is the loader's default.
     this.startGate = new StartGate(config.maxConcurrentStarts || Math.max(2, cpus().length * 2));
     this.snapshots = new NodeSnapshots(driver, this.queue, (sandboxId) => this.requireSandbox(sandboxId), log);
+    this.snapshotPools = new SnapshotPools(
+      config.poolSize ?? 0,
+      config.templatePools ?? 4,
+      async (templateId, snapshotId, resources) => {
+        const template = this.templates.ready(templateId);
+        if (!template || this.draining) throw new Error(`template '${templateId}' is not ready on this node`);
+        return this.driver.create({
+          template,
+          resources,
+          labels: { pooled: "1" },
+          ...(this.driver.setEgress ? { egress: OPEN_EGRESS } : {}),
+          snapshotId,
+        });
+      },
+      (instance) => this.driver.kill(instance.instanceId),
+      log.child({ part: "template-pools" }),
+    );
     // Tests build configs by hand; an absent store is the loader's default.
     this.store = new SnapshotStore(
       config.store ?? { url: "oci:/var/lib/warren/store", insecure: false },
@@ -231,7 +251,12 @@ export class NodeAgent {
         resources.cpuCount === defaults.cpuCount &&
         resources.memoryMiB === defaults.memoryMiB &&
         resources.diskMiB === defaults.diskMiB;
-      let instance = poolable ? this.pools.get(input.templateId)?.take() : undefined;
+      const fromPool = snapshot && input.warmPool === true && !input.command;
+      let instance = poolable
+        ? this.pools.get(input.templateId)?.take()
+        : fromPool
+          ? this.snapshotPools.take(snapshot.snapshotId, resources)
+          : undefined;
       const pooled = instance !== undefined;
       if (!instance) {
         try {
@@ -249,7 +274,9 @@ export class NodeAgent {
         }
       }
       const previousToken = snapshot?.memory ? input.snapshotEnvdAccessToken : undefined;
-      return await this.activate(instance, input, egress, pooled, log, previousToken);
+      const placement = await this.activate(instance, input, egress, pooled, log, previousToken);
+      if (fromPool && !this.draining) this.snapshotPools.ensure(input.templateId, snapshot.snapshotId, resources);
+      return placement;
     } finally {
       this.creating.delete(input.sandboxId);
     }
@@ -341,7 +368,8 @@ export class NodeAgent {
     await writeInSandbox(sandbox.envdUrl, envdAccessToken, path, data);
   }
 
-  deleteSnapshot(snapshotId: string): Promise<void> {
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    await this.snapshotPools.drop(snapshotId);
     return this.snapshots.delete(snapshotId);
   }
 
@@ -688,6 +716,7 @@ export class NodeAgent {
     for (const timer of this.checkpointTimers.values()) clearTimeout(timer);
     this.checkpointTimers.clear();
     for (const pool of this.pools.values()) await pool.close();
+    await this.snapshotPools.closeAll();
     if (options.killAll) {
       for (const id of [...this.sandboxes.keys()])
         await this.kill(id).catch((error) => this.log.error("kill failed", { sandboxId: id, error }));

@@ -23,6 +23,7 @@ import { parseStoreUrl, type SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_NET_CIDR | 10.201.0.0/16 | sandbox addresses, one /30 each |
  * | WARREN_POOL_SIZE | 2 | warm sandboxes kept per pooled template |
  * | WARREN_POOL_TEMPLATES | base | templates with a warm pool (comma-separated) |
+ * | WARREN_TEMPLATE_POOLS | 4 | custom templates (their ready snapshots) with a warm pool of WARREN_POOL_SIZE on this node, the most recently used; 0: none |
  * | WARREN_NET_POOL_SIZE | 4 | network namespaces kept ready |
  * | WARREN_PREBUILD_TEMPLATES | base | templates built at start (others are built on first request) |
  * | WARREN_MAX_SANDBOXES | 200 | sandboxes this node accepts |
@@ -66,6 +67,8 @@ export interface NodeAgentConfig {
   readonly netCidr: string;
   readonly poolSize: number;
   readonly poolTemplates: readonly string[];
+  /** WARREN_TEMPLATE_POOLS: custom templates kept warm (most recently used). */
+  readonly templatePools: number;
   readonly netPoolSize: number;
   readonly prebuildTemplates: readonly string[];
   readonly maxSandboxes: number;
@@ -198,6 +201,7 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     netCidr: env.WARREN_NET_CIDR ?? "10.201.0.0/16",
     poolSize: integer(env, "WARREN_POOL_SIZE", 2, 0, 100),
     poolTemplates: list(env, "WARREN_POOL_TEMPLATES", "base"),
+    templatePools: integer(env, "WARREN_TEMPLATE_POOLS", 4, 0, 100),
     netPoolSize: integer(env, "WARREN_NET_POOL_SIZE", 4, 0, 1000),
     prebuildTemplates: list(env, "WARREN_PREBUILD_TEMPLATES", "base"),
     maxSandboxes: integer(env, "WARREN_MAX_SANDBOXES", 200, 1, 16000),

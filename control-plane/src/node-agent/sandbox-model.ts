@@ -21,6 +21,8 @@ export interface CreateSandboxInput {
   readonly metadata?: Readonly<Record<string, string>>;
   readonly defaultUser?: string;
   readonly defaultWorkdir?: string;
+  /** Start from (and keep) warm sandboxes of the snapshot: a custom template's creates. */
+  readonly warmPool?: boolean;
   /** E2B's network.maskRequestHost, written into the route. */
   readonly maskRequestHost?: string;
   /** Replaces the sandbox's start command (tests of failing starts only; never pooled). */

@@ -53,6 +53,7 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
           defaultUser: req.defaultUser,
           defaultWorkdir: req.defaultWorkdir,
           maskRequestHost: req.maskRequestHost,
+          warmPool: req.warmPool,
           ...(req.egress ? { egress: { allowOut: req.egress.allowOut, denyOut: req.egress.denyOut } } : {}),
           ...(req.snapshotId ? { snapshotId: req.snapshotId } : {}),
           ...(req.snapshotEnvdAccessToken ? { snapshotEnvdAccessToken: req.snapshotEnvdAccessToken } : {}),

@@ -1,0 +1,81 @@
+import type { Instance, SandboxResources } from "../runtime/driver.js";
+import type { Logger } from "./log.js";
+import { WarmPool } from "./warm-pool.js";
+
+interface SnapshotPool {
+  readonly pool: WarmPool;
+  readonly resources: SandboxResources;
+  lastUsed: number;
+}
+
+/**
+ * Warm pools of custom templates: sandboxes started ahead from a template's snapshot (its files, and its
+ * processes where the snapshot holds memory), claimed by creates from that snapshot with the same resources.
+ * A pool appears at a template's first create on this node (that create starts cold) and the `max` most
+ * recently used are kept; a deleted snapshot's pool goes with it.
+ */
+export class SnapshotPools {
+  private readonly pools = new Map<string, SnapshotPool>();
+
+  constructor(
+    private readonly size: number,
+    private readonly max: number,
+    private readonly start: (templateId: string, snapshotId: string, resources: SandboxResources) => Promise<Instance>,
+    private readonly discard: (instance: Instance) => Promise<void>,
+    private readonly log: Logger,
+  ) {}
+
+  /** A warm sandbox of `snapshotId` with exactly `resources`, if one is ready. */
+  take(snapshotId: string, resources: SandboxResources): Instance | undefined {
+    const entry = this.pools.get(snapshotId);
+    if (!entry || !sameResources(entry.resources, resources)) return undefined;
+    entry.lastUsed = Date.now();
+    return entry.pool.take();
+  }
+
+  /** Makes sure a pool of `snapshotId` exists (after a create from it), evicting the least recently used. */
+  ensure(templateId: string, snapshotId: string, resources: SandboxResources): void {
+    if (this.size === 0 || this.max === 0) return;
+    const existing = this.pools.get(snapshotId);
+    if (existing && sameResources(existing.resources, resources)) {
+      existing.lastUsed = Date.now();
+      return;
+    }
+    if (existing) void this.drop(snapshotId);
+    while (this.pools.size >= this.max) {
+      const oldest = [...this.pools.entries()].sort((a, b) => a[1].lastUsed - b[1].lastUsed)[0];
+      if (!oldest) break;
+      void this.drop(oldest[0]);
+    }
+    const pool = new WarmPool(
+      `${templateId}@${snapshotId}`,
+      this.size,
+      () => this.start(templateId, snapshotId, resources),
+      this.discard,
+      this.log,
+    );
+    this.pools.set(snapshotId, { pool, resources, lastUsed: Date.now() });
+    pool.refill();
+  }
+
+  /** Removes a snapshot's pool and its sandboxes. */
+  async drop(snapshotId: string): Promise<void> {
+    const entry = this.pools.get(snapshotId);
+    if (!entry) return;
+    this.pools.delete(snapshotId);
+    await entry.pool.close().catch((error) => this.log.warn("closing a template pool failed", { snapshotId, error }));
+  }
+
+  async closeAll(): Promise<void> {
+    for (const snapshotId of [...this.pools.keys()]) await this.drop(snapshotId);
+  }
+
+  /** Ready sandboxes per pool (tests and benchmarks). */
+  readyCounts(): Record<string, number> {
+    return Object.fromEntries([...this.pools].map(([id, entry]) => [id, entry.pool.readyCount]));
+  }
+}
+
+function sameResources(a: SandboxResources, b: SandboxResources): boolean {
+  return a.cpuCount === b.cpuCount && a.memoryMiB === b.memoryMiB && a.diskMiB === b.diskMiB && a.pidsMax === b.pidsMax;
+}
