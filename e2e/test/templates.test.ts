@@ -20,6 +20,8 @@ const cluster = new LocalCluster({
   poolSize: 1,
   instancePrefix: "w",
   nodeCidr: () => "10.224.0.0/22",
+  // Small enough for a test to go over it.
+  env: { WARREN_TEMPLATE_UPLOAD_MAX_BYTES: String(1 << 20) },
 });
 let env: ClusterEnv;
 let apiKeyB: string;
@@ -242,6 +244,12 @@ describe("custom templates with the official SDK", () => {
     expect(link.present).toBe(false);
     const notTar = await fetch(link.url, { method: "PUT", body: "definitely not a tar" });
     expect(notTar.status).toBe(400);
+    const bigLink = (await (await api(`/templates/${created.templateID}/files/${"d".repeat(64)}`)).json()) as {
+      url: string;
+    };
+    const tooBig = await fetch(bigLink.url, { method: "PUT", body: Buffer.alloc(2 << 20) });
+    expect(tooBig.status).toBe(413);
+    expect(((await tooBig.json()) as { message: string }).message).toMatch(/larger than the limit of 1048576 bytes/);
   });
 
   it("deletes a template: its name is free again and a sandbox made from it keeps running", async () => {

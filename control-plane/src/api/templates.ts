@@ -53,6 +53,8 @@ const ENVD_VERSION = "0.6.4";
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const FILES_HASH = /^[0-9a-f]{64}$/;
 const UPLOAD_LINK_SECONDS = 30 * 60;
+/** How much of an over-limit upload is read and dropped to answer 413 cleanly. */
+const DRAIN_MAX_BYTES = 64 * 1024 * 1024;
 const ZERO_UUID = "00000000-0000-0000-0000-000000000000";
 /** Path of the signed upload links the files handshake hands out (no API key: the token authorizes). */
 export const UPLOAD_PATH = "/warren/v1/template-uploads";
@@ -159,19 +161,26 @@ export function templateUploadRoute(deps: TemplateRoutesDeps): Router {
     const token = String(req.params.token);
     if (!/^[A-Za-z0-9_-]{20,100}$/.test(token)) throw new ApiError(403, "invalid or expired upload link");
     const declared = Number(req.get("content-length") ?? Number.NaN);
-    if (declared > deps.maxUploadBytes) {
-      throw new ApiError(413, `upload of ${declared} bytes is larger than the limit of ${deps.maxUploadBytes} bytes`);
+    // Over the limit: the rest of the body is read and dropped (up to a bound), so the client gets its 413 rather
+    // than a reset connection; beyond the bound the connection closes after the answer.
+    const tooLarge = (what: string) =>
+      new ApiError(413, `${what} is larger than the limit of ${deps.maxUploadBytes} bytes`);
+    const drainBound = deps.maxUploadBytes + DRAIN_MAX_BYTES;
+    if (declared > drainBound) {
+      res.setHeader("Connection", "close");
+      throw tooLarge(`upload of ${declared} bytes`);
     }
     const chunks: Buffer[] = [];
     let size = 0;
     for await (const chunk of req) {
       size += (chunk as Buffer).length;
-      if (size > deps.maxUploadBytes) {
-        req.destroy();
-        throw new ApiError(413, `upload is larger than the limit of ${deps.maxUploadBytes} bytes`);
+      if (size > drainBound) {
+        res.setHeader("Connection", "close");
+        throw tooLarge("upload");
       }
-      chunks.push(chunk as Buffer);
+      if (size <= deps.maxUploadBytes) chunks.push(chunk as Buffer);
     }
+    if (size > deps.maxUploadBytes) throw tooLarge(`upload of ${size} bytes`);
     const data = Buffer.concat(chunks);
     if (!looksLikeArchive(data)) throw badRequest("the upload is not a tar archive (gzip-compressed or plain)");
     const tokenHash = createHash("sha256").update(token).digest("hex");
