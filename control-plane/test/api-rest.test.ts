@@ -54,6 +54,52 @@ describe("api REST surface", () => {
     expect((res.body as { message: string }).message).toContain(message);
   });
 
+  it("refuses what no store accepts with 400 naming the field: NUL, deep nesting, bad env names, dates, forged cursors", async () => {
+    // Written as text: JSON.stringify itself overflows the stack at this depth.
+    const deep = `${'{"d":'.repeat(5000)}"x"${"}".repeat(5000)}`;
+    const forged = (at: string, id: string) => Buffer.from(JSON.stringify([at, id])).toString("base64url");
+    const cases: [Promise<{ status: number; body: unknown }>, string][] = [
+      [create(keyA, { templateID: "base", metadata: { k: "a\u0000b" } }), "body.metadata.k contains a NUL character"],
+      [create(keyA, { templateID: "base", envVars: { A: "x\u0000" } }), "body.envVars.A contains a NUL character"],
+      [create(keyA, { templateID: "base", metadata: { "k\u0000": "v" } }), "has a key with a NUL character"],
+      [create(keyA, `{"templateID":"base","metadata":${deep}}`), "nested deeper than 32 levels"],
+      [create(keyA, `{"templateID":"base","unknown":${deep}}`), "nested deeper than 32 levels"],
+      [create(keyA, { templateID: "base", envVars: { "": "x" } }), "'' is not a valid variable name"],
+      [create(keyA, { templateID: "base", envVars: { "A=B": "x" } }), "'A=B' is not a valid variable name"],
+      [env.request("GET", "/v2/sandboxes?startedAfter=-100000-01-01T00:00:00Z", { apiKey: keyA }), "startedAfter"],
+      [env.request("GET", "/v2/sandboxes?template=%00", { apiKey: keyA }), "query.template contains a NUL character"],
+      [
+        env.request("GET", `/v2/sandboxes?nextToken=${forged("+300000-01-01T00:00:00.000Z", "i1")}`, { apiKey: keyA }),
+        "nextToken is invalid",
+      ],
+      [
+        env.request("GET", `/v2/sandboxes?nextToken=${forged("2026-01-01T00:00:00.000Z", "i\u0000")}`, {
+          apiKey: keyA,
+        }),
+        "nextToken is invalid",
+      ],
+      [
+        env.request("GET", `/v2/sandboxes?metadata=${encodeURIComponent(encodeURIComponent("k=%00"))}`, {
+          apiKey: keyA,
+        }),
+        "metadata filter contains a NUL character",
+      ],
+    ];
+    for (const [request, message] of cases) {
+      const res = await request;
+      expect(res.status, message).toBe(400);
+      expect((res.body as { message: string }).message).toContain(message);
+    }
+    // Nothing was admitted: team A has no sandbox left from these.
+    const rows = await env.db.query(
+      "SELECT count(*)::int AS n FROM sandboxes WHERE team_id = (SELECT team_id FROM api_keys WHERE key_hash = $1)",
+      [hashApiKey(keyA)],
+    );
+    const live = await env.request("GET", "/v2/sandboxes", { apiKey: keyA });
+    expect(live.status).toBe(200);
+    expect(rows.rows[0]?.n).toBe((live.body as unknown[]).length);
+  });
+
   it("refuses a body that is not JSON with a 400 error body", async () => {
     const res = await env.request("POST", "/v2/sandboxes", { apiKey: keyA, body: "{nope" });
     expect(res.status).toBe(400);

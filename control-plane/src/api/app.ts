@@ -8,6 +8,7 @@ import { teamForApiKey } from "../store/teams.js";
 import { adminRoutes } from "./admin.js";
 import { ApiError, sendError } from "./errors.js";
 import { eventRoutes } from "./events.js";
+import { rejectUnsafeInput } from "./input-guard.js";
 import { internalRoutes } from "./internal.js";
 import type { ApiMetrics } from "./metrics.js";
 import { OPENAPI_DOCUMENT } from "./openapi.js";
@@ -85,6 +86,7 @@ export function createApp(deps: AppDeps): express.Express {
   // Before the JSON parser and the API key check: the upload's body is an archive and its link authorizes it.
   app.use(templateUploadRoute(templates));
   app.use(express.json({ limit: "1mb", type: () => true }));
+  app.use(rejectUnsafeInput);
   app.use(adminRoutes(deps.db, deps.adminToken));
   app.use(internalRoutes(deps.master, deps.internalToken ?? ""));
 

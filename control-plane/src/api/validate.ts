@@ -2,6 +2,7 @@ import { EgressPolicyError, validateEgressPolicy } from "../runtime/egress/polic
 import type { ListCursor } from "../store/sandboxes.js";
 import { decodeCursor } from "../store/sandboxes.js";
 import { badRequest } from "./errors.js";
+import { inDateRange } from "./input-guard.js";
 
 /** Request bodies and queries parsed once at the edge into typed values; every refusal is a 400. */
 
@@ -31,6 +32,21 @@ function optionalInt(obj: Json, field: string): number | undefined {
     throw badRequest(`${field} must be a 32-bit integer, got ${JSON.stringify(value)}`);
   }
   return value;
+}
+
+/** POSIX environment variable names (what `/init` and every shell accept). */
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+function envVarMap(obj: Json, field: string): Record<string, string> {
+  const map = stringMap(obj, field);
+  for (const name of Object.keys(map)) {
+    if (!ENV_NAME.test(name)) {
+      throw badRequest(
+        `${field}: '${name}' is not a valid variable name (letters, digits and '_', not starting with a digit)`,
+      );
+    }
+  }
+  return map;
 }
 
 function stringMap(obj: Json, field: string): Record<string, string> {
@@ -146,7 +162,7 @@ export function parseCreateBody(raw: unknown, version: 1 | 2): CreateSandboxBody
     templateId,
     timeoutSeconds: timeout ?? (version === 2 ? 300 : 15),
     metadata: stringMap(obj, "metadata"),
-    envVars: stringMap(obj, "envVars"),
+    envVars: envVarMap(obj, "envVars"),
     autoPause,
     autoPauseMemory: autoPauseMemory ?? true,
     autoResume,
@@ -215,7 +231,10 @@ export function parseMetadataFilter(value: string): Record<string, string> {
     if (pair === "") continue;
     const eq = pair.indexOf("=");
     if (eq <= 0) throw badRequest(`metadata filter entry '${pair}' is not key=value`);
-    filter[queryUnescape(pair.slice(0, eq), "key")] = queryUnescape(pair.slice(eq + 1), "value");
+    const key = queryUnescape(pair.slice(0, eq), "key");
+    const entry = queryUnescape(pair.slice(eq + 1), "value");
+    if (`${key}${entry}`.includes("\0")) throw badRequest("metadata filter contains a NUL character");
+    filter[key] = entry;
   }
   return filter;
 }
@@ -234,7 +253,7 @@ export function parseListQuery(query: Record<string, unknown>, version: 1 | 2): 
   let startedAfter: Date | undefined;
   if (startedAfterRaw !== undefined) {
     startedAfter = new Date(startedAfterRaw);
-    if (Number.isNaN(startedAfter.getTime())) throw badRequest(`startedAfter '${startedAfterRaw}' is not a date`);
+    if (!inDateRange(startedAfter)) throw badRequest(`startedAfter '${startedAfterRaw}' is not a date in years 1-9999`);
   }
   const order = single(query.order, "order") ?? "desc";
   if (order !== "asc" && order !== "desc") throw badRequest(`order must be asc or desc, got '${order}'`);
