@@ -75,7 +75,7 @@ describe("templates from OCI images", () => {
       { onBuildLogs: (e) => again.push(e.message) },
     );
     expect(again.some((l) => l.startsWith("CACHED [base]"))).toBe(true);
-  });
+  }, 240_000);
 
   it("pulls from a private registry with the credentials the SDK sends, and names refused ones", async () => {
     const ref = `${locked.host}/private/busybox:1`;
@@ -94,7 +94,7 @@ describe("templates from OCI images", () => {
       skipCache: true,
     }).catch((e: unknown) => e as Error);
     expect((anonymous as Error).message).toMatch(/unauthorized/);
-  });
+  }, 240_000);
 
   it("fails a build from a missing image with a clear reason at the base step", async () => {
     const error = await Template.build(
@@ -102,5 +102,5 @@ describe("templates from OCI images", () => {
       "missing-image",
     ).catch((e: unknown) => e as Error);
     expect((error as Error).message).toMatch(/not found/);
-  });
+  }, 240_000);
 });

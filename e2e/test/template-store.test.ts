@@ -93,5 +93,5 @@ describe("the template store across nodes", () => {
     } finally {
       await cordon(builtOn, false);
     }
-  });
+  }, 240_000);
 });

@@ -99,7 +99,7 @@ describe("custom templates with the official SDK", () => {
     const info2 = await Sandbox.getInfo(sbx.sandboxId);
     expect(info2.templateId).toBe(info.templateId);
     expect(info2.name).toBe("webapp");
-  });
+  }, 240_000);
 
   it("keeps the start process from the ready snapshot where CRIU works (same pid), else starts it at create", async () => {
     const a = await sandbox("webapp");
@@ -109,7 +109,7 @@ describe("custom templates with the official SDK", () => {
     expect(pidA).toMatch(/^\d+$/);
     if (checkpointTier().usable) expect(pidB).toBe(pidA);
     else expect(pidB).toMatch(/^\d+$/);
-  });
+  }, 240_000);
 
   it("an unchanged rebuild runs no step (every step CACHED, the RUN's timestamp unchanged); one changed step reruns only it and the ones after", async () => {
     const first = await sandbox("webapp");
@@ -128,7 +128,7 @@ describe("custom templates with the official SDK", () => {
     const third = await sandbox("webapp");
     expect(await run(third, "cat /app/version")).toBe("v2");
     expect(await run(third, "cat /opt/stamp")).toBe(stamp);
-  });
+  }, 240_000);
 
   it("child templates stack on a team template (fromTemplate) and inherit its start command", async () => {
     const child = Template().fromTemplate("webapp").runCmd("echo child > /app/child", { user: "root" });
@@ -136,7 +136,7 @@ describe("custom templates with the official SDK", () => {
     const sbx = await sandbox("webapp-child");
     expect(await run(sbx, "cat /app/child /app/version")).toBe("child\nv2");
     expect(await run(sbx, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/")).toBe("200");
-  });
+  }, 240_000);
 
   it("answers exists, tags, names with tags and listings as E2B does", async () => {
     expect(await Template.exists("webapp")).toBe(true);
@@ -163,7 +163,7 @@ describe("custom templates with the official SDK", () => {
       await fetch(`${env.E2B_API_URL}/templates`, { headers: { "X-API-KEY": env.E2B_API_KEY } })
     ).json()) as { aliases: string[]; buildStatus: string }[];
     expect(list.map((t) => t.aliases[0])).toEqual(expect.arrayContaining(["webapp", "webapp-child", "tagged"]));
-  });
+  }, 240_000);
 
   it("keeps another team's private template out of reach (404 on create, not listed, 404 on status)", async () => {
     await expect(Sandbox.create("webapp", { apiKey: apiKeyB })).rejects.toThrow(/not found|404/i);
@@ -172,7 +172,7 @@ describe("custom templates with the official SDK", () => {
     ).json()) as unknown[];
     expect(list).toEqual([]);
     expect(await Template.exists("webapp", { apiKey: apiKeyB })).toBe(false);
-  });
+  }, 240_000);
 
   it("a failing RUN ends the build in error naming the step and leaves no build sandbox and no layer for it", async () => {
     const failing = Template().fromTemplate("base").runCmd("echo before").runCmd("echo doomed >&2; exit 3");
@@ -202,7 +202,7 @@ describe("custom templates with the official SDK", () => {
     } finally {
       redis.disconnect();
     }
-  });
+  }, 240_000);
 
   it("answers bad input with 4xx and a message", async () => {
     const api = (path: string, init: RequestInit = {}) =>
@@ -250,7 +250,7 @@ describe("custom templates with the official SDK", () => {
     const tooBig = await fetch(bigLink.url, { method: "PUT", body: Buffer.alloc(2 << 20) });
     expect(tooBig.status).toBe(413);
     expect(((await tooBig.json()) as { message: string }).message).toMatch(/larger than the limit of 1048576 bytes/);
-  });
+  }, 240_000);
 
   it("deletes a template: its name is free again and a sandbox made from it keeps running", async () => {
     await build(Template().fromTemplate("base").runCmd("echo gone > /gone", { user: "root" }), "doomed");
@@ -263,7 +263,7 @@ describe("custom templates with the official SDK", () => {
     expect(await Template.exists("doomed")).toBe(false);
     await expect(Sandbox.create("doomed")).rejects.toThrow();
     expect(await run(sbx, "cat /gone")).toBe("gone");
-  });
+  }, 240_000);
 });
 
 async function waitForStatus(templateId: string, buildId: string) {
