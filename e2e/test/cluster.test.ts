@@ -239,6 +239,35 @@ http.server.HTTPServer(('0.0.0.0', 8124), H).serve_forever()"`,
     }
   });
 
+  it("a process killed at the sandbox's memory limit is reported in its ledger as sandbox.oom", async () => {
+    const sandbox = await Sandbox.create();
+    try {
+      // bytearray zero-fills: every page is touched, far past the sandbox's 512 MiB.
+      const outcome = await sandbox.commands.run("python3 -c 'b = bytearray(3 * 1024 ** 3)'").then(
+        () => "exited",
+        (error: unknown) => (error instanceof CommandExitError ? error.error : String(error)),
+      );
+      expect(outcome).toMatch(/killed/);
+      const oom = await eventually(async () => {
+        const res = await fetch(`${process.env.E2B_API_URL}/warren/v1/sandboxes/${sandbox.sandboxId}/events`, {
+          headers: { "X-API-KEY": opts().apiKey },
+        });
+        const body = (await res.json()) as { events: { type: string; data?: Record<string, unknown> }[] };
+        return body.events.find((e) => e.type === "sandbox.oom");
+      }, 60_000);
+      expect(oom.data).toMatchObject({ memoryLimitMB: 512 });
+      expect(Number(oom.data?.kills)).toBeGreaterThanOrEqual(1);
+      const logs = await fetch(`${process.env.E2B_API_URL}/v2/sandboxes/${sandbox.sandboxId}/logs`, {
+        headers: { "X-API-KEY": opts().apiKey },
+      });
+      expect(JSON.stringify(await logs.json())).toContain("killed at the memory limit (512 MB)");
+      // The sandbox goes on serving.
+      expect((await sandbox.commands.run("echo alive")).stdout).toBe("alive\n");
+    } finally {
+      await sandbox.kill();
+    }
+  }, 120_000);
+
   it("a wrong API key is refused with 401", async () => {
     await expect(Sandbox.create({ apiKey: "e2b_0000000000000000000000000000000000000000" })).rejects.toThrow(
       /401|[Ii]nvalid API key|[Aa]uthentication/,

@@ -110,11 +110,22 @@ export function logEntry(event: SandboxEvent): LogEntry {
   const fields: Record<string, string> = { source: "lifecycle", type: event.type };
   if (event.fromState) fields.fromState = event.fromState;
   if (event.toState) fields.toState = event.toState;
-  const level = event.type.endsWith("failed") || event.type === "sandbox.lost" ? "error" : "info";
+  const level =
+    event.type.endsWith("failed") || event.type === "sandbox.lost"
+      ? "error"
+      : event.type === "sandbox.oom"
+        ? "warn"
+        : "info";
+  // An OOM kill says what happened in words a reader of the logs recognises.
+  const oom = event.type === "sandbox.oom" ? (event.data as { kills?: number; memoryLimitMB?: number }) : undefined;
   return {
     timestamp: event.createdAt.toISOString(),
     level,
-    message: event.toState ? `${event.type}: ${event.fromState ?? "-"} -> ${event.toState}` : event.type,
+    message: oom
+      ? `sandbox.oom: ${oom.kills ?? 1} process(es) killed at the memory limit (${oom.memoryLimitMB ?? "?"} MB)`
+      : event.toState
+        ? `${event.type}: ${event.fromState ?? "-"} -> ${event.toState}`
+        : event.type,
     fields,
   };
 }

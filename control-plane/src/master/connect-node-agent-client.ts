@@ -136,6 +136,7 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
         cpuUsageUsec: Number(response.cpuUsageUsec),
         diskUsageBytes: Number(response.diskUsageBytes),
         diskLimitBytes: Number(response.diskLimitBytes),
+        oomKills: response.oomKills,
       };
     });
 

@@ -1,4 +1,5 @@
-import type { Db } from "../store/db.js";
+import { type Db, withTransaction } from "../store/db.js";
+import { appendEvent } from "../store/events.js";
 import { getSandbox, type SandboxRow, toSandboxRow } from "../store/sandboxes.js";
 import { notFound } from "./errors.js";
 import { type NodeAgentConnector, NodeAgentError } from "./node-agent-client.js";
@@ -28,6 +29,9 @@ const MAX_SAMPLES = 2000;
  */
 export class SandboxMetricsSampler {
   private readonly previous = new Map<string, { at: number; cpuUsec: number }>();
+  /** Each sandbox's OOM kill count at its last sample, and the count its ledger has reported. */
+  private readonly oomKills = new Map<string, number>();
+  private readonly oomReported = new Map<string, number>();
 
   constructor(
     private readonly deps: { readonly db: Db; readonly registry: NodeRegistry; readonly nodeAgent: NodeAgentConnector },
@@ -79,6 +83,7 @@ export class SandboxMetricsSampler {
   private async record(row: SandboxRow): Promise<boolean> {
     const sample = await this.live(row);
     if (!sample) return false;
+    await this.reportOomKills(row);
     await this.deps.db.query(
       `INSERT INTO sandbox_metrics (sandbox_id, team_id, ts, cpu_count, cpu_used_pct, mem_used, mem_total, disk_used,
          disk_total) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING`,
@@ -97,6 +102,36 @@ export class SandboxMetricsSampler {
     return true;
   }
 
+  /**
+   * OOM kills since the last pass become `sandbox.oom` in the ledger (and so in the sandbox's logs): the count the
+   * kernel keeps for the sandbox's cgroup, compared with the last one reported (read back from the ledger after a
+   * master restart, so none is reported twice).
+   */
+  private async reportOomKills(row: SandboxRow): Promise<void> {
+    const total = this.oomKills.get(row.id);
+    if (total === undefined) return;
+    let reported = this.oomReported.get(row.id);
+    if (reported === undefined) {
+      const last = await this.deps.db.query<{ total: string | null }>(
+        "SELECT data->>'total' AS total FROM sandbox_events WHERE sandbox_id = $1 AND type = 'sandbox.oom' ORDER BY id DESC LIMIT 1",
+        [row.id],
+      );
+      reported = Number(last.rows[0]?.total ?? 0);
+    }
+    if (total > reported) {
+      await withTransaction(this.deps.db, (tx) =>
+        appendEvent(tx, {
+          sandboxId: row.id,
+          teamId: row.teamId,
+          type: "sandbox.oom",
+          data: { kills: total - reported, total, memoryLimitMB: row.memoryMB },
+        }),
+      );
+    }
+    this.oomReported.set(row.id, Math.max(total, reported));
+    if (this.oomReported.size > 10_000) this.oomReported.delete(this.oomReported.keys().next().value as string);
+  }
+
   private async live(row: SandboxRow): Promise<SandboxMetricSample | undefined> {
     const sandboxId = row.id;
     if (row.state !== "running" || !row.nodeId) return undefined;
@@ -109,6 +144,8 @@ export class SandboxMetricsSampler {
       if (error instanceof NodeAgentError) return undefined;
       throw error;
     }
+    if (stats.oomKills !== undefined) this.oomKills.set(sandboxId, stats.oomKills);
+    if (this.oomKills.size > 10_000) this.oomKills.delete(this.oomKills.keys().next().value as string);
     const now = Date.now();
     const before = this.previous.get(sandboxId) ?? { at: row.startedAt.getTime(), cpuUsec: 0 };
     this.previous.set(sandboxId, { at: now, cpuUsec: stats.cpuUsageUsec });

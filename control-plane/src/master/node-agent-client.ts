@@ -113,6 +113,8 @@ export interface SandboxStats {
   readonly cpuUsageUsec: number;
   readonly diskUsageBytes: number;
   readonly diskLimitBytes: number;
+  /** Processes the kernel killed at the sandbox's memory limit since it started. */
+  readonly oomKills?: number;
 }
 
 export interface ResumeOnNodeRequest {

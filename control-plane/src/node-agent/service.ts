@@ -105,6 +105,7 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
           pidsLimit: Math.min(stats.pidsLimit, 2 ** 32 - 1),
           diskUsageBytes: BigInt(stats.diskUsageBytes),
           diskLimitBytes: BigInt(stats.diskLimitBytes),
+          oomKills: stats.oomKills ?? 0,
         };
       }),
     pause: (req) =>

@@ -68,6 +68,8 @@ export interface Instance {
 }
 
 export interface InstanceStats {
+  /** Processes the kernel killed at the sandbox's memory limit since it started (0 where the driver cannot tell). */
+  readonly oomKills?: number;
   readonly memoryUsageBytes: number;
   readonly memoryLimitBytes: number;
   readonly cpuUsageUsec: number;

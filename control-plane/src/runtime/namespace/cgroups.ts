@@ -12,7 +12,15 @@ import { exec } from "../exec.js";
 export interface SandboxCgroup {
   /** `cgroup.procs` files a process writes its pid to, to join every controller. */
   readonly procsFiles: readonly string[];
-  usage(): Promise<{ memoryBytes: number; memoryLimitBytes: number; cpuUsec: number; pids: number; pidsLimit: number }>;
+  usage(): Promise<{
+    memoryBytes: number;
+    memoryLimitBytes: number;
+    cpuUsec: number;
+    pids: number;
+    pidsLimit: number;
+    /** Processes the kernel killed at the memory limit since the cgroup was made. */
+    oomKills: number;
+  }>;
   pids(): Promise<number[]>;
   freeze(): Promise<void>;
   thaw(): Promise<void>;
@@ -156,6 +164,7 @@ class CgroupV1 implements CgroupManager {
         cpuUsec: Math.round((await readNumber(join(dir("cpuacct"), "cpuacct.usage"))) / 1000),
         pids: await readNumber(join(dir("pids"), "pids.current")),
         pidsLimit: await readNumber(join(dir("pids"), "pids.max")),
+        oomKills: oomKillCount(await readFile(join(dir("memory"), "memory.oom_control"), "utf8").catch(() => "")),
       }),
       freezerDir: dir("freezer"),
       freeze: () => setFreezer("FROZEN"),
@@ -248,6 +257,7 @@ class CgroupV2 implements CgroupManager {
           cpuUsec: Number(/usage_usec (\d+)/.exec(stat)?.[1] ?? 0),
           pids: await readNumber(join(dir, "pids.current")),
           pidsLimit: await readNumber(join(dir, "pids.max")),
+          oomKills: oomKillCount(await readFile(join(dir, "memory.events"), "utf8").catch(() => "")),
         };
       },
       freezerDir: dir,
@@ -282,4 +292,9 @@ class CgroupV2 implements CgroupManager {
       return [];
     }
   }
+}
+
+/** The `oom_kill` counter of v1's memory.oom_control or v2's memory.events (0 when the kernel has none). */
+export function oomKillCount(text: string): number {
+  return Number(/^oom_kill (\d+)$/m.exec(text)?.[1] ?? 0);
 }

@@ -319,6 +319,7 @@ export class NamespaceDriver implements RuntimeDriver {
       cpuUsageUsec: usage.cpuUsec,
       pids: usage.pids,
       pidsLimit: usage.pidsLimit,
+      oomKills: usage.oomKills,
       diskUsageBytes: (fs.blocks - fs.bfree) * fs.bsize,
       diskLimitBytes: fs.blocks * fs.bsize,
     };
