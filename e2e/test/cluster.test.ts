@@ -268,6 +268,23 @@ http.server.HTTPServer(('0.0.0.0', 8124), H).serve_forever()"`,
     }
   }, 120_000);
 
+  it("a sandbox whose envd dies is removed by its node and recorded lost with the reason, its route gone", async () => {
+    const sandbox = await Sandbox.create();
+    await sandbox.commands
+      .run("kill -9 $(pgrep -f '^/usr/local/bin/node .*envd.mjs')", { user: "root", background: true })
+      .catch(() => undefined);
+    const lost = await eventually(async () => {
+      const res = await fetch(`${process.env.E2B_API_URL}/warren/v1/sandboxes/${sandbox.sandboxId}/events`, {
+        headers: { "X-API-KEY": opts().apiKey },
+      });
+      const body = (await res.json()) as { events: { type: string; data?: Record<string, unknown> }[] };
+      return body.events.find((e) => e.type === "sandbox.lost");
+    }, 60_000);
+    expect(lost.data).toMatchObject({ reason: "crashed", detail: expect.stringContaining("envd died") });
+    expect(await nodeOf(sandbox.sandboxId)).toBe("");
+    await expect(Sandbox.getInfo(sandbox.sandboxId)).rejects.toThrow();
+  }, 120_000);
+
   it("a wrong API key is refused with 401", async () => {
     await expect(Sandbox.create({ apiKey: "e2b_0000000000000000000000000000000000000000" })).rejects.toThrow(
       /401|[Ii]nvalid API key|[Aa]uthentication/,

@@ -80,6 +80,17 @@ export function routeKey(sandboxId: string): string {
   return `${ROUTE_KEY_STEM}${sandboxId}`;
 }
 
+/**
+ * `warren:crash:<sandboxId>` (string, 10 min TTL): why a node agent found a sandbox dead and removed it (its
+ * PID 1 exited: envd died, or was killed). The master's reconciler records it with the sandbox's loss.
+ */
+export function crashKey(sandboxId: string): string {
+  if (!isSandboxId(sandboxId)) throw new Error(`invalid sandbox id '${sandboxId}'`);
+  return `warren:crash:${sandboxId}`;
+}
+
+export const CRASH_TTL_SECONDS = 600;
+
 export function nodeKey(nodeId: string): string {
   if (!isNodeId(nodeId)) throw new Error(`invalid node id '${nodeId}'`);
   return `warren:node:${nodeId}`;

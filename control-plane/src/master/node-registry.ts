@@ -1,4 +1,4 @@
-import { NODES_SET_KEY, type NodeHeartbeat, nodeKey } from "@warren/proto/redis";
+import { crashKey, NODES_SET_KEY, type NodeHeartbeat, nodeKey } from "@warren/proto/redis";
 import type { Redis } from "ioredis";
 
 function parseNumber(value: string | undefined): number {
@@ -84,6 +84,11 @@ export class NodeRegistry {
   }
 
   /** Every heartbeating node, whatever the directory says (kills, pauses, resumes and reconciling need them all). */
+  /** Why a node agent found this sandbox dead and removed it (its watchdog), if it did in the last minutes. */
+  async crashReason(sandboxId: string): Promise<string | undefined> {
+    return (await this.redis.get(crashKey(sandboxId))) ?? undefined;
+  }
+
   async liveNodes(): Promise<NodeHeartbeat[]> {
     const live = (await this.nodes()).flatMap((node) => (node.heartbeat ? [node.heartbeat] : []));
     const directory = this.directory;

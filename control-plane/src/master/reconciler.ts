@@ -94,9 +94,12 @@ export async function reconcile(
     const present = new Set(onNode.map((sandbox) => sandbox.sandboxId));
     for (const { id } of expected.rows) {
       if (present.has(id)) continue;
-      if (await lifecycle.markLost(id, "missing_on_node", { node: node.nodeId })) {
+      // The agent's watchdog says why when it removed a dead sandbox (its envd died); else it simply is not there.
+      const crash = await registry.crashReason(id).catch(() => undefined);
+      const reason = crash ? "crashed" : "missing_on_node";
+      if (await lifecycle.markLost(id, reason, { node: node.nodeId, ...(crash ? { detail: crash } : {}) })) {
         report.lost.push(id);
-        log.warn("sandbox missing on its node; marked lost", { sandboxId: id, node: node.nodeId });
+        log.warn("sandbox missing on its node; marked lost", { sandboxId: id, node: node.nodeId, reason, crash });
       }
     }
     for (const sandbox of onNode) {

@@ -51,6 +51,9 @@ const IMAGE_ERROR_CODES: Record<ImageErrorCode, AgentErrorCode> = {
   failed: "internal",
 };
 
+/** How often running sandboxes are checked for a dead PID 1. */
+const WATCH_MS = 2_000;
+
 /** A failed checkpoint is tried again this much later (at the earliest). */
 const CHECKPOINT_RETRY_MS = 5_000;
 
@@ -74,6 +77,8 @@ export class NodeAgent {
   private readonly startGate: StartGate;
   private readonly builds = new Map<string, Promise<BuiltTemplate>>();
   private heartbeatTimer: NodeJS.Timeout | undefined;
+  private watchTimer: NodeJS.Timeout | undefined;
+  private watching = false;
   private generationCounter = 0;
   private draining = false;
   private started = false;
@@ -138,6 +143,8 @@ export class NodeAgent {
     await this.heartbeat();
     this.heartbeatTimer = setInterval(() => void this.heartbeat(), this.config.heartbeatMs);
     this.heartbeatTimer.unref();
+    this.watchTimer = setInterval(() => void this.watch(), WATCH_MS);
+    this.watchTimer.unref();
     // Back from a Redis outage (a restart loses every key): beat and republish at once, not a period later,
     // so the master does not see the node as gone meanwhile.
     this.routes.onReady(() => {
@@ -713,6 +720,7 @@ export class NodeAgent {
   async close(options: { killAll?: boolean } = {}): Promise<void> {
     this.draining = true;
     if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+    if (this.watchTimer) clearInterval(this.watchTimer);
     for (const timer of this.checkpointTimers.values()) clearTimeout(timer);
     this.checkpointTimers.clear();
     for (const pool of this.pools.values()) await pool.close();
@@ -724,6 +732,41 @@ export class NodeAgent {
     }
     await this.driver.close();
     await this.routes.close();
+  }
+
+  /**
+   * The watchdog: a running sandbox whose PID 1 exited (envd died with it: killed, or out of memory) is removed at
+   * once — route first, then everything it held — and why is left in Redis for the master, which records the
+   * sandbox lost with that reason. Nothing stays behind saying `running`.
+   */
+  private async watch(): Promise<void> {
+    const deathOf = this.driver.deathOf?.bind(this.driver);
+    if (!deathOf || this.draining || this.watching) return;
+    this.watching = true;
+    try {
+      for (const sandbox of [...this.sandboxes.values()]) {
+        if (sandbox.paused || !(await deathOf(sandbox.instanceId).catch(() => undefined))) continue;
+        await this.queue
+          .run(sandbox.sandboxId, async () => {
+            const current = this.sandboxes.get(sandbox.sandboxId);
+            if (!current || current.exec !== sandbox.exec || current.paused) return;
+            const reason = await deathOf(current.instanceId);
+            if (!reason) return;
+            this.sandboxes.delete(current.sandboxId);
+            await this.routes.recordCrash(current.sandboxId, reason).catch(() => undefined);
+            await this.routes.delete(current.sandboxId, current.exec, current.generation).catch(() => undefined);
+            await this.driver
+              .kill(current.instanceId)
+              .catch((error) =>
+                this.log.error("removing a dead sandbox failed", { sandboxId: current.sandboxId, error }),
+              );
+            this.log.warn("sandbox died; removed", { sandboxId: current.sandboxId, exec: current.exec, reason });
+          })
+          .catch(() => undefined);
+      }
+    } finally {
+      this.watching = false;
+    }
   }
 
   private async heartbeat(): Promise<void> {

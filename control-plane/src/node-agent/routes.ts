@@ -1,4 +1,6 @@
 import {
+  CRASH_TTL_SECONDS,
+  crashKey,
   DELETE_ROUTE_SCRIPT,
   NODE_TTL_SECONDS,
   NODES_SET_KEY,
@@ -83,6 +85,11 @@ export class RouteStore {
   }
 
   /** Deletes the route if it still belongs to incarnation `exec`; true when deleted. */
+  /** Says why a sandbox was found dead and removed, for the master's reconciler (`crashKey`, 10 min). */
+  async recordCrash(sandboxId: string, reason: string): Promise<void> {
+    await this.redis.set(crashKey(sandboxId), reason, "EX", CRASH_TTL_SECONDS);
+  }
+
   async delete(sandboxId: string, exec: string, generation: number): Promise<boolean> {
     const event: RouteEvent = { sandboxId, exec, generation, state: "deleted" };
     const deleted = await this.redis.warrenDeleteRoute(routeKey(sandboxId), this.channel, exec, JSON.stringify(event));

@@ -196,6 +196,11 @@ export interface RuntimeDriver {
   /** The last `maxBytes` of what the instance's PID 1 and envd printed (whole lines), for the sandbox logs API. */
   logTail?(instanceId: string, maxBytes: number): Promise<string>;
   stats(instanceId: string): Promise<InstanceStats>;
+  /**
+   * Why a running (not paused) instance is dead — its PID 1 exited, taking envd with it — or undefined while it
+   * lives. Drivers without it are not watched.
+   */
+  deathOf?(instanceId: string): Promise<string | undefined>;
   /** After an agent restart: re-adopt live instances from disk, remove dead ones and any orphan. */
   reconcile(): Promise<ReconcileResult>;
   /** Stops background work; instances keep running (a restarted agent re-adopts them). */

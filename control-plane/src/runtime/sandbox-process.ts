@@ -21,6 +21,16 @@ export function healthy(addr: string, timeoutMs: number, port = ENVD_PORT): Prom
   });
 }
 
+/** Field 3 of /proc/<pid>/stat (R, S, D, Z…), undefined when there is no such process. */
+export async function processState(pid: number): Promise<string | undefined> {
+  try {
+    const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0];
+  } catch {
+    return undefined;
+  }
+}
+
 /** Field 22 of /proc/<pid>/stat: tells a live process from a recycled pid. */
 export async function processStartTime(pid: number): Promise<string | undefined> {
   try {

@@ -17,6 +17,7 @@ import type {
 } from "../driver.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { DEFAULT_LOG_CAP, LogCap, type LogCapLimits } from "../log-cap.js";
+import { processStartTime, processState } from "../sandbox-process.js";
 import { type CgroupManager, detectCgroupManager } from "./cgroups.js";
 import { InstanceContainers } from "./instance-container.js";
 import { type InstanceRecord, InstanceRecords, newInstanceRecord, toInstance } from "./instance-records.js";
@@ -307,6 +308,14 @@ export class NamespaceDriver implements RuntimeDriver {
 
   list(): Instance[] {
     return [...this.instances.values()].filter((r) => r.pid !== undefined).map((r) => toInstance(r));
+  }
+
+  async deathOf(instanceId: string): Promise<string | undefined> {
+    const record = this.instances.get(instanceId);
+    if (!record || record.paused || record.stopped || record.checkpoint || record.pid === undefined) return undefined;
+    if ((await processStartTime(record.pid)) !== record.pidStartTime) return "its init process exited (envd died)";
+    const state = await processState(record.pid);
+    return state === "Z" || state === "X" ? "its init process exited (envd died)" : undefined;
   }
 
   async stats(instanceId: string): Promise<InstanceStats> {
