@@ -47,6 +47,15 @@ async function pidAlive(pid: number): Promise<boolean> {
 }
 
 describe("commands.run", () => {
+  it("gives every command (and what it forks) the top OOM score, so a memory bomb is killed before envd", async () => {
+    const own = (await sandbox.commands.run("cat /proc/self/oom_score_adj")).stdout.trim();
+    const forked = (await sandbox.commands.run("sh -c 'cat /proc/self/oom_score_adj'", { user: "root" })).stdout.trim();
+    expect([own, forked]).toEqual(["1000", "1000"]);
+    const envdScore = (await sandbox.commands.run(`cat /proc/${envd.child.pid}/oom_score_adj`, { user: "root" }))
+      .stdout;
+    expect(Number(envdScore)).toBeLessThan(1000);
+  });
+
   it("returns stdout of a foreground command, with special characters and several lines", async () => {
     const simple = await sandbox.commands.run("echo 'Hello, World!'");
     expect(simple).toMatchObject({ exitCode: 0, stdout: "Hello, World!\n", stderr: "" });

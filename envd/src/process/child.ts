@@ -1,5 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { once } from "node:events";
+import { writeFileSync } from "node:fs";
 import { type IPty, spawn as spawnPty } from "@lydell/node-pty";
 import { failedPrecondition, invalidArgument, resourceExhausted } from "../errors.js";
 import type { Logger } from "../log.js";
@@ -114,6 +115,7 @@ class PipeChild implements ChildHandle {
       const [error] = (await once(child, "error")) as [Error];
       throw invalidArgument(`failed to start command '${plan.command}': ${error.message}`);
     }
+    yieldToOomKiller(child.pid);
     return new PipeChild(child as ChildProcess & { pid: number }, log);
   }
 
@@ -220,6 +222,7 @@ class PtyChild implements ChildHandle {
     } catch (error) {
       throw invalidArgument(`failed to start command '${plan.command}': ${(error as Error).message}`);
     }
+    yieldToOomKiller(term.pid);
     return new PtyChild(term, log);
   }
 
@@ -263,5 +266,18 @@ class PtyChild implements ChildHandle {
 
   resume(): void {
     this.term.resume();
+  }
+}
+
+/**
+ * Makes the kernel's OOM killer pick the user's processes before envd: the highest score (1000), set on the new
+ * process right after it starts and inherited by everything it forks. Raising a score needs no privilege; envd (and
+ * the sandbox's init) keep theirs, so a memory bomb in a sandbox kills the bomb, not the daemon that can stop it.
+ */
+function yieldToOomKiller(pid: number): void {
+  try {
+    writeFileSync(`/proc/${pid}/oom_score_adj`, "1000");
+  } catch {
+    // The process may already be gone, or envd may not run as root (development): nothing to protect then.
   }
 }
