@@ -11,6 +11,7 @@ import {
   assignTags,
   type BuildLogEntry,
   type BuildRecord,
+  clearBuildSpec,
   collectUnusedLayers,
   DEFAULT_TAG,
   deleteTemplate,
@@ -343,15 +344,21 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
     if (!(await storeBuildSpec(db, buildId, storedSpec as unknown as Record<string, unknown>))) {
       throw badRequest(`build '${buildId}' is not in waiting state`);
     }
-    await master(() =>
-      deps.master.startTemplateBuild({
-        teamId: build.teamId,
-        templateId: build.templateId,
-        buildId,
-        registryUsername: credentials?.username ?? "",
-        registryPassword: credentials?.password ?? "",
-      }),
-    );
+    // A build the master did not take stays waiting without its steps: the client may trigger it again.
+    try {
+      await master(() =>
+        deps.master.startTemplateBuild({
+          teamId: build.teamId,
+          templateId: build.templateId,
+          buildId,
+          registryUsername: credentials?.username ?? "",
+          registryPassword: credentials?.password ?? "",
+        }),
+      );
+    } catch (error) {
+      await clearBuildSpec(db, buildId);
+      throw error;
+    }
     res.status(202).setHeader("Content-Length", "0").end();
   });
 
@@ -470,9 +477,7 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
     res.status(200).json({
       ...(await templateView(db, template, me.namespace)),
       builds: builds.map(buildView),
-      tags: await Promise.all(builds.slice(0, 1).map((b) => tagsOfBuild(db, template.id, b.id))).then(
-        (t) => t[0] ?? [],
-      ),
+      tags: builds[0] ? await tagsOfBuild(db, template.id, builds[0].id) : [],
     });
   });
 

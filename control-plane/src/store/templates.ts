@@ -247,6 +247,11 @@ export async function storeBuildSpec(db: Queryable, buildId: string, spec: Recor
   return (result.rowCount ?? 0) > 0;
 }
 
+/** Undoes storeBuildSpec when the master could not start the build: it can be triggered again. */
+export async function clearBuildSpec(db: Queryable, buildId: string): Promise<void> {
+  await db.query("UPDATE template_builds SET spec = NULL WHERE id = $1 AND status = 'waiting'", [buildId]);
+}
+
 export async function markBuildBuilding(db: Queryable, buildId: string, buildSandboxId: string, nonce: string) {
   const result = await db.query(
     `UPDATE template_builds SET status = 'building', build_sandbox_id = $2, token_nonce = $3, updated_at = now()

@@ -1,4 +1,4 @@
-import { GLOBSTAR, type PatternParts, type Segment } from "./glob-pattern.js";
+import { dropDotPortions, GLOBSTAR, type PatternParts, type Segment } from "./glob-pattern.js";
 
 /** Matching a whole `/`-separated path against compiled patterns (minimatch's `match`/`matchOne`), for ignores. */
 
@@ -12,19 +12,7 @@ function levelTwoFileOptimize(parts: string[]): string[] {
   let didSomething: boolean;
   do {
     didSomething = false;
-    for (let i = 1; i < parts.length - 1; i++) {
-      const p = parts[i];
-      if (i === 1 && p === "" && parts[0] === "") continue;
-      if (p === "." || p === "") {
-        didSomething = true;
-        parts.splice(i, 1);
-        i--;
-      }
-    }
-    if (parts[0] === "." && parts.length === 2 && (parts[1] === "." || parts[1] === "")) {
-      didSomething = true;
-      parts.pop();
-    }
+    didSomething = dropDotPortions(parts);
     for (let dd = parts.indexOf("..", 1); dd !== -1; dd = parts.indexOf("..", dd + 1)) {
       const p = parts[dd - 1];
       if (p && p !== "." && p !== ".." && p !== "**") {

@@ -51,19 +51,7 @@ function firstPhase(globParts: string[][]): string[][] {
         globParts.push(other);
         gs--;
       }
-      for (let i = 1; i < parts.length - 1; i++) {
-        const p = parts[i];
-        if (i === 1 && p === "" && parts[0] === "") continue;
-        if (p === "." || p === "") {
-          didSomething = true;
-          parts.splice(i, 1);
-          i--;
-        }
-      }
-      if (parts[0] === "." && parts.length === 2 && (parts[1] === "." || parts[1] === "")) {
-        didSomething = true;
-        parts.pop();
-      }
+      if (dropDotPortions(parts)) didSomething = true;
       for (let dd = parts.indexOf("..", 1); dd !== -1; dd = parts.indexOf("..", dd + 1)) {
         const p = parts[dd - 1];
         if (p && p !== "." && p !== ".." && p !== "**") {
@@ -77,6 +65,29 @@ function firstPhase(globParts: string[][]): string[][] {
     }
   } while (didSomething);
   return globParts;
+}
+
+/**
+ * Removes `.` and empty portions inside a split path or pattern (keeping a leading `//`), and a lone trailing one
+ * after a leading `.` — the step minimatch's pattern rewriting and its path matching share. True when it changed
+ * something.
+ */
+export function dropDotPortions(parts: string[]): boolean {
+  let changed = false;
+  for (let i = 1; i < parts.length - 1; i++) {
+    const p = parts[i];
+    if (i === 1 && p === "" && parts[0] === "") continue;
+    if (p === "." || p === "") {
+      changed = true;
+      parts.splice(i, 1);
+      i--;
+    }
+  }
+  if (parts[0] === "." && parts.length === 2 && (parts[1] === "." || parts[1] === "")) {
+    changed = true;
+    parts.pop();
+  }
+  return changed;
 }
 
 function secondPhase(globParts: string[][]): string[][] {

@@ -259,7 +259,7 @@ export class TemplateBuilder {
           throw new PhaseError(phase, (error as Error).message);
         }
         if (changesFiles(step) || !snapshot) {
-          snapshot = await this.captureLayer(build, placed, keys[i] as string, context);
+          snapshot = await this.capture(build, placed, context, "layer", { layerKey: keys[i] as string });
         }
         await putLayer(db, team.id, {
           key: keys[i] as string,
@@ -288,7 +288,7 @@ export class TemplateBuilder {
           if (signal.aborted) throw error;
           throw new PhaseError("finalize", (error as Error).message);
         }
-        const made = await this.captureTemplate(build, placed, context);
+        const made = await this.capture(build, placed, context, "template", { templateBuild: build.id });
         finalSnapshot = { id: made.id, nodeId: placed.nodeId };
         memory = made.memory;
         await this.publish(placed, made.id, build, "template", buildLog);
@@ -636,19 +636,24 @@ export class TemplateBuilder {
     );
   }
 
-  private async captureLayer(
+  /**
+   * Snapshots the build sandbox and records the snapshot (so the node sweep keeps it): a step's `layer` (files
+   * only) or the ready `template` (memory where the node's driver keeps it).
+   */
+  private async capture(
     build: BuildRecord,
     placed: { node: NodeAgentClient; nodeId: string },
-    key: string,
     context: BuildContext,
-  ): Promise<{ id: string; nodeId: string }> {
-    const id = `l${randomBytes(10).toString("hex")}`;
-    const made = await placed.node.snapshot(build.buildSandboxId as string, id, { filesOnly: true });
+    kind: "layer" | "template",
+    metadata: Record<string, string>,
+  ): Promise<{ id: string; nodeId: string; memory: boolean }> {
+    const id = `${kind === "layer" ? "l" : "t"}${randomBytes(10).toString("hex")}`;
+    const made = await placed.node.snapshot(build.buildSandboxId as string, id, { filesOnly: kind === "layer" });
     await insertSnapshot(this.deps.db, {
       id,
       teamId: build.teamId,
       name: null,
-      kind: "layer",
+      kind,
       sourceSandboxId: build.buildSandboxId as string,
       nodeId: placed.nodeId,
       templateId: made.templateId,
@@ -659,36 +664,9 @@ export class TemplateBuilder {
       memoryMB: build.memoryMB,
       diskSizeMB: this.deps.config.sandboxDiskMB,
       envVars: { ...context.env },
-      metadata: { layerKey: key },
+      metadata,
     });
-    return { id, nodeId: placed.nodeId };
-  }
-
-  private async captureTemplate(
-    build: BuildRecord,
-    placed: { node: NodeAgentClient; nodeId: string },
-    context: BuildContext,
-  ): Promise<{ id: string; memory: boolean }> {
-    const id = `t${randomBytes(10).toString("hex")}`;
-    const made = await placed.node.snapshot(build.buildSandboxId as string, id);
-    await insertSnapshot(this.deps.db, {
-      id,
-      teamId: build.teamId,
-      name: null,
-      kind: "template",
-      sourceSandboxId: build.buildSandboxId as string,
-      nodeId: placed.nodeId,
-      templateId: made.templateId,
-      driver: made.driver,
-      memory: made.memory,
-      sizeBytes: made.sizeBytes,
-      cpuCount: build.cpuCount,
-      memoryMB: build.memoryMB,
-      diskSizeMB: this.deps.config.sandboxDiskMB,
-      envVars: { ...context.env },
-      metadata: { templateBuild: build.id },
-    });
-    return { id, memory: made.memory };
+    return { id, nodeId: placed.nodeId, memory: made.memory };
   }
 
   private async removeSandbox(node: NodeAgentClient, sandboxId: string): Promise<void> {
