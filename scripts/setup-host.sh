@@ -17,6 +17,8 @@ fi
 packages=(sudo inotify-tools attr util-linux procps
   python3-ipykernel python3-jupyter-client python3-matplotlib python3-matplotlib-inline python3-pandas
   python3-numpy python3-pexpect
+  # The code gateway's R kernel (Debian's IRkernel) and Java kernel (jshell from the JDK).
+  r-base-core r-cran-irkernel openjdk-17-jdk-headless
   # nginx, wrk: the proxy benchmark (npm run bench -w proxy) loads nginx as a reference reverse proxy with wrk.
   nginx wrk
   # The node agent's namespace driver: crun starts sandboxes (user namespace with a uid range, seccomp, no forced
@@ -32,7 +34,9 @@ packages=(sudo inotify-tools attr util-linux procps
   # Templates: skopeo moves images and built templates between registries, OCI layouts and nodes (the template
   # store), umoci unpacks images into root filesystems; docker-registry (the CNCF distribution registry) and
   # apache2-utils (htpasswd) give tests their own registries on loopback.
-  skopeo umoci docker-registry apache2-utils)
+  skopeo umoci docker-registry apache2-utils
+  # chromium: the web console's browser test (e2e/test/console.test.ts drives it headless with playwright-core).
+  chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

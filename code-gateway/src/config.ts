@@ -25,6 +25,10 @@ export interface GatewayConfig {
   readonly pythonPath: string;
   /** The Node binary that runs the JavaScript/TypeScript kernel. */
   readonly nodePath: string;
+  /** R with Debian's IRkernel (r-cran-irkernel), for `r` contexts. */
+  readonly rPath: string;
+  /** A JDK's `java` (the jshell API and the source launcher), for `java` contexts. */
+  readonly javaPath: string;
   /** Where kernel connection files and IPC sockets live (one directory per gateway process). */
   readonly runtimeDir: string;
   /** Silence on an /execute stream after which a keepalive line is written. */
@@ -43,7 +47,7 @@ const USAGE = `usage: warren-code-gateway [--port 49999] [--host 127.0.0.1]
 environment: CODE_GATEWAY_PORT, CODE_GATEWAY_HOST, CODE_GATEWAY_ACCESS_TOKEN (else ENVD_ACCESS_TOKEN),
   CODE_GATEWAY_ENVD_URL (http://127.0.0.1:49983), CODE_GATEWAY_DEFAULT_CWD (/home/user),
   CODE_GATEWAY_START_LANGUAGES (python,javascript), CODE_GATEWAY_PYTHON (/usr/bin/python3),
-  CODE_GATEWAY_NODE (this node), CODE_GATEWAY_RUNTIME_DIR (<tmp>/warren-cg-<pid>),
+  CODE_GATEWAY_NODE (this node), CODE_GATEWAY_R (R), CODE_GATEWAY_JAVA (java), CODE_GATEWAY_RUNTIME_DIR (<tmp>/warren-cg-<pid>),
   CODE_GATEWAY_KEEPALIVE_MS (5000), CODE_GATEWAY_KERNEL_START_TIMEOUT_MS (30000),
   CODE_GATEWAY_INTERRUPT_GRACE_MS (5000), CODE_GATEWAY_EXECUTION_TIMEOUT_MS (0 = none),
   CODE_GATEWAY_ENVD_TIMEOUT_MS (2000)`;
@@ -82,6 +86,8 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Gat
     startLanguages,
     pythonPath: env.CODE_GATEWAY_PYTHON ?? "/usr/bin/python3",
     nodePath: env.CODE_GATEWAY_NODE ?? process.execPath,
+    rPath: env.CODE_GATEWAY_R ?? "R",
+    javaPath: env.CODE_GATEWAY_JAVA ?? "java",
     runtimeDir: env.CODE_GATEWAY_RUNTIME_DIR ?? join(tmpdir(), `warren-cg-${process.pid}`),
     keepaliveMs: integer("CODE_GATEWAY_KEEPALIVE_MS", env.CODE_GATEWAY_KEEPALIVE_MS ?? "5000", 10, 3_600_000),
     kernelStartTimeoutMs: integer(

@@ -8,7 +8,7 @@ import { ContextRegistry } from "./contexts.js";
 import { EnvdEnvironment } from "./envs.js";
 import { badRequest, GatewayError, toGatewayError } from "./errors.js";
 import { type ExecuteRequest, type ExecutionSink, runExecution } from "./execution.js";
-import { isValidEnvName, type Language, normalizeLanguage } from "./kernels/languages.js";
+import { isValidEnvName, type Language, normalizeLanguage, unsupportedLanguageMessage } from "./kernels/languages.js";
 import type { Logger } from "./log.js";
 import type { OutputLine } from "./results.js";
 import { prepareRuntimeDir } from "./runtime-dir.js";
@@ -190,7 +190,7 @@ async function streamExecution(
 function requestLanguage(language: string | undefined): Language {
   const normalized = normalizeLanguage(language);
   if (!normalized) {
-    throw badRequest(`unsupported language '${language}' (supported: python, javascript, typescript, bash)`);
+    throw badRequest(unsupportedLanguageMessage(language ?? ""));
   }
   return normalized;
 }

@@ -180,6 +180,7 @@ export class TestEnv {
       // No periodic samples: tests see exactly the samples their requests take.
       metricsIntervalMs: 0,
       reconcileIntervalMs: 100,
+      storeGcIntervalMs: 60_000,
       leaderIntervalMs: 100,
       placementAttempts: 3,
       synchronousCommit: "off",

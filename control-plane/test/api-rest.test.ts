@@ -319,17 +319,6 @@ describe("api REST surface", () => {
     await env.request("DELETE", `/sandboxes/${sandboxID}`, { apiKey: keyA });
   });
 
-  it("answers E2B paths Warren does not serve yet with 501, not a 404 the SDK would read as 'not found'", async () => {
-    for (const [method, path] of [
-      ["GET", "/volumes"],
-      ["GET", "/secrets/s1"],
-    ] as const) {
-      const res = await env.request(method, path, { apiKey: keyA, ...(method === "GET" ? {} : { body: {} }) });
-      expect(res.status, `${method} ${path}`).toBe(501);
-      expect(res.body).toMatchObject({ code: 501 });
-    }
-  });
-
   it("PUT /sandboxes/{id}/network replaces the egress policy on the node, then in the store", async () => {
     const created = await create(keyA, { templateID: "base", allow_internet_access: false });
     const { sandboxID } = created.body as { sandboxID: string };

@@ -78,6 +78,8 @@ export interface ClusterEnv {
   readonly WARREN_ADMIN_TOKEN: string;
   /** With `tls`: the domain clients use (E2B_API_URL and E2B_SANDBOX_URL stay the direct endpoints). */
   readonly E2B_DOMAIN?: string;
+  /** The volume content API (the api): the SDK's `Volume` does not read E2B_API_URL. */
+  readonly E2B_VOLUME_API_URL: string;
 }
 
 /**
@@ -138,6 +140,8 @@ export class LocalCluster {
         DATABASE_URL: this.databaseUrl,
         WARREN_DB_SCHEMA: this.dbSchema,
         REDIS_URL: this.redisUrl,
+        // Team volumes: a folder the api and every node agent share (one host here; NFS or alike across hosts).
+        WARREN_VOLUMES_DIR: join(this.dataDir, "volumes"),
         ...this.options.env,
       };
 
@@ -268,6 +272,7 @@ export class LocalCluster {
         WARREN_API_KEY: created.apiKey.key,
         WARREN_ADMIN_TOKEN: secrets.adminToken,
         ...(clientDomain ? { E2B_DOMAIN: clientDomain } : {}),
+        E2B_VOLUME_API_URL: apiUrl,
       };
       return this.env;
     } catch (error) {

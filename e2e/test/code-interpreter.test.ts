@@ -141,6 +141,89 @@ describe("the official @e2b/code-interpreter SDK against a whole Warren cluster"
     }
   }, 120_000);
 
+  it("R and Java (E2B's env_vars/r, env_vars/java, cwd r/java): results, output, env vars, cwd, errors, in 1 GiB", async () => {
+    const sandbox = await Sandbox.create("code-interpreter-v1", { envs: { TEST_ENV_VAR: "supertest" } });
+    try {
+      // R: IRkernel's text, create's envs, per-execution envs for one execution only, cwd, errors.
+      const r = await sandbox.runCode('cat("from r\\n"); Sys.getenv("TEST_ENV_VAR")', { language: "r" });
+      expect(r.error).toBeUndefined();
+      expect(r.logs.stdout).toEqual(["from r\n"]);
+      expect(r.results[0]?.text.trim()).toBe('[1] "supertest"');
+      const rOwn = await sandbox.runCode('Sys.getenv("TEST_ENV_VAR")', {
+        language: "r",
+        envs: { TEST_ENV_VAR: "overwrite" },
+      });
+      expect(rOwn.results[0]?.text.trim()).toBe('[1] "overwrite"');
+      expect((await sandbox.runCode('Sys.getenv("TEST_ENV_VAR")', { language: "r" })).results[0]?.text.trim()).toBe(
+        '[1] "supertest"',
+      );
+      const rFoo = await sandbox.runCode('Sys.getenv("FOO")', { language: "r", envs: { FOO: "bar" } });
+      expect(rFoo.results[0]?.text.trim()).toBe('[1] "bar"');
+      const rUnset = await sandbox.runCode('Sys.getenv("FOO", unset = "default")', { language: "r" });
+      expect(rUnset.results[0]?.text.trim()).toBe('[1] "default"');
+      expect((await sandbox.runCode("getwd()", { language: "r" })).results[0]?.text.trim()).toBe('[1] "/home/user"');
+      expect((await sandbox.runCode('stop("boom")', { language: "r" })).error?.value).toContain("boom");
+
+      // Java: values as toString(), properties and env, cwd (user.dir), a context's own cwd and state, errors.
+      const java = await sandbox.runCode('System.out.println("from java"); System.getProperty("TEST_ENV_VAR")', {
+        language: "java",
+      });
+      expect(java.error).toBeUndefined();
+      expect(java.logs.stdout).toEqual(["from java\n"]);
+      expect(java.results[0]?.text.trim()).toBe("supertest");
+      const javaOwn = await sandbox.runCode('System.getProperty("FOO") + " " + System.getenv("FOO")', {
+        language: "java",
+        envs: { FOO: "bar" },
+      });
+      expect(javaOwn.results[0]?.text.trim()).toBe("bar bar");
+      const javaUnset = await sandbox.runCode('System.getProperty("FOO", "default")', { language: "java" });
+      expect(javaUnset.results[0]?.text.trim()).toBe("default");
+      const javaCwd = await sandbox.runCode('System.getProperty("user.dir")', { language: "java" });
+      expect(javaCwd.results[0]?.text.trim()).toBe("/home/user");
+      const context = await sandbox.createCodeContext({ language: "java", cwd: "/tmp" });
+      expect((await sandbox.runCode("int n = 41;", { context })).error).toBeUndefined();
+      expect((await sandbox.runCode('n + 1 + " in " + System.getProperty("user.dir")', { context })).text).toBe(
+        "42 in /tmp",
+      );
+      const thrown = await sandbox.runCode('throw new IllegalStateException("boom")', { context });
+      expect(thrown.error).toMatchObject({ name: "EvalException", value: "boom" });
+
+      // Python, JavaScript, R and two JVMs share the sandbox's 1024 MiB: all still answer.
+      expect((await sandbox.runCode("1 + 1")).text).toBe("2");
+      expect((await sandbox.runCode("1 + 1", { language: "js" })).text).toBe("2");
+      expect((await sandbox.runCode("1 + 1", { language: "r" })).results[0]?.text).toBe("[1] 2");
+      expect((await sandbox.runCode("n", { context })).text).toBe("41");
+    } finally {
+      await sandbox.kill();
+    }
+  }, 300_000);
+
+  it("an unsupported language is a 400 with E2B's gateway's body, through the proxy", async () => {
+    const sandbox = await Sandbox.create("code-interpreter-v1");
+    try {
+      const token = (sandbox as unknown as { envdAccessToken?: string }).envdAccessToken ?? "";
+      const res = await fetch(`${proxyUrl}/execute`, {
+        method: "POST",
+        headers: {
+          "Content-Type": "application/json",
+          "E2b-Sandbox-Id": sandbox.sandboxId,
+          "E2b-Sandbox-Port": "49999",
+          "X-Access-Token": token,
+        },
+        body: JSON.stringify({ code: "1", language: "cobol" }),
+      });
+      expect(res.status).toBe(400);
+      expect(await res.text()).toBe(
+        'Failed to create context: {"message": "The \'cobol\' kernel is not available. Please pick another ' +
+          'suitable kernel instead, or install that kernel.", "short_message": "cobol not found"}',
+      );
+      // The SDK reports the status only (as against E2B).
+      await expect(sandbox.runCode("1", { language: "cobol" as never })).rejects.toThrow(/400/);
+    } finally {
+      await sandbox.kill();
+    }
+  }, 120_000);
+
   it("a matplotlib figure arrives as a PNG result", async () => {
     const sandbox = await Sandbox.create("code-interpreter-v1");
     try {

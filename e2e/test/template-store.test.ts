@@ -25,7 +25,11 @@ beforeAll(async () => {
     poolSize: 0,
     instancePrefix: "u",
     nodeCidr: (i) => `10.228.${i * 4}.0/22`,
-    env: { WARREN_STORE: `docker://${registry.host}/warren`, WARREN_STORE_INSECURE: "1" },
+    env: {
+      WARREN_STORE: `docker://${registry.host}/warren`,
+      WARREN_STORE_INSECURE: "1",
+      WARREN_STORE_GC_INTERVAL_MS: "1000",
+    },
   });
   env = await cluster.start();
   Object.assign(process.env, {
@@ -94,4 +98,26 @@ describe("the template store across nodes", () => {
       await cordon(builtOn, false);
     }
   }, 240_000);
+
+  it("deleting the template removes its snapshots from the registry; its sandboxes keep running", async () => {
+    const tags = async () => {
+      const res = await fetch(`http://${registry.host}/v2/warren/snapshots/tags/list`);
+      if (res.status === 404) return [];
+      return (((await res.json()) as { tags: string[] | null }).tags ?? []).sort();
+    };
+    const published = await tags();
+    // The ready snapshot (t…) and the layer of its RUN step (l…).
+    expect(published.some((t) => t.startsWith("t"))).toBe(true);
+    expect(published.some((t) => t.startsWith("l"))).toBe(true);
+    const running = created[0] as Sandbox;
+    const removed = await fetch(`${env.E2B_API_URL}/templates/portable`, {
+      method: "DELETE",
+      headers: { "X-API-KEY": env.E2B_API_KEY },
+    });
+    expect(removed.status).toBe(204);
+    const deadline = Date.now() + 30_000;
+    while ((await tags()).length > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 500));
+    expect(await tags()).toEqual([]);
+    expect((await running.commands.run("cat /opt/where")).stdout.trim()).toBe("portable");
+  }, 120_000);
 });

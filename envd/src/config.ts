@@ -16,6 +16,8 @@ export interface EnvdConfig {
   readonly outputBufferBytes: number;
   /** How long a finished process's exit stays available to a late Connect. */
   readonly finishedRetentionMs: number;
+  /** ENVD_LEASE_GRACE_MS (5000): between a lease's SIGTERM and its SIGKILL. */
+  readonly leaseGraceMs: number;
   /** PATH every process starts with (envd's own, or a sane default). */
   readonly processPath: string;
   /** Sandbox-wide environment variables every process starts with. */
@@ -65,6 +67,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
       0,
       86_400_000,
     ),
+    leaseGraceMs: integer("ENVD_LEASE_GRACE_MS", env.ENVD_LEASE_GRACE_MS ?? "5000", 0, 3_600_000),
     processPath: env.PATH || "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     envVars: { E2B_SANDBOX: "true" },
     warmup: env.ENVD_WARMUP !== "0",

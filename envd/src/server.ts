@@ -10,6 +10,7 @@ import { createFilesystemService } from "./filesystem/service.js";
 import { handleFiles } from "./http/files.js";
 import { handleFilesCompose } from "./http/files-compose.js";
 import { handleInit } from "./http/init.js";
+import { handleLeases, LEASES_PATH } from "./http/leases.js";
 import { MetricsSampler } from "./http/metrics.js";
 import { sendError, sendJson, sendJsonError } from "./http/respond.js";
 import { createLogger, type Logger } from "./log.js";
@@ -85,12 +86,19 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
     if (path === "/envs" && req.method === "GET") return sendJson(res, 200, context.state.envVars());
     if (path === "/metrics" && req.method === "GET") return sendJson(res, 200, await metrics.sample());
     if (path === "/files/compose" && req.method === "POST") return handleFilesCompose(req, res, context);
+    if (path === LEASES_PATH || path?.startsWith(`${LEASES_PATH}/`)) {
+      return handleLeases(req, res, path, processes.leases);
+    }
     rpc(req, res);
   };
 
-  const server: Server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0 }, (req, res) => {
-    route(req, res).catch((error: unknown) => sendError(res, error));
-  });
+  // maxHeaderSize: a Start's secrets arrive in one header (the proxy's warren-secret-env, up to 32 × 32 KiB values).
+  const server: Server = createServer(
+    { keepAliveTimeout: 65_000, requestTimeout: 0, maxHeaderSize: 2 << 20 },
+    (req, res) => {
+      route(req, res).catch((error: unknown) => sendError(res, error));
+    },
+  );
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
     server.listen(config.port, config.host, () => resolve());

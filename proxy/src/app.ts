@@ -6,6 +6,7 @@ import type { Logger } from "./log.js";
 import { ProxyMetrics } from "./metrics.js";
 import type { SandboxResumer } from "./resume.js";
 import { RouteStore } from "./routes.js";
+import type { SecretGrantRedeemer } from "./secret-grants.js";
 import { SandboxProxy } from "./server.js";
 
 export interface RunningProxy {
@@ -21,6 +22,8 @@ export interface RunningProxy {
 export interface StartOptions {
   readonly log: Logger;
   readonly resumer?: SandboxResumer;
+  /** Redeems secret grants on envd Start requests; without one such a request fails with failed_precondition. */
+  readonly secretGrants?: SecretGrantRedeemer;
   readonly metrics?: ProxyMetrics;
 }
 
@@ -73,6 +76,7 @@ export async function startProxy(config: ProxyConfig, options: StartOptions): Pr
     metrics,
     log,
     ...(options.resumer ? { resumer: options.resumer } : {}),
+    ...(options.secretGrants ? { secretGrants: options.secretGrants } : {}),
   });
   const address = await proxy.listen();
   log.info("proxy listening", {

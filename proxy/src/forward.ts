@@ -80,8 +80,27 @@ class RelayAgent extends IncarnationAgent {
 }
 
 /** Hop-by-hop headers (RFC 9110 §7.6.1) and the ones this proxy answers itself. */
-const REQUEST_DROP = new Set(["connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade", "expect"]);
-const UPGRADE_REQUEST_DROP = new Set(["keep-alive", "proxy-connection", "te", "trailer", "expect"]);
+// warren-secret-*: only this proxy may hand secrets to envd (secret-grants.ts), never a client.
+const REQUEST_DROP = new Set([
+  "connection",
+  "keep-alive",
+  "proxy-connection",
+  "te",
+  "trailer",
+  "upgrade",
+  "expect",
+  "warren-secret-grant",
+  "warren-secret-env",
+]);
+const UPGRADE_REQUEST_DROP = new Set([
+  "keep-alive",
+  "proxy-connection",
+  "te",
+  "trailer",
+  "expect",
+  "warren-secret-grant",
+  "warren-secret-env",
+]);
 const RESPONSE_DROP = new Set([
   "connection",
   "keep-alive",
@@ -121,12 +140,27 @@ export class Forwarder {
     return this.relayAgent;
   }
 
-  /** Forwards `req` and streams the answer into `res`. */
-  http(req: IncomingMessage, res: ServerResponse, upstream: Upstream, hooks: ForwardHooks): void {
-    const headers = requestHeaders(req.rawHeaders, REQUEST_DROP, upstream);
+  /**
+   * Forwards `req` and streams the answer into `res`. With `rewrite`, the request's body was already read: `body`
+   * is sent instead (with its own length) and `headers` are added.
+   */
+  http(
+    req: IncomingMessage,
+    res: ServerResponse,
+    upstream: Upstream,
+    hooks: ForwardHooks,
+    rewrite?: { readonly headers: readonly [string, string][]; readonly body: Buffer },
+  ): void {
+    const drop = rewrite ? new Set([...REQUEST_DROP, "content-length", "transfer-encoding"]) : REQUEST_DROP;
+    const headers = requestHeaders(req.rawHeaders, drop, upstream);
+    if (rewrite) {
+      for (const [name, value] of rewrite.headers) headers.push(name, value);
+      headers.push("Content-Length", String(rewrite.body.length));
+    }
     const hasBody =
-      req.headers["transfer-encoding"] !== undefined ||
-      (req.headers["content-length"] !== undefined && req.headers["content-length"] !== "0");
+      rewrite === undefined &&
+      (req.headers["transfer-encoding"] !== undefined ||
+        (req.headers["content-length"] !== undefined && req.headers["content-length"] !== "0"));
     let attempt = 0;
     let current: ClientRequest | undefined;
     let responded = false;
@@ -154,7 +188,8 @@ export class Forwarder {
       let bodyStarted = false;
       const startBody = () => {
         bodyStarted = true;
-        if (hasBody) req.pipe(upstreamReq);
+        if (rewrite) upstreamReq.end(rewrite.body);
+        else if (hasBody) req.pipe(upstreamReq);
         else upstreamReq.end();
       };
       upstreamReq.once("socket", (socket: Socket) => {

@@ -8,6 +8,7 @@ import { ConfigError, loadConfig, type ProxyConfig } from "./config.js";
 import { type ControlPlaneResumer, resumerFromEnv } from "./control-plane-resumer.js";
 import { createLogger, type Logger } from "./log.js";
 import { ProxyMetrics } from "./metrics.js";
+import { grantRedeemerFromEnv } from "./secret-grants.js";
 
 const log = createLogger("proxy");
 
@@ -36,7 +37,14 @@ async function runWorker(config: ProxyConfig, isClusterWorker: boolean): Promise
     new AggregatorRegistry();
     AggregatorRegistry.setRegistries([metrics.registry]);
   }
-  const running = await startProxy(config, { log, metrics, ...(resumer ? { resumer } : {}) });
+  // Secret grants are redeemed at the same api, with the same URL and token.
+  const secretGrants = grantRedeemerFromEnv(process.env);
+  const running = await startProxy(config, {
+    log,
+    metrics,
+    ...(resumer ? { resumer } : {}),
+    ...(secretGrants ? { secretGrants } : {}),
+  });
   const metricsServer =
     !isClusterWorker && config.metricsPort !== undefined
       ? await startMetricsServer(

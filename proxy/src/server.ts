@@ -26,6 +26,16 @@ import type { ProxyMetrics } from "./metrics.js";
 import { AutoResume, type SandboxResumer } from "./resume.js";
 import type { RouteStore } from "./routes.js";
 import { controlOnlyPath, Router, type RouteTarget, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER } from "./routing.js";
+import {
+  connectStreamError,
+  findGrant,
+  readStartBody,
+  SECRET_GRANT_HEADER,
+  SecretGrantError,
+  type SecretGrantRedeemer,
+  START_PATH,
+  secretEnvHeader,
+} from "./secret-grants.js";
 
 export interface SandboxProxyDeps {
   readonly config: ProxyConfig;
@@ -34,6 +44,8 @@ export interface SandboxProxyDeps {
   readonly log: Logger;
   /** The control plane's resume call; without one, paused sandboxes answer 502 like E2B's without auto-resume. */
   readonly resumer?: SandboxResumer;
+  /** Redeems secret grants carried by envd Start requests (the api's internal path). */
+  readonly secretGrants?: SecretGrantRedeemer;
 }
 
 type Admission = { readonly upstream: Upstream } | { readonly error: ProxyError };
@@ -168,6 +180,7 @@ export class SandboxProxy {
       this.guarded(target, drop, () => {
         if (res.destroyed) return;
         if ("error" in admission) this.answerHttp(req, res, admission.error, started);
+        else if (this.carriesStart(req, target)) this.forwardStart(req, res, target, admission.upstream, started);
         else this.forwardHttp(req, res, target, admission.upstream, started);
       });
     this.guarded(target, drop, () => this.decide(req, target, answer));
@@ -304,12 +317,63 @@ export class SandboxProxy {
     };
   }
 
+  private carriesStart(req: IncomingMessage, target: RouteTarget): boolean {
+    return (
+      target.port === this.deps.config.envdPort && req.method === "POST" && (req.url ?? "").split("?")[0] === START_PATH
+    );
+  }
+
+  /**
+   * envd's process.Start: a secret grant in its header or its envs is redeemed at the api, and the values go to envd
+   * in one header for this process only (envd/src/process/secrets.ts). The values are never logged here.
+   */
+  private forwardStart(
+    req: IncomingMessage,
+    res: ServerResponse,
+    target: RouteTarget,
+    upstream: Upstream,
+    started: number,
+  ): void {
+    const abort = new AbortController();
+    res.once("close", () => abort.abort());
+    const prepare = async () => {
+      const body = await readStartBody(req);
+      const found = findGrant(header(req.headers, SECRET_GRANT_HEADER), req.headers["content-type"] ?? "", body);
+      if (found.grant === undefined) return { headers: [] as [string, string][], body };
+      if (!this.deps.secretGrants) {
+        throw new SecretGrantError(
+          "failed_precondition",
+          "this proxy redeems no secret grants (PROXY_RESUME_URL unset)",
+        );
+      }
+      const env = await this.deps.secretGrants.redeem(target.sandboxId, found.grant, abort.signal);
+      return { headers: [secretEnvHeader(env)], body: found.body };
+    };
+    prepare().then(
+      (rewrite) => {
+        if (!res.destroyed) this.forwardHttp(req, res, target, upstream, started, rewrite);
+      },
+      (error: unknown) => {
+        if (res.destroyed) return;
+        const grantError =
+          error instanceof SecretGrantError
+            ? error
+            : new SecretGrantError("invalid_argument", `start request could not be read: ${(error as Error).message}`);
+        this.deps.log.warn("secret grant refused", { sandboxId: target.sandboxId, code: grantError.code });
+        this.deps.metrics.requests.inc({ kind: "http", status: "200" });
+        res.writeHead(200, { "Content-Type": "application/connect+json" });
+        res.end(connectStreamError(grantError.code, grantError.message));
+      },
+    );
+  }
+
   private forwardHttp(
     req: IncomingMessage,
     res: ServerResponse,
     target: RouteTarget,
     upstream: Upstream,
     started: number,
+    rewrite?: { readonly headers: readonly [string, string][]; readonly body: Buffer },
   ): void {
     const { metrics, log, config } = this.deps;
     const connection = this.connections.open(upstream.sandboxId, upstream.exec, () => res.destroy());
@@ -339,26 +403,32 @@ export class SandboxProxy {
         });
       }
     });
-    this.forwarder.http(req, res, upstream, {
-      onResponse: (status) => {
-        metrics.requests.inc({ kind: "http", status });
-        metrics.latency.observe({ kind: "http" }, (performance.now() - started) / 1000);
+    this.forwarder.http(
+      req,
+      res,
+      upstream,
+      {
+        onResponse: (status) => {
+          metrics.requests.inc({ kind: "http", status });
+          metrics.latency.observe({ kind: "http" }, (performance.now() - started) / 1000);
+        },
+        onUnreachable: (reason) => {
+          metrics.upstreamErrors.inc({ reason });
+          log.warn("sandbox port unreachable", { requestId, sandboxId: target.sandboxId, port: target.port, reason });
+          this.answerHttp(req, res, { kind: "port-closed", sandboxId: target.sandboxId, port: target.port }, started);
+        },
+        onBroken: (reason) => {
+          metrics.upstreamErrors.inc({ reason });
+          log.warn("stream broken by the sandbox side", {
+            requestId,
+            sandboxId: target.sandboxId,
+            port: target.port,
+            reason,
+          });
+        },
       },
-      onUnreachable: (reason) => {
-        metrics.upstreamErrors.inc({ reason });
-        log.warn("sandbox port unreachable", { requestId, sandboxId: target.sandboxId, port: target.port, reason });
-        this.answerHttp(req, res, { kind: "port-closed", sandboxId: target.sandboxId, port: target.port }, started);
-      },
-      onBroken: (reason) => {
-        metrics.upstreamErrors.inc({ reason });
-        log.warn("stream broken by the sandbox side", {
-          requestId,
-          sandboxId: target.sandboxId,
-          port: target.port,
-          reason,
-        });
-      },
-    });
+      rewrite,
+    );
   }
 
   private forwardUpgrade(

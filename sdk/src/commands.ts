@@ -2,7 +2,17 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { Signal } from "@warren/proto/process/process_pb";
 import type { ConnectionConfig } from "./config.js";
 import { type EnvdEndpoint, type EnvdRpc, userHeaders } from "./envd.js";
-import { type OutputLostError, rpcError, SandboxError } from "./errors.js";
+import { InvalidArgumentError, type OutputLostError, rpcError, SandboxError } from "./errors.js";
+import {
+  type CommandSecrets,
+  createSecretGrant,
+  LEASE_HEADER,
+  type LeaseInfo,
+  type LeaseOpts,
+  listLeases,
+  renewLease,
+  SECRET_GRANT_HEADER,
+} from "./harness.js";
 import { type ProcessEnd, ProcessStream, type StreamResilience } from "./process-stream.js";
 
 export interface CommandRequestOpts {
@@ -25,6 +35,13 @@ export interface CommandStartOpts extends CommandRequestOpts, StreamResilience {
   timeoutMs?: number;
   /** Warren extra: called when a resumed stream finds output the sandbox no longer held. */
   onOutputLost?: (lost: OutputLostError) => void;
+  /**
+   * Warren extra: team secrets this one command gets as env vars (through a one-time grant the proxy redeems); no
+   * other process of the sandbox sees them, and envd masks their values as `***` in this command's output.
+   */
+  secrets?: CommandSecrets;
+  /** Warren extra (background commands): reaped — SIGTERM, then SIGKILL — unless renewed within `ttlMs`. */
+  lease?: LeaseOpts;
 }
 
 export interface CommandConnectOpts
@@ -52,6 +69,8 @@ export interface ProcessInfo {
   args: string[];
   envs: Record<string, string>;
   cwd?: string;
+  /** Warren extra: the process's lease, when it was started with one. */
+  lease?: LeaseInfo;
 }
 
 /** Thrown by wait()/run() when a command exits with a non-zero code; carries its output. */
@@ -207,7 +226,12 @@ export class Commands {
 
   async list(opts: CommandRequestOpts = {}): Promise<ProcessInfo[]> {
     try {
-      const res = await this.rpc.process.list({}, { signal: this.config.signal(opts.requestTimeoutMs, opts.signal) });
+      const signal = this.config.signal(opts.requestTimeoutMs, opts.signal);
+      const [res, leases] = await Promise.all([
+        this.rpc.process.list({}, { signal }),
+        listLeases(this.endpoint, signal),
+      ]);
+      const leaseOf = new Map(leases.map((l) => [l.pid, l]));
       return res.processes.map((p) => ({
         pid: p.pid,
         ...(p.tag !== undefined ? { tag: p.tag } : {}),
@@ -215,6 +239,7 @@ export class Commands {
         args: p.config?.args ?? [],
         envs: p.config?.envs ?? {},
         ...(p.config?.cwd !== undefined ? { cwd: p.config.cwd } : {}),
+        ...(leaseOf.has(p.pid) ? { lease: leaseOf.get(p.pid) as LeaseInfo } : {}),
       }));
     } catch (error) {
       throw rpcError(error);
@@ -275,7 +300,25 @@ export class Commands {
     return opts.background ? handle : handle.wait();
   }
 
+  /** Warren extra: extends a leased process's lease by `ttlMs` (default: its own) from now. */
+  async renewLease(pid: number, opts: CommandRequestOpts & { ttlMs?: number } = {}): Promise<LeaseInfo> {
+    return renewLease(this.endpoint, pid, opts.ttlMs, this.config.signal(opts.requestTimeoutMs, opts.signal));
+  }
+
   private async start(cmd: string, opts: CommandStartOpts): Promise<CommandHandle> {
+    const headers = userHeaders(opts.user);
+    if (opts.lease !== undefined) {
+      if (!opts.background) throw new InvalidArgumentError("a lease is for background commands (background: true)");
+      headers[LEASE_HEADER] = String(opts.lease.ttlMs);
+    }
+    if (opts.secrets !== undefined) {
+      headers[SECRET_GRANT_HEADER] = await createSecretGrant(
+        this.config,
+        this.endpoint.sandboxId,
+        opts.secrets,
+        opts.signal,
+      );
+    }
     const stream = await ProcessStream.start(
       this.rpc,
       this.endpoint,
@@ -283,7 +326,7 @@ export class Commands {
         process: { cmd: "/bin/bash", args: ["-l", "-c", cmd], envs: opts.envs ?? {}, cwd: opts.cwd },
         stdin: opts.stdin ?? false,
       },
-      userHeaders(opts.user),
+      headers,
       {
         ...opts,
         requestTimeoutMs: opts.requestTimeoutMs ?? this.config.requestTimeoutMs,

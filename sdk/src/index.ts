@@ -49,6 +49,14 @@ export {
   type WriteEntry,
   type WriteInfo,
 } from "./files.js";
+export {
+  type CommandSecrets,
+  createSecretGrant,
+  LEASE_HEADER,
+  type LeaseInfo,
+  type LeaseOpts,
+  SECRET_GRANT_HEADER,
+} from "./harness.js";
 export type { Ports } from "./ports.js";
 export { OUTPUT_OFFSET_HEADER, REPLAY_FROM_HEADER, type StreamResilience } from "./process-stream.js";
 export type { Pty, PtyConnectOpts, PtyCreateOpts } from "./pty.js";

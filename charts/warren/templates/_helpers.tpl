@@ -64,6 +64,19 @@ else a new random one. Dict {root, secret, key, given, length}.
 {{- end }}
 {{- end }}
 
+{{/* WARREN_SECRETS_KEYS: given, else kept from the cluster, else one generated key `k1:<base64 of 32 bytes>`. */}}
+{{- define "warren.secretsKeys" -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .secret | default dict }}
+{{- $stored := dig "data" "secretsKeys" "" $existing }}
+{{- if .root.Values.secrets.secretsKeys }}
+{{- .root.Values.secrets.secretsKeys }}
+{{- else if $stored }}
+{{- $stored | b64dec }}
+{{- else }}
+{{- printf "k1:%s" (randAlphaNum 32 | b64enc) }}
+{{- end }}
+{{- end }}
+
 {{- define "warren.postgresql.secretName" -}}
 {{- default (include "warren.componentName" (dict "root" . "component" "postgresql")) .Values.postgresql.auth.existingSecret }}
 {{- end }}

@@ -2,9 +2,9 @@ import { fileURLToPath } from "node:url";
 import type { GatewayConfig } from "../config.js";
 
 /** Languages a context can run, after E2B's normalisation (`js` → javascript, `ts` → typescript). */
-export type Language = "python" | "javascript" | "typescript" | "bash";
+export type Language = "python" | "javascript" | "typescript" | "bash" | "r" | "java";
 
-export const LANGUAGES: readonly Language[] = ["python", "javascript", "typescript", "bash"];
+export const LANGUAGES: readonly Language[] = ["python", "javascript", "typescript", "bash", "r", "java"];
 
 const ALIASES: Record<string, Language> = {
   "": "python",
@@ -16,6 +16,8 @@ const ALIASES: Record<string, Language> = {
   typescript: "typescript",
   bash: "bash",
   sh: "bash",
+  r: "r",
+  java: "java",
 };
 
 /** E2B's normalize_language; undefined when Warren has no kernel for it. */
@@ -23,8 +25,25 @@ export function normalizeLanguage(language: string | undefined | null): Language
   return ALIASES[(language ?? "").trim().toLowerCase()];
 }
 
+/**
+ * The body E2B's gateway answers for a language it has no kernel for: Jupyter's 501 for the missing kernelspec
+ * (Python `json.dumps`: `", "` separators, non-ASCII escaped), wrapped in "Failed to create context: ". E2B sends
+ * it with status 500; Warren keeps 400 (bad input), with the same text.
+ */
+export function unsupportedLanguageMessage(language: string): string {
+  const kernel = language.trim().toLowerCase();
+  const message = `The '${kernel}' kernel is not available. Please pick another suitable kernel instead, or install that kernel.`;
+  return `Failed to create context: {"message": ${pythonJsonString(message)}, "short_message": ${pythonJsonString(`${kernel} not found`)}}`;
+}
+
+function pythonJsonString(text: string): string {
+  return JSON.stringify(text).replace(/[\u0080-\uffff]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+}
+
 const PYTHON_DIR = fileURLToPath(new URL("../../python/", import.meta.url));
 const JS_KERNEL = fileURLToPath(new URL("./js-kernel.js", import.meta.url));
+/** IRkernel's own kernelspec command (Debian's r-cran-irkernel). */
+const IRKERNEL = ["--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"];
 
 /**
  * ipykernel prints a Ctrl-C notice and connection hints to stdout unless it has a parent
@@ -64,6 +83,19 @@ export function kernelArgv(language: Language, config: GatewayConfig): string[] 
     case "javascript":
     case "typescript":
       return [config.nodePath, JS_KERNEL, "{connection_file}", language];
+    case "r":
+      return [config.rPath, ...IRKERNEL];
+    case "java":
+      return [
+        config.pythonPath,
+        "-Xfrozen_modules=off",
+        `${PYTHON_DIR}jshell_kernel.py`,
+        `--java=${config.javaPath}`,
+        "-f",
+        "{connection_file}",
+        QUIET_IPYKERNEL,
+        IPYKERNEL_ERRORS_ONLY,
+      ];
   }
 }
 
@@ -85,6 +117,12 @@ export function setEnvCode(language: Language, vars: Readonly<Record<string, str
       return `Object.assign(process.env, ${JSON.stringify(vars)});\n`;
     case "bash":
       return entries.map(([k, v]) => `export ${k}=${shellQuote(v)}\n`).join("");
+    case "r":
+      // R string literals take JSON's escapes; string argument names need no identifier rules.
+      return `Sys.setenv(${entries.map(([k, v]) => `${JSON.stringify(k)} = ${JSON.stringify(v)}`).join(", ")})\n`;
+    case "java":
+      // A JVM cannot change its environment from Java code: jshell_kernel.py takes this directive instead.
+      return `${JAVA_ENV_DIRECTIVE}${JSON.stringify({ set: vars })}\n`;
   }
 }
 
@@ -99,8 +137,15 @@ export function unsetEnvCode(language: Language, names: readonly string[]): stri
       return `for (const k of ${JSON.stringify(names)}) delete process.env[k];\n`;
     case "bash":
       return `unset ${names.join(" ")}\n`;
+    case "r":
+      return `Sys.unsetenv(${JSON.stringify(names).replace(/^\[/, "c(").replace(/\]$/, ")")})\n`;
+    case "java":
+      return `${JAVA_ENV_DIRECTIVE}${JSON.stringify({ unset: names })}\n`;
   }
 }
+
+/** jshell_kernel.py's env directive (ENV_DIRECTIVE there). */
+const JAVA_ENV_DIRECTIVE = "%warren_env ";
 
 function shellQuote(value: string): string {
   return `'${value.replaceAll("'", `'\\''`)}'`;

@@ -4,8 +4,10 @@ import type { MasterService } from "@warren/proto/master/v1/master_pb";
 import express, { type NextFunction, type Request, type Response } from "express";
 import type { Logger } from "../master/log.js";
 import type { Db } from "../store/db.js";
+import type { SecretKeyRing } from "../store/secret-box.js";
 import { teamForApiKey } from "../store/teams.js";
 import { adminRoutes } from "./admin.js";
+import { type ConsoleConfig, consoleRoutes, loadConsoleConfig } from "./console.js";
 import { ApiError, sendError } from "./errors.js";
 import { eventRoutes } from "./events.js";
 import { rejectUnsafeInput } from "./input-guard.js";
@@ -13,8 +15,10 @@ import { internalRoutes } from "./internal.js";
 import type { ApiMetrics } from "./metrics.js";
 import { OPENAPI_DOCUMENT } from "./openapi.js";
 import { sandboxRoutes } from "./sandboxes.js";
+import { secretInternalRoutes, secretRoutes } from "./secrets.js";
 import { snapshotRoutes } from "./snapshots.js";
 import { templateRoutes, templateUploadRoute } from "./templates.js";
+import { type VolumeSettings, volumeContentRoutes, volumeRoutes } from "./volumes.js";
 
 export interface AppDeps {
   readonly db: Db;
@@ -24,15 +28,19 @@ export interface AppDeps {
   readonly adminToken: string;
   /** WARREN_INTERNAL_TOKEN: enables the internal paths (the proxy's auto-resume); empty disables them. */
   readonly internalToken?: string;
+  /** WARREN_SECRETS_KEYS: seals secrets at rest; without it the secrets API answers 503. */
+  readonly secretKeys?: SecretKeyRing;
   readonly streams: Set<() => void>;
+  /** The web console (WARREN_CONSOLE_*); default: the bundle in this repository, no sandbox URL. */
+  readonly console?: ConsoleConfig;
   readonly ssePollMs?: number;
   /** Largest template COPY archive accepted (bytes); default 256 MiB. */
   readonly maxUploadBytes?: number;
   /** Template builds a team may have waiting or running at once; default 5. */
   readonly maxActiveBuildsPerTeam?: number;
+  /** Where volumes live and their quota; default /var/lib/warren/volumes, 10 GiB; null: volumes are off. */
+  readonly volumes?: VolumeSettings | null;
 }
-
-const NOT_YET = ["/volumes", "/volumes/*rest", "/secrets", "/secrets/*rest"];
 
 /** Paths answered without an API key. */
 const PUBLIC = new Set(["/health", "/metrics", "/openapi.json", "/warren/v1/openapi.json"]);
@@ -76,6 +84,7 @@ export function createApp(deps: AppDeps): express.Express {
   app.get(["/openapi.json", "/warren/v1/openapi.json"], (_req, res) => {
     res.status(200).json(OPENAPI_DOCUMENT);
   });
+  app.use(consoleRoutes(deps.console ?? loadConsoleConfig({})));
 
   const templates = {
     db: deps.db,
@@ -83,12 +92,20 @@ export function createApp(deps: AppDeps): express.Express {
     maxUploadBytes: deps.maxUploadBytes ?? 256 * 1024 * 1024,
     maxActiveBuildsPerTeam: deps.maxActiveBuildsPerTeam ?? 5,
   };
-  // Before the JSON parser and the API key check: the upload's body is an archive and its link authorizes it.
+  const volumes = {
+    db: deps.db,
+    log: deps.log,
+    volumes: deps.volumes === undefined ? { dir: "/var/lib/warren/volumes", quotaBytes: 10 * 2 ** 30 } : deps.volumes,
+  };
+  // Before the JSON parser and the API key check: the upload's body is an archive and its link authorizes it;
+  // a volume's content API takes raw file bodies and authorizes with the volume's token.
   app.use(templateUploadRoute(templates));
+  app.use(volumeContentRoutes(volumes));
   app.use(express.json({ limit: "1mb", type: () => true }));
   app.use(rejectUnsafeInput);
   app.use(adminRoutes(deps.db, deps.adminToken));
   app.use(internalRoutes(deps.master, deps.internalToken ?? ""));
+  app.use(secretInternalRoutes({ db: deps.db, secretKeys: deps.secretKeys }, deps.internalToken ?? ""));
 
   app.use(async (req: Request, res: Response, next: NextFunction) => {
     if (PUBLIC.has(req.path)) return next();
@@ -102,12 +119,10 @@ export function createApp(deps: AppDeps): express.Express {
   app.use(sandboxRoutes(deps));
   app.use(templateRoutes(templates));
   app.use(snapshotRoutes(deps));
+  app.use(secretRoutes({ db: deps.db, secretKeys: deps.secretKeys }));
+  app.use(volumeRoutes(volumes));
   app.use(eventRoutes({ db: deps.db, pollMs: deps.ssePollMs ?? 250, streams: deps.streams }));
 
-  // E2B paths Warren does not serve yet: 501, not 404, because the SDK reads 404 as "sandbox not found".
-  app.all(NOT_YET, (req: Request) => {
-    throw new ApiError(501, `${req.method} ${req.path} is not implemented by Warren yet`);
-  });
   app.use((req: Request, _res: Response, next: NextFunction) => {
     next(new ApiError(404, `no route for ${req.method} ${req.path}`));
   });

@@ -1,3 +1,6 @@
+import { parseSecretKeys, type SecretKeyRing } from "../store/secret-box.js";
+import { type ConsoleConfig, loadConsoleConfig } from "./console.js";
+
 /** The api's one configuration object, from environment variables (documented defaults). */
 export interface ApiConfig {
   /** WARREN_API_PORT (default 3000). */
@@ -18,6 +21,22 @@ export interface ApiConfig {
   readonly maxTemplateUploadBytes: number;
   /** WARREN_TEAM_MAX_BUILDS: template builds a team may have waiting or running at once (default 5). */
   readonly maxActiveBuildsPerTeam: number;
+  /** WARREN_CONSOLE_DIR, WARREN_CONSOLE_SANDBOX_URL: the web console (api/console.ts). */
+  readonly console: ConsoleConfig;
+  /**
+   * WARREN_SECRETS_KEYS (unset: the secrets API answers 503): comma-separated `<id>:<base64 of 32 random bytes>`,
+   * newest first. The newest seals new and updated secrets (AES-256-GCM); any listed key opens what it sealed, and
+   * the api re-seals older rows with the newest key at start, after which an old key can be dropped.
+   */
+  readonly secretKeys: SecretKeyRing | undefined;
+  /**
+   * WARREN_VOLUMES_DIR (default /var/lib/warren/volumes): where volumes' files live, `<dir>/<team>/<volume id>`.
+   * The api (content API) and every node agent (mounts) must see the same filesystem there. Empty: volumes are
+   * off (their endpoints answer 403, as E2B's do when disabled).
+   */
+  readonly volumesDir: string;
+  /** WARREN_VOLUME_QUOTA_MB (default 10240): a new volume's quota, enforced on writes through the content API. */
+  readonly volumeQuotaMB: number;
 }
 
 function positiveInt(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
@@ -26,6 +45,12 @@ function positiveInt(env: NodeJS.ProcessEnv, name: string, fallback: number): nu
   const value = Number(raw);
   if (!Number.isInteger(value) || value < 1) throw new Error(`${name} must be a positive integer, got '${raw}'`);
   return value;
+}
+
+function absoluteDir(env: NodeJS.ProcessEnv, name: string, fallback: string): string {
+  const raw = env[name] || fallback;
+  if (!raw.startsWith("/")) throw new Error(`${name} must be an absolute path, got '${raw}'`);
+  return raw;
 }
 
 export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
@@ -49,5 +74,9 @@ export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
     internalToken,
     maxTemplateUploadBytes: positiveInt(env, "WARREN_TEMPLATE_UPLOAD_MAX_BYTES", 256 * 1024 * 1024),
     maxActiveBuildsPerTeam: positiveInt(env, "WARREN_TEAM_MAX_BUILDS", 5),
+    console: loadConsoleConfig(env),
+    secretKeys: parseSecretKeys(env.WARREN_SECRETS_KEYS ?? ""),
+    volumesDir: env.WARREN_VOLUMES_DIR === "" ? "" : absoluteDir(env, "WARREN_VOLUMES_DIR", "/var/lib/warren/volumes"),
+    volumeQuotaMB: positiveInt(env, "WARREN_VOLUME_QUOTA_MB", 10240),
   };
 }

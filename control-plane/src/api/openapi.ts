@@ -13,6 +13,11 @@ const id = { name: "sandboxID", in: "path", required: true, schema: { type: "str
 const stdErrors = { 401: error("Missing or invalid API key"), 404: error("Not found (or another team's)") };
 
 const stringMap = { type: "object", additionalProperties: { type: "string" } };
+/** Pause and snapshot: E2B's `memory`, or `mode` as SDKs from 2.55 name it (both given must agree). */
+const memoryMode = {
+  memory: { type: "boolean", default: true, description: "false: files only (a cold boot on resume)" },
+  mode: { type: "string", enum: ["full", "filesystem"], description: "'filesystem' is memory: false" },
+};
 
 const schemas: Record<string, Schema> = {
   Error: {
@@ -42,6 +47,11 @@ const schemas: Record<string, Schema> = {
       autoPause: { type: "boolean", default: false },
       autoPauseMemory: { type: "boolean", default: true },
       autoResume: { type: "object", properties: { enabled: { type: "boolean" } } },
+      mcp: {
+        type: ["object", "null"],
+        description: "E2B Mcp: server name -> config. Only the names are kept; the SDK starts mcp-gateway itself",
+        additionalProperties: { type: "object" },
+      },
     },
   },
   NewSandbox: {
@@ -101,6 +111,11 @@ const schemas: Record<string, Schema> = {
           lifecycle: {
             type: "object",
             properties: { onTimeout: { type: "string", enum: ["kill", "pause"] }, autoResume: { type: "boolean" } },
+          },
+          mcpServers: {
+            type: "array",
+            items: { type: "string" },
+            description: "Warren extra: the MCP server names the create asked for",
           },
         },
       },
@@ -290,7 +305,7 @@ export const OPENAPI_DOCUMENT = {
       post: {
         summary: "Pause",
         parameters: [id],
-        requestBody: json({ type: "object", properties: { memory: { type: "boolean" } } }),
+        requestBody: json({ type: "object", properties: memoryMode }),
         responses: { ...noContent, ...stdErrors, 409: error("Already paused") },
       },
     },
@@ -300,7 +315,7 @@ export const OPENAPI_DOCUMENT = {
         parameters: [id],
         requestBody: json({
           type: "object",
-          properties: { name: { type: "string", pattern: "^[a-z0-9][a-z0-9_-]{0,62}$" } },
+          properties: { name: { type: "string", pattern: "^[a-z0-9][a-z0-9_-]{0,62}$" }, ...memoryMode },
         }),
         responses: {
           201: json({

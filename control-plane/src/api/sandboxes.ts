@@ -16,10 +16,12 @@ import {
   parseCreateBody,
   parseListQuery,
   parseLogsQuery,
+  parseMemoryMode,
   parseNetworkUpdate,
   parseTimeoutBody,
 } from "./validate.js";
 import { envdLogEntry, type LogEntry, listedSandbox, logEntry, sandboxDetail, sandboxResponse } from "./views.js";
+import { resolveVolumeMounts } from "./volume-mounts.js";
 
 export interface SandboxRoutesDeps {
   readonly db: Db;
@@ -95,6 +97,7 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
     if (idempotencyKey !== undefined && !IDEMPOTENCY_KEY.test(idempotencyKey)) {
       throw badRequest("Idempotency-Key must be 1-255 printable ASCII characters");
     }
+    const volumeMounts = await resolveVolumeMounts(deps.db, team(res).id, parsed.volumeMounts);
     const requestHash = createHash("sha256")
       .update(`v${version}:${JSON.stringify(req.body ?? {})}`)
       .digest("hex");
@@ -113,6 +116,8 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
           },
           networkJson: parsed.network ? JSON.stringify(parsed.network) : "",
           ...(parsed.allowInternetAccess !== undefined ? { allowInternetAccess: parsed.allowInternetAccess } : {}),
+          mcpServers: parsed.mcpServers ?? [],
+          volumeMountsJson: volumeMounts.length > 0 ? JSON.stringify(volumeMounts) : "",
           idempotencyKey: idempotencyKey ?? "",
           requestHash,
         }),
@@ -238,15 +243,12 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
 
   router.post("/sandboxes/:sandboxID/pause", async (req, res) => {
     const id = sandboxId(req);
-    const obj = body(req.body);
-    if (obj.memory !== undefined && obj.memory !== null && typeof obj.memory !== "boolean") {
-      throw badRequest("memory must be a boolean");
-    }
+    const memory = parseMemoryMode(body(req.body));
     await master(() =>
       deps.master.pauseSandbox({
         teamId: team(res).id,
         sandboxId: id,
-        ...(typeof obj.memory === "boolean" ? { memory: obj.memory } : {}),
+        ...(memory !== undefined ? { memory } : {}),
       }),
     );
     res.status(204).end();

@@ -6,6 +6,7 @@ import { MasterService } from "@warren/proto/master/v1/master_pb";
 import { createLogger, type Logger } from "../master/log.js";
 import { createDb, type Db } from "../store/db.js";
 import { migrate } from "../store/migrations.js";
+import { rewrapSecrets } from "../store/secrets.js";
 import { createApp } from "./app.js";
 import type { ApiConfig } from "./config.js";
 import { ApiMetrics } from "./metrics.js";
@@ -33,6 +34,11 @@ export class ApiServer {
     const log = options.log ?? createLogger("api");
     const db = createDb({ url: config.databaseUrl, schema: config.schema });
     await migrate(db, config.schema);
+    if (config.secretKeys) {
+      const moved = await rewrapSecrets(db, config.secretKeys);
+      if (moved > 0)
+        log.info("secrets re-sealed with the newest key", { count: moved, keyId: config.secretKeys.currentKeyId });
+    }
     const master = createClient(
       MasterService,
       createConnectTransport({ baseUrl: config.masterUrl, httpVersion: "1.1" }),
@@ -45,9 +51,12 @@ export class ApiServer {
       log,
       adminToken: config.adminToken,
       internalToken: config.internalToken,
+      secretKeys: config.secretKeys,
       maxUploadBytes: config.maxTemplateUploadBytes,
       maxActiveBuildsPerTeam: config.maxActiveBuildsPerTeam,
+      volumes: config.volumesDir ? { dir: config.volumesDir, quotaBytes: config.volumeQuotaMB * 2 ** 20 } : null,
       streams,
+      console: config.console,
       ...(options.ssePollMs ? { ssePollMs: options.ssePollMs } : {}),
     });
     const server = http.createServer(app);

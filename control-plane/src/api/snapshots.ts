@@ -5,7 +5,7 @@ import type { Db } from "../store/db.js";
 import { listSnapshots, parseSnapshotRef, SNAPSHOT_NAME, snapshotRef, teamNamespace } from "../store/snapshots.js";
 import { ApiError, badRequest } from "./errors.js";
 import { master, sandboxId, team } from "./sandboxes.js";
-import { body } from "./validate.js";
+import { body, parseMemoryMode } from "./validate.js";
 import { sandboxResponse } from "./views.js";
 
 export interface SnapshotRoutesDeps {
@@ -38,14 +38,21 @@ export function snapshotRoutes(deps: SnapshotRoutesDeps): Router {
 
   router.post("/sandboxes/:sandboxID/snapshots", async (req: Request, res: Response) => {
     const id = sandboxId(req);
-    const { name } = body(req.body);
+    const obj = body(req.body);
+    const { name } = obj;
     if (name !== undefined && name !== null && (typeof name !== "string" || !SNAPSHOT_NAME.test(name))) {
       throw badRequest(
         `name must be 1-63 lowercase letters, digits, '-' or '_' starting with a letter or digit, got ${JSON.stringify(name)}`,
       );
     }
+    const memory = parseMemoryMode(obj);
     const result = await master(() =>
-      deps.master.createSnapshot({ teamId: team(res).id, sandboxId: id, name: typeof name === "string" ? name : "" }),
+      deps.master.createSnapshot({
+        teamId: team(res).id,
+        sandboxId: id,
+        name: typeof name === "string" ? name : "",
+        ...(memory !== undefined ? { memory } : {}),
+      }),
     );
     const snapshot = result.snapshot;
     if (!snapshot) throw new ApiError(500, "master answered without a snapshot");

@@ -3,6 +3,7 @@ import type { ListCursor } from "../store/sandboxes.js";
 import { decodeCursor } from "../store/sandboxes.js";
 import { badRequest } from "./errors.js";
 import { inDateRange } from "./input-guard.js";
+import { parseVolumeMounts, type RequestedMount } from "./volume-mounts.js";
 
 /** Request bodies and queries parsed once at the edge into typed values; every refusal is a 400. */
 
@@ -126,6 +127,50 @@ export interface CreateSandboxBody {
   readonly autoResume: boolean;
   readonly network: Json | null;
   readonly allowInternetAccess: boolean | undefined;
+  /** E2B's `mcp` server names (the keys); null when the create did not ask for MCP. */
+  readonly mcpServers: string[] | null;
+  /** E2B `volumeMounts`, checked (names resolved per team when the create runs). */
+  readonly volumeMounts: RequestedMount[];
+}
+
+/** MCP server names: E2B's catalogue keys (`exa`, `github/owner/repo`); bounded so a row stays small. */
+const MCP_SERVER_NAME = /^[A-Za-z0-9][A-Za-z0-9._@/-]{0,127}$/;
+const MCP_MAX_SERVERS = 64;
+
+/**
+ * E2B's `mcp` (`{ <server>: <its config> }`). As in E2B the api keeps only the server names: the SDK itself
+ * starts `mcp-gateway` in the sandbox with the whole config, and that config carries the servers' credentials.
+ */
+export function parseMcp(value: unknown): string[] | null {
+  if (value === undefined || value === null) return null;
+  if (!isObject(value)) throw badRequest(`mcp must be an object of server configs, got ${JSON.stringify(value)}`);
+  const names = Object.keys(value);
+  if (names.length > MCP_MAX_SERVERS) throw badRequest(`mcp names ${names.length} servers, at most ${MCP_MAX_SERVERS}`);
+  for (const name of names) {
+    if (!MCP_SERVER_NAME.test(name)) {
+      throw badRequest(`mcp: '${name}' is not a server name (1-128 letters, digits, '.', '_', '@', '/', '-')`);
+    }
+    if (!isObject(value[name])) throw badRequest(`mcp.${name} must be an object (the server's config)`);
+  }
+  return names;
+}
+
+/**
+ * Whether a pause or snapshot keeps memory: E2B's wire field `memory` (false: files only), or `mode`
+ * (`'full' | 'filesystem'`, the name SDKs from 2.55 use). Both given must agree; neither: undefined (full).
+ */
+export function parseMemoryMode(obj: Json): boolean | undefined {
+  const memory = optionalBool(obj, "memory");
+  const mode = obj.mode;
+  if (mode === undefined || mode === null) return memory;
+  if (mode !== "full" && mode !== "filesystem") {
+    throw badRequest(`mode must be 'full' or 'filesystem', got ${JSON.stringify(mode)}`);
+  }
+  const fromMode = mode === "full";
+  if (memory !== undefined && memory !== fromMode) {
+    throw badRequest(`memory=${memory} contradicts mode '${mode}'; give one of them`);
+  }
+  return fromMode;
 }
 
 const TEMPLATE_REF = /^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}(:[A-Za-z0-9._-]{1,64})?$/;
@@ -154,10 +199,6 @@ export function parseCreateBody(raw: unknown, version: 1 | 2): CreateSandboxBody
     );
   }
   if (autoResume && !autoPause) throw badRequest("autoResume requires autoPause to be true.");
-  if (obj.mcp !== undefined && obj.mcp !== null) throw badRequest("mcp is not supported by this server");
-  if (Array.isArray(obj.volumeMounts) && obj.volumeMounts.length > 0) {
-    throw badRequest("volumeMounts are not supported by this server");
-  }
   return {
     templateId,
     timeoutSeconds: timeout ?? (version === 2 ? 300 : 15),
@@ -168,6 +209,8 @@ export function parseCreateBody(raw: unknown, version: 1 | 2): CreateSandboxBody
     autoResume,
     network: parseNetwork(obj.network),
     allowInternetAccess: optionalBool(obj, "allow_internet_access"),
+    mcpServers: parseMcp(obj.mcp),
+    volumeMounts: parseVolumeMounts(obj.volumeMounts),
   };
 }
 

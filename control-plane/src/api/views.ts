@@ -30,7 +30,11 @@ export function listedSandbox(row: SandboxRow): Record<string, unknown> {
     diskSizeMB: row.diskSizeMB,
     envdVersion: row.envdVersion,
     metadata: row.metadata,
-    volumeMounts: row.volumeMounts,
+    // E2B echoes `{name, path}`; the volume id the nodes bind stays inside.
+    volumeMounts: row.volumeMounts.map((m) => {
+      const { name, path } = (m ?? {}) as { name?: unknown; path?: unknown };
+      return { name, path };
+    }),
   };
 }
 
@@ -44,6 +48,8 @@ export function sandboxDetail(row: SandboxRow): Record<string, unknown> {
     // Warren extra: the policy the node enforces (the request folded with the team's egress mode).
     ...(row.egress ? { egress: row.egress } : {}),
     lifecycle: { onTimeout: row.autoPause ? "pause" : "kill", autoResume: row.autoResume },
+    // Warren extra: the MCP servers the create named (E2B keeps them only for its analytics).
+    ...(row.mcpServers.length > 0 ? { mcpServers: row.mcpServers } : {}),
   };
 }
 

@@ -82,9 +82,9 @@ export async function admitSandbox(
     `INSERT INTO sandboxes (id, team_id, template_id, alias, state, cpu_count, memory_mb, disk_size_mb,
        envd_version, token_nonce, envd_token_hash, traffic_token_hash, metadata, env_vars, network,
        allow_internet_access, volume_mounts, auto_pause, auto_pause_memory, auto_resume, idempotency_key,
-       request_hash, created_at, started_at, end_at, node_id, egress, source_template_id, build_id)
+       request_hash, created_at, started_at, end_at, node_id, egress, source_template_id, build_id, mcp_servers)
      VALUES ($1,$2,$3,$4,'starting',$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$22,$23,$24,$25,
-       $26,$27)
+       $26,$27,$28)
      RETURNING *`,
     [
       id,
@@ -114,6 +114,7 @@ export async function admitSandbox(
       JSON.stringify(effectiveEgress(input.network, input.allowInternetAccess, team.egressMode)),
       t.sourceTemplateId ?? null,
       t.buildId ?? null,
+      JSON.stringify(input.mcpServers ?? []),
     ],
   );
   const row = toSandboxRow(result.rows[0]);

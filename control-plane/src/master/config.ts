@@ -53,6 +53,11 @@ export interface MasterConfig {
   readonly evictIntervalMs: number;
   /** WARREN_METRICS_INTERVAL_MS (default 5000): how often the leader samples every running sandbox. */
   readonly metricsIntervalMs: number;
+  /**
+   * WARREN_STORE_GC_INTERVAL_MS (default 300000): how often the leader removes from the template store what no
+   * live snapshot refers to.
+   */
+  readonly storeGcIntervalMs: number;
   /** WARREN_RECONCILE_INTERVAL_MS (default 5000). */
   readonly reconcileIntervalMs: number;
   /** WARREN_LEADER_INTERVAL_MS (default 2000). */
@@ -162,6 +167,7 @@ export function loadMasterConfig(env: NodeJS.ProcessEnv = process.env): MasterCo
     evictIntervalMs: int(env, "WARREN_EVICT_INTERVAL_MS", 1000),
     metricsIntervalMs: int(env, "WARREN_METRICS_INTERVAL_MS", 5000),
     reconcileIntervalMs: int(env, "WARREN_RECONCILE_INTERVAL_MS", 5000),
+    storeGcIntervalMs: int(env, "WARREN_STORE_GC_INTERVAL_MS", 300_000),
     leaderIntervalMs,
     synchronousCommit: syncCommit(env.WARREN_DB_SYNCHRONOUS_COMMIT),
     startTimeoutMs: int(env, "WARREN_START_TIMEOUT_MS", 120_000),

@@ -101,6 +101,7 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
             warmPool: request.warmPool === true,
             defaultUser: request.defaultUser ?? "",
             defaultWorkdir: request.defaultWorkdir ?? "",
+            volumeMounts: (request.volumeMounts ?? []).map((m) => ({ volumeId: m.volumeId, path: m.path })),
           },
           { timeoutMs: TIMEOUT_MS.create },
         );
@@ -225,6 +226,17 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
         { timeoutMs: TIMEOUT_MS.transfer },
       );
       return { digest: response.digest, sizeBytes: Number(response.sizeBytes) };
+    });
+
+  listPublishedSnapshots: NodeAgentClient["listPublishedSnapshots"] = () =>
+    call(async () => {
+      const response = await this.client.listPublishedSnapshots({}, { timeoutMs: TIMEOUT_MS.transfer });
+      return [...response.snapshotIds];
+    });
+
+  unpublishSnapshot: NodeAgentClient["unpublishSnapshot"] = (snapshotId) =>
+    call(async () => {
+      await this.client.unpublishSnapshot({ snapshotId }, { timeoutMs: TIMEOUT_MS.transfer });
     });
 
   pullSnapshot: NodeAgentClient["pullSnapshot"] = (snapshotId, digest) =>

@@ -40,6 +40,8 @@ export interface CreateOnNodeRequest {
   /** envd's default user and working directory (a custom template's last USER/WORKDIR); absent: `user`, home. */
   readonly defaultUser?: string;
   readonly defaultWorkdir?: string;
+  /** The team's volumes bound at these paths. */
+  readonly volumeMounts?: readonly { readonly volumeId: string; readonly path: string }[];
 }
 
 /** A command for a sandbox's envd (RunCommand): `/bin/bash -l -c <command>` as `user` (empty: root). */
@@ -186,6 +188,10 @@ export interface NodeAgentClient {
     snapshotId: string,
     labels: Readonly<Record<string, string>>,
   ): Promise<{ digest: string; sizeBytes: number }>;
+  /** The snapshot ids published to the cluster's store. */
+  listPublishedSnapshots(): Promise<string[]>;
+  /** Removes a published snapshot from the cluster's store; idempotent. */
+  unpublishSnapshot(snapshotId: string): Promise<void>;
   /** Pulls a published snapshot onto the node (digest checked); at once when the node has it. */
   pullSnapshot(snapshotId: string, digest: string): Promise<SnapshotOnNode>;
   /** Pulls an OCI image and keeps its prepared rootfs as a files-only snapshot over `scratch` on the node. */

@@ -23,7 +23,16 @@ export function nodeCreateRequest(row: SandboxRow, tokens: TokenIssuer): CreateO
     allowInternetAccess: row.allowInternetAccess,
     egress: row.egress ?? effectiveEgress(row.network, row.allowInternetAccess, "open"),
     maskRequestHost: typeof row.network?.maskRequestHost === "string" ? row.network.maskRequestHost : "",
+    volumeMounts: mountedVolumes(row.volumeMounts),
   };
+}
+
+/** The volume mounts a row recorded at create (`{name, path, volumeId}`), as the node binds them. */
+function mountedVolumes(stored: readonly unknown[]): { volumeId: string; path: string }[] {
+  return stored.flatMap((m) => {
+    const { volumeId, path } = (m ?? {}) as { volumeId?: unknown; path?: unknown };
+    return typeof volumeId === "string" && typeof path === "string" ? [{ volumeId, path }] : [];
+  });
 }
 
 /**

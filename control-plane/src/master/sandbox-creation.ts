@@ -38,6 +38,8 @@ export interface CreateInput {
   readonly network: Record<string, unknown> | null;
   readonly allowInternetAccess: boolean | null;
   readonly volumeMounts: unknown[];
+  /** E2B's `mcp` server names, kept on the row (the SDK starts the gateway itself). */
+  readonly mcpServers?: readonly string[];
   readonly idempotencyKey?: string;
   readonly requestHash?: string;
   /** Start from this snapshot (a fork's); otherwise `templateId` may name one of the team's snapshots. */

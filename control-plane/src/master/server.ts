@@ -193,6 +193,7 @@ export class Master {
       }),
     );
     this.every(this.config.reconcileIntervalMs, () => this.snapshots.sweepNodes());
+    this.every(this.config.storeGcIntervalMs, () => this.snapshots.collectStore());
     this.every(this.config.reconcileIntervalMs, () => this.builder.failAbandoned());
   }
 

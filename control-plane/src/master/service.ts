@@ -58,6 +58,7 @@ export function masterServiceImpl(
           network: parseJsonObject(req.networkJson, "network"),
           allowInternetAccess: req.allowInternetAccess ?? null,
           volumeMounts,
+          mcpServers: [...req.mcpServers],
           ...(req.idempotencyKey ? { idempotencyKey: req.idempotencyKey, requestHash: req.requestHash } : {}),
         });
         return { sandbox: result.sandbox, replayed: result.replayed };
@@ -115,7 +116,12 @@ export function masterServiceImpl(
       }),
     createSnapshot: (req) =>
       guarded(async () => {
-        const snapshot = await snapshots.createSnapshot(req.teamId, req.sandboxId, req.name || undefined);
+        const snapshot = await snapshots.createSnapshot(
+          req.teamId,
+          req.sandboxId,
+          req.name || undefined,
+          req.memory ?? true,
+        );
         return { snapshot: { ...snapshot, sizeBytes: BigInt(snapshot.sizeBytes) } };
       }),
     deleteSnapshot: (req) =>

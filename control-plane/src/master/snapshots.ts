@@ -3,6 +3,7 @@ import { type Db, withTransaction } from "../store/db.js";
 import { appendEvent } from "../store/events.js";
 import { lockSandbox, type SandboxRow } from "../store/sandboxes.js";
 import {
+  clearSnapshotDigest,
   expireForkCaptures,
   findSnapshot,
   insertSnapshot,
@@ -80,9 +81,15 @@ export function snapshotView(row: SnapshotRow, team: Team): SnapshotView {
 export class SnapshotService {
   constructor(private readonly deps: SnapshotDeps) {}
 
-  async createSnapshot(teamId: string, sandboxId: string, name: string | undefined): Promise<SnapshotView> {
+  /** `memory: false` (E2B's filesystem mode) asks for files only; the microvm driver always keeps memory. */
+  async createSnapshot(
+    teamId: string,
+    sandboxId: string,
+    name: string | undefined,
+    memory = true,
+  ): Promise<SnapshotView> {
     const team = await this.team(teamId, sandboxId);
-    const { row, replaced } = await this.capture(team, sandboxId, "snapshot", name);
+    const { row, replaced } = await this.capture(team, sandboxId, "snapshot", name, !memory);
     if (replaced) await this.deleteOnNode(replaced);
     return snapshotView(row, team);
   }
@@ -159,6 +166,7 @@ export class SnapshotService {
     sandboxId: string,
     kind: SnapshotKind,
     name: string | undefined,
+    filesOnly = false,
   ): Promise<{ row: SnapshotRow; replaced: SnapshotRow | undefined; source: SandboxRow }> {
     const { db, registry, nodeAgent, log } = this.deps;
     return withTransaction(db, async (tx) => {
@@ -176,7 +184,11 @@ export class SnapshotService {
       const startedAt = performance.now();
       let made: Awaited<ReturnType<ReturnType<NodeAgentConnector>["snapshot"]>>;
       try {
-        made = await nodeAgent(node.nodeId, node.addr).snapshot(sandboxId, snapshotId);
+        made = await nodeAgent(node.nodeId, node.addr).snapshot(
+          sandboxId,
+          snapshotId,
+          filesOnly ? { filesOnly } : undefined,
+        );
       } catch (error) {
         if (error instanceof NodeAgentError && error.kind === "not_found") throw notFound(sandboxId);
         throw new MasterError("unavailable", `snapshot of sandbox ${sandboxId} failed: ${(error as Error).message}`);
@@ -238,6 +250,37 @@ export class SnapshotService {
         await client.deleteSnapshot(snapshot.snapshotId).catch(() => undefined);
       }
     }
+  }
+
+  /**
+   * Leader loop: removes from the cluster's store what no live snapshot row refers to (a deleted template's ready
+   * snapshot and layers, layers a rebuild replaced). A row is always written before its snapshot is published, so
+   * a published id without a live row is garbage, never a publish in progress. Any live node can do it: every node
+   * is configured with the same store. Returns the ids removed.
+   */
+  async collectStore(): Promise<string[]> {
+    const { db, registry, nodeAgent, log } = this.deps;
+    const node = (await registry.liveNodes())[0];
+    if (!node) return [];
+    const client = nodeAgent(node.nodeId, node.addr);
+    const published = await client.listPublishedSnapshots().catch((error) => {
+      log.warn("listing the store failed", { node: node.nodeId, error: String(error) });
+      return [] as string[];
+    });
+    const live = await liveSnapshotIds(db, published);
+    const removed: string[] = [];
+    for (const snapshotId of published) {
+      if (live.has(snapshotId)) continue;
+      try {
+        await client.unpublishSnapshot(snapshotId);
+        await clearSnapshotDigest(db, snapshotId);
+        removed.push(snapshotId);
+      } catch (error) {
+        log.warn("removing a snapshot from the store failed", { snapshotId, error: String(error) });
+      }
+    }
+    if (removed.length > 0) log.info("store garbage collected", { node: node.nodeId, removed: removed.length });
+    return removed;
   }
 
   /** Best effort: a node that is down keeps the files until `sweepNodes` sees it again. */

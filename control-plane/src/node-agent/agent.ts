@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { mkdir, rm } from "node:fs/promises";
+import { mkdir, rm, stat } from "node:fs/promises";
 import { cpus, freemem, totalmem } from "node:os";
 import { join } from "node:path";
 import { isSandboxId, isSnapshotId } from "@warren/proto/redis";
@@ -252,13 +252,15 @@ export class NodeAgent {
     const log = this.log.child({ sandboxId: input.sandboxId, templateId: input.templateId });
     try {
       const defaults = template.recipe.defaults;
+      const volumes = await this.volumeBinds(input);
       const poolable =
+        volumes.length === 0 &&
         !input.command &&
         !snapshot &&
         resources.cpuCount === defaults.cpuCount &&
         resources.memoryMiB === defaults.memoryMiB &&
         resources.diskMiB === defaults.diskMiB;
-      const fromPool = snapshot && input.warmPool === true && !input.command;
+      const fromPool = snapshot && input.warmPool === true && !input.command && volumes.length === 0;
       let instance = poolable
         ? this.pools.get(input.templateId)?.take()
         : fromPool
@@ -274,9 +276,11 @@ export class NodeAgent {
               ...(input.command ? { command: input.command } : {}),
               ...(this.driver.setEgress ? { egress } : {}),
               ...(snapshot ? { snapshotId: snapshot.snapshotId } : {}),
+              ...(volumes.length > 0 ? { volumes } : {}),
             }),
           );
         } catch (error) {
+          if (error instanceof AgentError) throw error;
           throw new AgentError("internal", `sandbox '${input.sandboxId}' failed to start: ${(error as Error).message}`);
         }
       }
@@ -287,6 +291,35 @@ export class NodeAgent {
     } finally {
       this.creating.delete(input.sandboxId);
     }
+  }
+
+  /**
+   * The host folders of the create's volumes. Each must exist already (the api makes it when the volume is
+   * created): a missing one means this node does not share the api's WARREN_VOLUMES_DIR, or the volume was deleted.
+   */
+  private async volumeBinds(input: CreateSandboxInput): Promise<{ source: string; destination: string }[]> {
+    const binds: { source: string; destination: string }[] = [];
+    if (input.volumeMounts?.length && !this.driver.mountsVolumes) {
+      throw new AgentError("unimplemented", `the ${this.driver.name} driver cannot mount volumes`);
+    }
+    for (const mount of input.volumeMounts ?? []) {
+      if (!/^[0-9a-f-]{36}$/.test(mount.volumeId) || !/^[A-Za-z0-9_-]+$/.test(input.teamId)) {
+        throw new AgentError("invalid_argument", `invalid volume mount '${mount.volumeId}' of team '${input.teamId}'`);
+      }
+      if (!mount.path.startsWith("/") || mount.path.split("/").some((p) => p === "." || p === "..")) {
+        throw new AgentError("invalid_argument", `volume mount path must be absolute and clean, got '${mount.path}'`);
+      }
+      const source = join(this.config.volumesDir, input.teamId, mount.volumeId);
+      const found = await stat(source).catch(() => undefined);
+      if (!found?.isDirectory()) {
+        throw new AgentError(
+          "failed_precondition",
+          `volume ${mount.volumeId} is not on this node (${this.config.volumesDir} must be the filesystem the api writes)`,
+        );
+      }
+      binds.push({ source, destination: mount.path });
+    }
+    return binds;
   }
 
   /** Captures a sandbox as snapshot `snapshotId` on this node (NodeSnapshots.capture). */
@@ -313,6 +346,16 @@ export class NodeAgent {
   async publishSnapshot(snapshotId: string, labels: Readonly<Record<string, string>>): Promise<PublishedSnapshot> {
     const data = await this.snapshots.export(snapshotId);
     return this.store.publish(snapshotId, data, labels);
+  }
+
+  /** The snapshot ids published to the cluster's store. */
+  listPublishedSnapshots(): Promise<string[]> {
+    return this.store.listPublished();
+  }
+
+  /** Removes a published snapshot from the cluster's store; idempotent. */
+  unpublishSnapshot(snapshotId: string): Promise<void> {
+    return this.store.unpublish(snapshotId);
   }
 
   /** Pulls a published snapshot from the store (digest checked) unless this node has it already. */

@@ -19,6 +19,7 @@ import { parseStoreUrl, type SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_REDIS_PREFIX | empty | prefix of every Redis key and channel (@warren/proto/redis); same in the whole deployment |
  * | WARREN_STATE_DIR | /var/lib/warren/agent-<instance> | sandbox records, mounts, crun state |
  * | WARREN_TEMPLATES_DIR | /var/lib/warren/templates | template cache, shared by agents on the host |
+ * | WARREN_VOLUMES_DIR | /var/lib/warren/volumes | team volumes, `<dir>/<team>/<volume id>`: the same filesystem as the api's and every other node's (NFS or another shared filesystem with several nodes) |
  * | WARREN_INSTANCE | a | tag in netns/veth/cgroup/firewall names ([a-z0-9]{1,4}); one per agent on a host |
  * | WARREN_NET_CIDR | 10.201.0.0/16 | sandbox addresses, one /30 each |
  * | WARREN_POOL_SIZE | 2 | warm sandboxes kept per pooled template |
@@ -63,6 +64,8 @@ export interface NodeAgentConfig {
   readonly redisPrefix: string;
   readonly stateDir: string;
   readonly templatesDir: string;
+  /** WARREN_VOLUMES_DIR: team volumes' folders, `<dir>/<team>/<volume id>` (shared with the api and other nodes). */
+  readonly volumesDir: string;
   readonly instance: string;
   readonly netCidr: string;
   readonly poolSize: number;
@@ -197,6 +200,7 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     redisPrefix: parseRedisPrefix(env.WARREN_REDIS_PREFIX),
     stateDir: env.WARREN_STATE_DIR ?? `/var/lib/warren/agent-${instance}`,
     templatesDir: env.WARREN_TEMPLATES_DIR ?? "/var/lib/warren/templates",
+    volumesDir: env.WARREN_VOLUMES_DIR || "/var/lib/warren/volumes",
     instance,
     netCidr: env.WARREN_NET_CIDR ?? "10.201.0.0/16",
     poolSize: integer(env, "WARREN_POOL_SIZE", 2, 0, 100),

@@ -33,6 +33,8 @@ export interface CreateSandboxInput {
   readonly snapshotId?: string;
   /** The access token envd holds in a memory snapshot (its source's), presented to /init to set the new one. */
   readonly snapshotEnvdAccessToken?: string;
+  /** Team volumes bound read-write at these paths (an idmapped bind of WARREN_VOLUMES_DIR/<team>/<id>). */
+  readonly volumeMounts?: readonly { readonly volumeId: string; readonly path: string }[];
 }
 
 export interface ResumeSandboxInput {

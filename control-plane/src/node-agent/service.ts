@@ -57,6 +57,9 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
           ...(req.egress ? { egress: { allowOut: req.egress.allowOut, denyOut: req.egress.denyOut } } : {}),
           ...(req.snapshotId ? { snapshotId: req.snapshotId } : {}),
           ...(req.snapshotEnvdAccessToken ? { snapshotEnvdAccessToken: req.snapshotEnvdAccessToken } : {}),
+          ...(req.volumeMounts.length > 0
+            ? { volumeMounts: req.volumeMounts.map((m) => ({ volumeId: m.volumeId, path: m.path })) }
+            : {}),
         });
         return create(CreateResponseSchema, {
           sandboxId: placement.sandboxId,
@@ -184,6 +187,13 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
       guard("PullSnapshot", { snapshotId: req.snapshotId, digest: req.digest }, async () => ({
         snapshot: snapshotInfo(await agent.pullSnapshot(req.snapshotId, req.digest)),
       })),
+    listPublishedSnapshots: () =>
+      guard("ListPublishedSnapshots", {}, async () => ({ snapshotIds: await agent.listPublishedSnapshots() })),
+    unpublishSnapshot: (req) =>
+      guard("UnpublishSnapshot", { snapshotId: req.snapshotId }, async () => {
+        await agent.unpublishSnapshot(req.snapshotId);
+        return {};
+      }),
     importImage: (req) =>
       guard("ImportImage", { snapshotId: req.snapshotId, image: req.image }, async () => {
         const credentials = req.username ? { username: req.username, password: req.password } : undefined;

@@ -61,15 +61,19 @@ export class SnapshotStore {
       : `docker://${this.target.host}/${this.target.repo}:${snapshotId}`;
   }
 
-  /** skopeo's options for the store side (TLS, credentials in a 0600 file, never on the command line). */
-  private async storeOptions(side: "src" | "dest", scratch: string): Promise<string[]> {
+  /**
+   * skopeo's options for the store side (TLS, credentials in a 0600 file, never on the command line): `src`/`dest`
+   * for a copy, "" for the one-image commands (list-tags, delete).
+   */
+  private async storeOptions(side: "src" | "dest" | "", scratch: string): Promise<string[]> {
     if (this.target.kind === "dir") return [];
-    const options = [`--${side}-tls-verify=${this.config.insecure ? "false" : "true"}`];
+    const prefix = side ? `--${side}-` : "--";
+    const options = [`${prefix}tls-verify=${this.config.insecure ? "false" : "true"}`];
     if (this.config.username) {
       const authFile = join(scratch, "auth.json");
       const auth = Buffer.from(`${this.config.username}:${this.config.password ?? ""}`).toString("base64");
       await writeFile(authFile, JSON.stringify({ auths: { [this.target.host]: { auth } } }), { mode: 0o600 });
-      options.push(`--${side}-authfile`, authFile);
+      options.push(`${prefix}authfile`, authFile);
     }
     return options;
   }
@@ -80,6 +84,15 @@ export class SnapshotStore {
       // Writers of one layout directory take turns (its index.json is rewritten by each).
       if (this.target.kind === "dir") await withFileLock(join(this.target.dir, ".lock"), run);
       else await run();
+    } catch (error) {
+      throw new AgentError("internal", `the snapshot store (${this.description}) failed: ${(error as Error).message}`);
+    }
+  }
+
+  private async skopeoOutput(args: string[]): Promise<{ stdout: string }> {
+    try {
+      const result = await exec("skopeo", ["--insecure-policy", ...args], { timeoutMs: SKOPEO_TIMEOUT_MS });
+      return { stdout: String(result.stdout) };
     } catch (error) {
       throw new AgentError("internal", `the snapshot store (${this.description}) failed: ${(error as Error).message}`);
     }
@@ -166,6 +179,79 @@ export class SnapshotStore {
     } finally {
       await rm(scratch, { recursive: true, force: true });
     }
+  }
+
+  /**
+   * The snapshot ids published to the store. A registry lists its tags; a layout directory its index (an empty
+   * list when the store was never written to).
+   */
+  async listPublished(): Promise<string[]> {
+    if (this.target.kind === "dir") {
+      let index: { manifests?: { annotations?: Record<string, string> }[] };
+      try {
+        index = JSON.parse(await readFile(join(this.target.dir, "index.json"), "utf8"));
+      } catch (error) {
+        if ((error as NodeJS.ErrnoException).code === "ENOENT") return [];
+        throw new AgentError(
+          "internal",
+          `the snapshot store (${this.description}) failed: ${(error as Error).message}`,
+        );
+      }
+      return (index.manifests ?? [])
+        .map((m) => m.annotations?.["org.opencontainers.image.ref.name"] ?? "")
+        .filter((name) => name !== "");
+    }
+    const scratch = join(this.workDir, `list-${randomBytes(4).toString("hex")}`);
+    await mkdir(scratch, { recursive: true });
+    try {
+      const { stdout } = await this.skopeoOutput([
+        "list-tags",
+        ...(await this.storeOptions("", scratch)),
+        `docker://${this.target.host}/${this.target.repo}`,
+      ]);
+      return (JSON.parse(stdout) as { Tags?: string[] | null }).Tags ?? [];
+    } catch (error) {
+      // A registry that was never pushed to does not know the repository yet.
+      if (/name unknown|NAME_UNKNOWN|repository name not known/i.test((error as Error).message)) return [];
+      throw error;
+    } finally {
+      await rm(scratch, { recursive: true, force: true });
+    }
+  }
+
+  /**
+   * Removes a published snapshot from the store; idempotent. A layout directory drops the tag and then every blob
+   * nothing else refers to. A registry deletes the manifest (its blobs go with the registry's own garbage
+   * collection, which needs `storage.delete.enabled`).
+   */
+  async unpublish(snapshotId: string): Promise<void> {
+    if (!/^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/.test(snapshotId)) {
+      throw new AgentError("invalid_argument", `'${snapshotId}' is not a snapshot id`);
+    }
+    if (this.target.kind === "dir") {
+      const dir = this.target.dir;
+      if (!(await this.listPublished()).includes(snapshotId)) return;
+      await withFileLock(join(dir, ".lock"), async () => {
+        await exec("umoci", ["remove", "--image", `${dir}:${snapshotId}`], { timeoutMs: SKOPEO_TIMEOUT_MS });
+        await exec("umoci", ["gc", "--layout", dir], { timeoutMs: SKOPEO_TIMEOUT_MS });
+      }).catch((error) => {
+        throw new AgentError(
+          "internal",
+          `the snapshot store (${this.description}) failed: ${(error as Error).message}`,
+        );
+      });
+    } else {
+      const scratch = join(this.workDir, `unpublish-${snapshotId}-${randomBytes(4).toString("hex")}`);
+      await mkdir(scratch, { recursive: true });
+      try {
+        await this.skopeo(["delete", ...(await this.storeOptions("", scratch)), this.ref(snapshotId)]);
+      } catch (error) {
+        if (!/manifest unknown|MANIFEST_UNKNOWN|not found/i.test((error as Error).message)) throw error;
+      } finally {
+        await rm(scratch, { recursive: true, force: true });
+      }
+    }
+    this.log.info("snapshot unpublished", { snapshotId, store: this.description });
   }
 
   /**

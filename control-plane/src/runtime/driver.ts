@@ -48,6 +48,11 @@ export interface InstanceSpec {
    * `resources` the snapshot's for a memory snapshot.
    */
   readonly snapshotId?: string;
+  /**
+   * Host folders bound read-write into the sandbox (team volumes), with ids on disk as seen inside (an idmapped
+   * mount): every sandbox that binds one sees the same owners. Drivers that cannot refuse the create.
+   */
+  readonly volumes?: readonly { readonly source: string; readonly destination: string }[];
 }
 
 export interface Instance {
@@ -127,6 +132,8 @@ export interface ReconcileResult {
 
 export interface RuntimeDriver {
   readonly name: string;
+  /** Binds team volumes into its sandboxes (`InstanceSpec.volumes`); absent: creates with volumes are refused. */
+  readonly mountsVolumes?: boolean;
   /**
    * How long envd's first call (/init) of a just-started or rebooted instance may take: a guest's first request
    * is slow where a guest is emulated (a TCG microVM on a loaded host needed more than 5 s here).

@@ -275,6 +275,67 @@ ALTER TABLE sandboxes ADD COLUMN source_template_id text;
 ALTER TABLE sandboxes ADD COLUMN build_id uuid;
 `,
   },
+  {
+    version: 7,
+    name: "secrets (sealed with WARREN_SECRETS_KEYS) and one-time secret grants",
+    sql: `
+-- A team's secrets: only the current version's value is kept, sealed (AES-256-GCM) with the key named by key_id.
+CREATE TABLE secrets (
+  id text PRIMARY KEY,
+  team_id text NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+  name text NOT NULL,
+  metadata jsonb NOT NULL DEFAULT '{}',
+  current_version integer NOT NULL DEFAULT 1,
+  key_id text NOT NULL,
+  ciphertext bytea NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  UNIQUE (team_id, name)
+);
+CREATE INDEX secrets_team_created ON secrets (team_id, created_at DESC, id DESC);
+-- A grant lets one process start in one sandbox have these secrets (env: env var name -> secret id); only the
+-- grant's hash is stored, and it is used up by its first redemption.
+CREATE TABLE secret_grants (
+  grant_hash text PRIMARY KEY,
+  team_id text NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+  sandbox_id text NOT NULL,
+  env jsonb NOT NULL,
+  expires_at timestamptz NOT NULL,
+  used_at timestamptz
+);
+`,
+  },
+  {
+    version: 8,
+    name: "volumes: a team's persistent folders, and the tokens of their content API",
+    sql: `
+-- E2B volumes. The data lives in WARREN_VOLUMES_DIR/<team>/<id> (a filesystem every node and the api share);
+-- deleting a volume removes the row at once (its name is free again) and the data right after.
+CREATE TABLE volumes (
+  id uuid PRIMARY KEY,
+  team_id text NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+  name text NOT NULL,
+  quota_bytes bigint NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  UNIQUE (team_id, name)
+);
+-- A content API token names one volume of one team; only its hash is stored.
+CREATE TABLE volume_tokens (
+  token_hash text PRIMARY KEY,
+  volume_id uuid NOT NULL REFERENCES volumes(id) ON DELETE CASCADE,
+  team_id text NOT NULL,
+  expires_at timestamptz NOT NULL
+);
+CREATE INDEX volume_tokens_expiry ON volume_tokens (expires_at);
+`,
+  },
+  {
+    version: 9,
+    name: "sandboxes: the MCP servers a create asked for (names only; their configs carry credentials)",
+    sql: `
+ALTER TABLE sandboxes ADD COLUMN mcp_servers jsonb NOT NULL DEFAULT '[]';
+`,
+  },
 ];
 
 const MIGRATION_LOCK = 0x5741_5252; // "WARR"

@@ -31,6 +31,8 @@ export interface SandboxRow {
   /** The policy the node enforces (request + team mode, runtime/egress/policy.ts effectiveEgress). */
   readonly egress: EgressPolicy | null;
   readonly volumeMounts: unknown[];
+  /** The MCP servers the create named (E2B's `mcp` keys); the SDK starts the gateway. */
+  readonly mcpServers: string[];
   readonly autoPause: boolean;
   readonly autoPauseMemory: boolean;
   readonly autoResume: boolean;
@@ -69,6 +71,7 @@ export function toSandboxRow(row: any): SandboxRow {
     allowInternetAccess: row.allow_internet_access,
     egress: (row.egress as EgressPolicy | null | undefined) ?? null,
     volumeMounts: row.volume_mounts ?? [],
+    mcpServers: row.mcp_servers ?? [],
     autoPause: row.auto_pause,
     autoPauseMemory: row.auto_pause_memory,
     autoResume: row.auto_resume,

@@ -112,6 +112,11 @@ export async function getLiveSnapshot(db: Queryable, id: string): Promise<Snapsh
 
 export interface NewSnapshot extends Omit<SnapshotRow, "createdAt" | "digest"> {}
 
+/** Records that a snapshot is no longer in the store (its row, if any, was deleted). */
+export async function clearSnapshotDigest(db: Queryable, id: string): Promise<void> {
+  await db.query("UPDATE snapshots SET digest = NULL WHERE id = $1", [id]);
+}
+
 /** Records that a snapshot was published to the store with `digest`. */
 export async function setSnapshotDigest(db: Queryable, id: string, digest: string): Promise<void> {
   await db.query("UPDATE snapshots SET digest = $2 WHERE id = $1", [id, digest]);

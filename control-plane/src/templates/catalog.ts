@@ -90,6 +90,14 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends py
 ${CLEAN_APT}`,
       },
       {
+        // R (Debian's IRkernel) and Java (a JDK: the gateway's jshell kernel); their kernels start on first use.
+        name: "r and java kernels",
+        run: `set -e
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends r-base-core r-cran-irkernel openjdk-17-jdk-headless
+${CLEAN_APT}`,
+      },
+      {
         // Mount points of the host's code gateway (bound read-only by the driver, like envd).
         name: "code gateway mount points",
         run: "set -e\nmkdir -p /opt/warren/code-gateway/dist /opt/warren/code-gateway/python\n: > /opt/warren/code-gateway/package.json\n",

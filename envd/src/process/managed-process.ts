@@ -5,6 +5,7 @@ import type { Logger } from "../log.js";
 import { type ChildEvents, type ChildHandle, spawnChild } from "./child.js";
 import type { ProcessExit } from "./exit-status.js";
 import { OutputBuffer, type OutputStream } from "./output-buffer.js";
+import type { SecretMask } from "./secret-mask.js";
 import type { PtySize, SpawnPlan } from "./spawn-plan.js";
 import { RESUME_BELOW_BYTES, Subscription, type SubscriptionOwner } from "./subscription.js";
 
@@ -19,6 +20,8 @@ export interface ProcessOptions {
   readonly tag: string | undefined;
   readonly outputBufferBytes: number;
   readonly log: Logger;
+  /** The values of the secrets this process was started with: masked as `***` in its output. */
+  readonly mask?: SecretMask;
 }
 
 /**
@@ -145,7 +148,8 @@ export class ManagedProcess implements ChildEvents, SubscriptionOwner {
 
   // ChildEvents
 
-  output(stream: OutputStream, data: Buffer): void {
+  output(stream: OutputStream, raw: Buffer): void {
+    const data = this.options.mask?.active ? this.options.mask.apply(stream, raw) : raw;
     for (let start = 0; start < data.length; start += this.maxChunkBytes) {
       const chunk = this.history.append(stream, data.subarray(start, start + this.maxChunkBytes));
       for (const subscription of this.subscriptions) {
@@ -156,6 +160,15 @@ export class ManagedProcess implements ChildEvents, SubscriptionOwner {
   }
 
   exit(exit: ProcessExit): void {
+    const mask = this.options.mask;
+    if (mask) {
+      // The held-back tail of each stream could no longer become a secret: emit it before the end.
+      for (const stream of mask.streams()) {
+        const tail = mask.flush(stream);
+        const chunk = tail.length > 0 ? this.history.append(stream, tail) : undefined;
+        if (chunk) for (const subscription of this.subscriptions) subscription.push({ kind: "data", chunk });
+      }
+    }
     this.outcome = exit;
     clearTimeout(this.lifetimeTimer);
     this.options.log.info("process ended", { pid: this.pid, status: exit.status });

@@ -5,8 +5,10 @@ import { requestUser } from "../auth.js";
 import type { Closable, EnvdContext } from "../context.js";
 import { EnvdError, invalidArgument, notFound, unimplemented } from "../errors.js";
 import { keepaliveIntervalMs, processEvents, startEvent } from "./event-stream.js";
+import { LEASE_HEADER, LeaseBook, parseLeaseMs } from "./leases.js";
 import { ManagedProcess } from "./managed-process.js";
 import { ProcessRegistry } from "./registry.js";
+import { SECRET_ENV_HEADER, SecretMask, secretEnvFromHeader } from "./secret-mask.js";
 import { planSpawn, ptySize } from "./spawn-plan.js";
 import type { Subscription } from "./subscription.js";
 
@@ -27,8 +29,11 @@ const SIGNALS: ReadonlyMap<Signal, NodeJS.Signals> = new Map([
  * envd's process.Process service (E2B-PROTOCOL.md §3.2). Handlers are thin: they parse the
  * request, pick the process from the registry and hand over to ManagedProcess.
  */
-export function createProcessService(ctx: EnvdContext): Closable & { impl: ServiceImpl<typeof Process> } {
+export function createProcessService(
+  ctx: EnvdContext,
+): Closable & { impl: ServiceImpl<typeof Process>; leases: LeaseBook } {
   const registry = new ProcessRegistry(ctx.config.finishedRetentionMs);
+  const leases = new LeaseBook(ctx.config.leaseGraceMs, ctx.log);
   const envdPath = ctx.config.processPath;
   let closing = false;
 
@@ -111,15 +116,20 @@ export function createProcessService(ctx: EnvdContext): Closable & { impl: Servi
   ): Promise<{ started: ManagedProcess; subscription: Subscription }> {
     if (closing) throw new EnvdError(Code.Unavailable, "envd is shutting down");
     const user = requestUser(handler.requestHeader.get("authorization"), ctx.state, ctx.users);
-    const plan = await planSpawn(request, user, ctx.state, envdPath);
+    const secretEnv = secretEnvFromHeader(handler.requestHeader.get(SECRET_ENV_HEADER));
+    const leaseHeader = handler.requestHeader.get(LEASE_HEADER);
+    const leaseMs = leaseHeader === null ? undefined : parseLeaseMs(leaseHeader, LEASE_HEADER);
+    const plan = await planSpawn(request, user, ctx.state, envdPath, secretEnv);
     registry.checkTagFree(request.tag);
     const started = await ManagedProcess.start(plan, {
       tag: request.tag,
       outputBufferBytes: ctx.config.outputBufferBytes,
       log: ctx.log,
+      mask: new SecretMask(Object.values(secretEnv)),
     });
     try {
       registry.add(started);
+      if (leaseMs !== undefined) leases.add(started, leaseMs);
       const subscription = started.subscribe(0);
       // The stream's deadline is the process's lifetime (E2B semantics); a disconnect is not.
       const lifetimeMs = handler.timeoutMs();
@@ -131,6 +141,9 @@ export function createProcessService(ctx: EnvdContext): Closable & { impl: Servi
         user: user.name,
         tag: request.tag,
         pty: plan.pty !== undefined,
+        // Names only: the values never reach a log.
+        ...(Object.keys(secretEnv).length > 0 ? { secrets: Object.keys(secretEnv) } : {}),
+        ...(leaseMs !== undefined ? { leaseMs } : {}),
       });
       return { started, subscription };
     } catch (error) {
@@ -163,8 +176,10 @@ export function createProcessService(ctx: EnvdContext): Closable & { impl: Servi
 
   return {
     impl,
+    leases,
     async close() {
       closing = true;
+      leases.close();
       const live = registry.running();
       for (const p of live) p.signal("SIGKILL");
       await Promise.race([

@@ -46,6 +46,7 @@ export async function planSpawn(
   user: SandboxUser,
   state: SandboxState,
   envdPath: string,
+  secretEnv: Readonly<Record<string, string>> = {},
 ): Promise<SpawnPlan> {
   const config = request.process;
   if (!config) throw invalidArgument("start request must name a process (cmd, args, envs, cwd)");
@@ -55,7 +56,8 @@ export async function planSpawn(
   for (const [index, arg] of config.args.entries()) {
     if (arg.includes("\0")) throw invalidArgument(`argument ${index} of command '${command}' contains a NUL byte`);
   }
-  const env = processEnv(user, state, config.envs, envdPath);
+  // Secrets last: a request's own envs cannot shadow them. They live only in this plan's env, never in `config`.
+  const env = { ...processEnv(user, state, config.envs, envdPath), ...secretEnv };
   const cwd = await workingDirectory(config.cwd, user, state);
   const argv = [await findExecutable(command, env.PATH ?? "", cwd), ...config.args];
   const launch =

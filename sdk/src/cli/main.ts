@@ -179,6 +179,16 @@ function sandboxCommands(warren: Command): void {
     .option("--user <user>", "run as this user")
     .option("--env <KEY=value>", "environment variable (repeatable)", collect)
     .option("--timeout <seconds>", "kill the command after this long (default: none)", integer("--timeout", 1))
+    .option(
+      "--secret <name>",
+      "a team secret as an env var of this command only, masked in its output (repeatable)",
+      collect,
+    )
+    .option(
+      "--lease-ms <ms>",
+      "lease: renewed while this CLI waits; reaped (SIGTERM, then SIGKILL) this long after it stops",
+      integer("--lease-ms", 100),
+    )
     .addHelpText(
       "after",
       "\nExamples:\n  warren sandbox exec ID -- ls -la /\n  warren sandbox exec ID 'make test && echo ok'\n  git diff | warren sandbox exec --stdin ID -- git apply",

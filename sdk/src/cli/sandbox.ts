@@ -142,6 +142,10 @@ export interface ExecOptions {
   user?: string;
   env?: string[];
   timeout?: number;
+  /** Team secrets the command gets as env vars (names; repeatable). */
+  secret?: string[];
+  /** Lease in ms: the CLI renews it while it waits; if the CLI goes away the command is reaped after it. */
+  leaseMs?: number;
 }
 
 /** Runs a command; its output streams through and the CLI exits with the command's exit code (130 after Ctrl-C). */
@@ -159,6 +163,7 @@ export async function execInSandbox(
   let result: { exitCode: number; stdout: string; stderr: string; error?: string };
   let interrupted = false;
   let onInterrupt: (() => void) | undefined;
+  let renewer: NodeJS.Timeout | undefined;
   try {
     const handle = await sandbox.commands.run(commandLine(args), {
       background: true,
@@ -167,6 +172,8 @@ export async function execInSandbox(
       ...(opts.user ? { user: opts.user } : {}),
       envs: keyValues(opts.env, "--env"),
       ...(opts.timeout !== undefined ? { timeoutMs: opts.timeout * 1000 } : {}),
+      ...(opts.secret?.length ? { secrets: opts.secret } : {}),
+      ...(opts.leaseMs !== undefined ? { lease: { ttlMs: opts.leaseMs } } : {}),
       ...(stream
         ? {
             onStdout: (d: string) => void process.stdout.write(d),
@@ -180,6 +187,12 @@ export async function execInSandbox(
       void handle.kill().catch(() => undefined);
     };
     process.once("SIGINT", onInterrupt);
+    if (opts.leaseMs !== undefined) {
+      renewer = setInterval(
+        () => void sandbox.commands.renewLease(handle.pid).catch(() => undefined),
+        Math.max(50, Math.floor(opts.leaseMs / 3)),
+      );
+    }
     if (opts.stdin) {
       for await (const chunk of process.stdin) await handle.sendStdin(chunk as Buffer);
       await handle.closeStdin();
@@ -190,6 +203,7 @@ export async function execInSandbox(
     result = { exitCode: error.exitCode, stdout: error.stdout, stderr: error.stderr, error: error.error };
   } finally {
     if (onInterrupt) process.off("SIGINT", onInterrupt);
+    clearInterval(renewer);
   }
   if (interrupted) result = { ...result, exitCode: 130 };
   out.result({ sandboxId: id, ...result }, () => "");

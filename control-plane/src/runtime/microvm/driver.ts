@@ -186,6 +186,9 @@ export class MicrovmDriver implements RuntimeDriver {
 
   async create(spec: InstanceSpec): Promise<Instance> {
     if (spec.command) throw new Error("the microvm driver does not run custom start commands");
+    if (spec.volumes?.length) {
+      throw new Error("the microvm driver cannot mount volumes");
+    }
     const instanceId = `v${randomBytes(6).toString("hex")}`;
     const log = this.options.log.child({ instanceId, templateId: spec.template.templateId });
     const dir = this.instanceDir(instanceId);

@@ -94,6 +94,7 @@ export interface NamespaceDriverOptions {
 
 export class NamespaceDriver implements RuntimeDriver {
   readonly name = "namespace";
+  readonly mountsVolumes = true;
   readonly envdInitTimeoutMs = 10_000;
   private readonly instances = new Map<string, InstanceRecord>();
   private readonly cgroups: CgroupManager;

@@ -128,6 +128,7 @@ export class InstanceContainers {
         // Per boot, as in a VM: a reboot (resume after a filesystem-only pause) writes a new one.
         { source: join(dir, "boot_id"), destination: BOOT_ID },
       ],
+      volumes: record.volumes ?? [],
     });
     await writeFile(join(dir, "boot_id"), `${randomUUID()}\n`);
     // DNS goes to the node's egress gateway at the host side of the veth (its rules redirect any port-53 UDP).

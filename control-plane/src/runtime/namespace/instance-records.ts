@@ -16,6 +16,8 @@ export interface InstanceRecord {
   allowSetuid: boolean;
   /** Runs the code gateway next to envd (ready only when both answer). */
   codeGateway?: boolean;
+  /** Team volumes bound read-write (idmapped) into the sandbox. */
+  volumes?: { source: string; destination: string }[];
   slot: number;
   addr: string;
   resources: SandboxResources;
@@ -63,6 +65,7 @@ export function newInstanceRecord(
     createdAt: Date.now(),
     labels: { ...spec.labels },
     egress: spec.egress ?? CLOSED_EGRESS,
+    ...(spec.volumes?.length ? { volumes: spec.volumes.map((v) => ({ ...v })) } : {}),
     paused: false,
   };
 }

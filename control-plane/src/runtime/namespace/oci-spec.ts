@@ -16,6 +16,12 @@ export interface SandboxSpecInput {
   readonly args: readonly string[];
   readonly env: readonly string[];
   readonly hostBinds: readonly { readonly source: string; readonly destination: string }[];
+  /**
+   * Read-write binds of team volumes. Idmapped with the sandbox's own mapping, so a file's owner on disk is its
+   * owner inside: sandboxes with different host uid ranges share a volume with the same owners, and the content
+   * API's ids mean the same in every sandbox.
+   */
+  readonly volumes?: readonly { readonly source: string; readonly destination: string }[];
 }
 
 /**
@@ -86,6 +92,14 @@ export function sandboxSpec(input: SandboxSpecInput): Record<string, unknown> {
         type: "bind",
         source: bind.source,
         options: RO_BIND,
+      })),
+      ...(input.volumes ?? []).map((volume) => ({
+        destination: volume.destination,
+        type: "bind",
+        source: volume.source,
+        options: ["rbind", "nosuid", "nodev", "idmap"],
+        uidMappings: [{ containerID: 0, hostID: input.uidBase, size: input.idCount }],
+        gidMappings: [{ containerID: 0, hostID: input.uidBase, size: input.idCount }],
       })),
     ],
     linux: {

@@ -61,6 +61,9 @@ export class PauseTiers {
     const { instanceId } = record;
     const criu = this.options.criu;
     if (!criu || !this.criuUsable) throw new Error("no working CRIU on this node");
+    // A volume is a bind of a shared folder CRIU would have to dump as an external mount: such a sandbox stays in
+    // the freezer tier (its files are in the volume, not in its memory).
+    if (record.volumes?.length) throw new Error(`instance '${instanceId}' mounts volumes: it stays frozen`);
     if (!record.paused || record.checkpoint || record.pid === undefined) {
       throw new Error(`instance '${instanceId}' is not frozen`);
     }

@@ -1,0 +1,259 @@
+import { authHeaders, type Credential } from "./session.js";
+
+/** A failed api call: the HTTP status and the api's own message (E2B error bodies carry `message`). */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+    this.name = "ApiError";
+  }
+}
+
+export interface ListedSandbox {
+  readonly sandboxID: string;
+  readonly templateID: string;
+  readonly alias?: string;
+  readonly startedAt: string;
+  readonly endAt: string;
+  readonly state: "running" | "paused";
+  readonly cpuCount: number;
+  readonly memoryMB: number;
+  readonly diskSizeMB: number;
+  readonly envdVersion: string;
+  readonly metadata: Record<string, string>;
+}
+
+export interface SandboxDetail extends ListedSandbox {
+  readonly lifecycle?: { readonly onTimeout: "pause" | "kill"; readonly autoResume: boolean };
+}
+
+/** What create/connect answer: the envd access token the console needs for files and the terminal. */
+export interface SandboxAccess {
+  readonly sandboxID: string;
+  readonly envdAccessToken: string;
+  readonly domain: string | null;
+}
+
+export interface LedgerEvent {
+  readonly id: string;
+  readonly sandboxID: string;
+  readonly type: string;
+  readonly fromState: string | null;
+  readonly toState: string | null;
+  readonly data: Record<string, unknown> | null;
+  readonly timestamp: string;
+}
+
+export interface MetricSample {
+  readonly timestampUnix: number;
+  readonly cpuCount: number;
+  readonly cpuUsedPct: number;
+  readonly memUsed: number;
+  readonly memTotal: number;
+  readonly diskUsed: number;
+  readonly diskTotal: number;
+}
+
+export interface LogEntry {
+  readonly timestamp: string;
+  readonly level: string;
+  readonly message: string;
+  readonly fields: Record<string, string>;
+}
+
+export interface Template {
+  readonly templateID: string;
+  readonly buildID: string;
+  readonly buildStatus: string;
+  readonly names: string[];
+  readonly aliases: string[];
+  readonly cpuCount: number;
+  readonly memoryMB: number;
+  readonly public: boolean;
+  readonly createdAt: string;
+  readonly spawnCount: number;
+  readonly buildCount: number;
+}
+
+export interface TemplateBuild {
+  readonly buildID: string;
+  readonly status: string;
+  readonly createdAt: string;
+  readonly finishedAt?: string;
+}
+
+export interface TemplateDetail extends Template {
+  readonly builds: TemplateBuild[];
+}
+
+export interface TemplateTag {
+  readonly tag: string;
+  readonly buildID: string;
+  readonly createdAt: string;
+}
+
+export interface BuildLogEntry {
+  readonly timestamp: string;
+  readonly level: string;
+  readonly message: string;
+  readonly step?: string;
+}
+
+export interface ClusterNode {
+  readonly id: string;
+  readonly addr: string;
+  readonly state: "up" | "down";
+  readonly lastSeenAt: string;
+  readonly cordonedAt: string | null;
+}
+
+export interface Team {
+  readonly id: string;
+  readonly name: string;
+  readonly maxConcurrentSandboxes: number;
+  readonly maxLengthHours: number;
+  readonly maxCreatesPerMinute: number;
+  readonly egressMode: string;
+}
+
+export interface CreatedKey {
+  readonly id: string;
+  readonly key: string;
+  readonly prefix: string;
+}
+
+/** Served by the api next to the bundle (control-plane/src/api/console.ts). */
+export interface ConsoleSettings {
+  /** `{port}` and `{sandboxID}` template of a sandbox port's URL through the proxy; null when not configured. */
+  readonly sandboxUrl: string | null;
+}
+
+async function errorOf(res: Response): Promise<ApiError> {
+  const text = await res.text().catch(() => "");
+  let message = text.trim() || res.statusText || `HTTP ${res.status}`;
+  try {
+    const parsed = JSON.parse(text) as { message?: unknown };
+    if (typeof parsed.message === "string") message = parsed.message;
+  } catch {
+    // Not JSON: the plain text is the message.
+  }
+  return new ApiError(res.status, message);
+}
+
+/** The REST api the SDKs use, same origin as the console, authenticated by the signed-in credential. */
+export class WarrenApi {
+  constructor(
+    readonly credential: Credential,
+    private readonly base = "",
+  ) {}
+
+  async request<T>(method: string, path: string, body?: unknown, signal?: AbortSignal): Promise<T> {
+    const headers: Record<string, string> = { ...authHeaders(this.credential), Accept: "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    let res: Response;
+    try {
+      res = await fetch(this.base + path, {
+        method,
+        headers,
+        ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+        ...(signal ? { signal } : {}),
+      });
+    } catch (error) {
+      if ((error as Error).name === "AbortError") throw error;
+      throw new ApiError(0, `the api did not answer ${method} ${path}: ${(error as Error).message}`);
+    }
+    if (!res.ok) throw await errorOf(res);
+    if (res.status === 204) return undefined as T;
+    const text = await res.text();
+    return (text ? JSON.parse(text) : undefined) as T;
+  }
+
+  listSandboxes(): Promise<ListedSandbox[]> {
+    return this.request("GET", "/v2/sandboxes?state=running,paused&limit=100");
+  }
+  getSandbox(id: string): Promise<SandboxDetail> {
+    return this.request("GET", `/sandboxes/${encodeURIComponent(id)}`);
+  }
+  createSandbox(templateID: string, timeout: number, metadata: Record<string, string>): Promise<SandboxAccess> {
+    return this.request("POST", "/sandboxes", { templateID, timeout, metadata });
+  }
+  /** The envd access token of a running sandbox; extends its timeout only if it would end sooner (never shortens). */
+  connectSandbox(id: string): Promise<SandboxAccess> {
+    return this.request("POST", `/sandboxes/${encodeURIComponent(id)}/connect`, { timeout: 60 });
+  }
+  killSandbox(id: string): Promise<void> {
+    return this.request("DELETE", `/sandboxes/${encodeURIComponent(id)}`);
+  }
+  pauseSandbox(id: string): Promise<void> {
+    return this.request("POST", `/sandboxes/${encodeURIComponent(id)}/pause`, {});
+  }
+  resumeSandbox(id: string, timeout: number): Promise<SandboxAccess> {
+    return this.request("POST", `/sandboxes/${encodeURIComponent(id)}/resume`, { timeout });
+  }
+  snapshot(id: string): Promise<{ snapshotID: string; names: string[] }> {
+    return this.request("POST", `/sandboxes/${encodeURIComponent(id)}/snapshots`, {});
+  }
+  fork(id: string): Promise<({ sandbox: SandboxAccess } | { error: { code: string; message: string } })[]> {
+    return this.request("POST", `/sandboxes/${encodeURIComponent(id)}/fork`, { count: 1 });
+  }
+  setTimeout(id: string, timeout: number): Promise<void> {
+    return this.request("POST", `/sandboxes/${encodeURIComponent(id)}/timeout`, { timeout });
+  }
+  metrics(id: string): Promise<MetricSample[]> {
+    return this.request("GET", `/sandboxes/${encodeURIComponent(id)}/metrics`);
+  }
+  logs(id: string): Promise<{ logs: LogEntry[] }> {
+    return this.request("GET", `/v2/sandboxes/${encodeURIComponent(id)}/logs?limit=1000&direction=forward`);
+  }
+  events(id: string | undefined, cursor: string, limit: number): Promise<{ events: LedgerEvent[]; cursor: string }> {
+    const scope = id ? `/warren/v1/sandboxes/${encodeURIComponent(id)}/events` : "/warren/v1/events";
+    return this.request("GET", `${scope}?cursor=${encodeURIComponent(cursor)}&limit=${limit}`);
+  }
+
+  listTemplates(): Promise<Template[]> {
+    return this.request("GET", "/templates");
+  }
+  getTemplate(id: string): Promise<TemplateDetail> {
+    return this.request("GET", `/templates/${encodeURIComponent(id)}`);
+  }
+  templateTags(id: string): Promise<TemplateTag[]> {
+    return this.request("GET", `/templates/${encodeURIComponent(id)}/tags`);
+  }
+  addTags(target: string, tags: string[]): Promise<unknown> {
+    return this.request("POST", "/templates/tags", { target, tags });
+  }
+  removeTags(name: string, tags: string[]): Promise<void> {
+    return this.request("DELETE", "/templates/tags", { name, tags });
+  }
+  deleteTemplate(id: string): Promise<void> {
+    return this.request("DELETE", `/templates/${encodeURIComponent(id)}`);
+  }
+  buildLogs(templateID: string, buildID: string, cursor: number): Promise<{ logs: BuildLogEntry[] }> {
+    const path = `/templates/${encodeURIComponent(templateID)}/builds/${encodeURIComponent(buildID)}/logs`;
+    return this.request("GET", `${path}?cursor=${cursor}&limit=1000`);
+  }
+
+  nodes(): Promise<ClusterNode[]> {
+    return this.request("GET", "/warren/v1/admin/nodes");
+  }
+  cordon(nodeID: string, cordoned: boolean): Promise<void> {
+    return this.request(cordoned ? "POST" : "DELETE", `/warren/v1/admin/nodes/${encodeURIComponent(nodeID)}/cordon`);
+  }
+  teams(): Promise<Team[]> {
+    return this.request("GET", "/warren/v1/admin/teams");
+  }
+  createTeam(name: string): Promise<{ team: Team; apiKey: CreatedKey }> {
+    return this.request("POST", "/warren/v1/admin/teams", { name });
+  }
+  updateTeam(id: string, limits: Partial<Omit<Team, "id" | "name">>): Promise<Team> {
+    return this.request("PATCH", `/warren/v1/admin/teams/${encodeURIComponent(id)}`, limits);
+  }
+  createKey(teamID: string, name: string): Promise<CreatedKey> {
+    return this.request("POST", `/warren/v1/admin/teams/${encodeURIComponent(teamID)}/api-keys`, { name });
+  }
+  revokeKey(keyID: string): Promise<void> {
+    return this.request("DELETE", `/warren/v1/admin/api-keys/${encodeURIComponent(keyID)}`);
+  }
+}

@@ -1,0 +1,128 @@
+import "@xterm/xterm/css/xterm.css";
+import "uplot/dist/uPlot.min.css";
+import "./styles.css";
+import { render } from "preact";
+import { useEffect, useMemo, useState } from "preact/hooks";
+import { type ConsoleSettings, WarrenApi } from "./api.js";
+import { Empty, ErrorBox, Link, Loading } from "./components/common.js";
+import { NodesPage, TeamsPage } from "./pages/admin.js";
+import { SandboxPage } from "./pages/sandbox.js";
+import { SandboxesPage } from "./pages/sandboxes.js";
+import { SignIn } from "./pages/sign-in.js";
+import { TemplatePage, TemplatesPage } from "./pages/templates.js";
+import { match, navigate, usePath } from "./router.js";
+import { type Credential, clearCredential, loadCredential, saveCredential } from "./session.js";
+
+function Nav(props: { credential: Credential; path: string; onSignOut: () => void }) {
+  const items =
+    props.credential.kind === "apiKey"
+      ? [
+          ["/sandboxes", "Sandboxes"],
+          ["/templates", "Templates"],
+        ]
+      : [
+          ["/nodes", "Nodes"],
+          ["/teams", "Teams & keys"],
+        ];
+  return (
+    <header class="topbar">
+      <Link href="/" class="brand">
+        Warren
+      </Link>
+      <nav aria-label="Main">
+        {items.map(([href, label]) => (
+          <Link key={href} href={href!} current={props.path.startsWith(href!)}>
+            {label}
+          </Link>
+        ))}
+      </nav>
+      <span class="who">{props.credential.kind === "apiKey" ? "API key" : "Admin"}</span>
+      <button type="button" onClick={props.onSignOut}>
+        Sign out
+      </button>
+    </header>
+  );
+}
+
+function Redirect(props: { to: string }) {
+  useEffect(() => navigate(props.to, true), [props.to]);
+  return null;
+}
+
+function Routes(props: { api: WarrenApi; settings: ConsoleSettings; path: string }) {
+  const { api, path } = props;
+  const admin = api.credential.kind === "admin";
+  if (path === "/" || path === "") return <Redirect to={admin ? "/nodes" : "/sandboxes"} />;
+  if (!admin) {
+    if (match("/sandboxes", path)) return <SandboxesPage api={api} />;
+    const sandbox = match("/sandboxes/:id/:tab?", path);
+    if (sandbox) {
+      return (
+        <SandboxPage key={sandbox.id} api={api} settings={props.settings} sandboxId={sandbox.id!} tab={sandbox.tab} />
+      );
+    }
+    if (match("/templates", path)) return <TemplatesPage api={api} />;
+    const template = match("/templates/:id", path);
+    if (template) return <TemplatePage api={api} templateId={template.id!} />;
+  } else {
+    if (match("/nodes", path)) return <NodesPage api={api} />;
+    if (match("/teams", path)) return <TeamsPage api={api} />;
+  }
+  return (
+    <Empty title="Nothing here.">
+      {admin ? "The admin token opens nodes and teams; sign in with an API key for sandboxes and templates." : ""}{" "}
+      <Link href="/">Home</Link>
+    </Empty>
+  );
+}
+
+function App() {
+  const [credential, setCredential] = useState(loadCredential());
+  const [settings, setSettings] = useState<ConsoleSettings | { error: unknown }>();
+  const path = usePath();
+  const api = useMemo(() => (credential ? new WarrenApi(credential) : undefined), [credential]);
+
+  useEffect(() => {
+    fetch("/console/settings.json")
+      .then((res) =>
+        res.ok ? (res.json() as Promise<ConsoleSettings>) : Promise.reject(new Error(`settings: HTTP ${res.status}`)),
+      )
+      .then(setSettings, (error) => setSettings({ error }));
+  }, []);
+
+  if (!credential || !api) {
+    return (
+      <SignIn
+        onSignedIn={(c) => {
+          saveCredential(c);
+          setCredential(c);
+          navigate(c.kind === "admin" ? "/nodes" : path === "/" ? "/sandboxes" : path, true);
+        }}
+      />
+    );
+  }
+  return (
+    <div class="shell">
+      <Nav
+        credential={credential}
+        path={path}
+        onSignOut={() => {
+          clearCredential();
+          setCredential(undefined);
+        }}
+      />
+      <main class="content">
+        {!settings ? (
+          <Loading what="the console" />
+        ) : "error" in settings ? (
+          <ErrorBox error={settings.error} />
+        ) : (
+          <Routes api={api} settings={settings} path={path} />
+        )}
+      </main>
+    </div>
+  );
+}
+
+const root = document.getElementById("app");
+if (root) render(<App />, root);

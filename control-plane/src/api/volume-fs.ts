@@ -1,0 +1,104 @@
+import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import type { Readable, Writable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+import { fileURLToPath } from "node:url";
+import { ApiError } from "./errors.js";
+
+/**
+ * One volume-content operation, run by `python/volume_fs.py` chrooted into the volume's folder: whatever symlinks
+ * sandboxes leave in a volume, a path resolves inside it (Node has no openat/RESOLVE_IN_ROOT to do it here without
+ * a race between checking a path and using it).
+ */
+export type VolumeOp = "stat" | "list" | "mkdir" | "write" | "read" | "remove" | "chmeta";
+
+const SCRIPT = fileURLToPath(new URL("../../python/volume_fs.py", import.meta.url));
+/** The system's interpreter, not a version manager's shim on PATH (pyenv's costs ~1 s per start). */
+const PYTHON = existsSync("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+
+export interface VolumeOpOptions {
+  readonly uid?: number;
+  readonly gid?: number;
+  readonly mode?: number;
+  readonly force?: boolean;
+  readonly depth?: number;
+  readonly quotaBytes?: number;
+}
+
+/** A refusal of the helper (its status and message) or a failure to run it. */
+function refusal(stderr: string, code: number | null): ApiError {
+  const line = stderr.trim().split("\n").at(-1) ?? "";
+  if (code === 3) {
+    try {
+      const parsed = JSON.parse(line) as { status: number; message: string };
+      return new ApiError(parsed.status, parsed.message, String(parsed.status));
+    } catch {
+      // fall through: not the helper's refusal line
+    }
+  }
+  return new ApiError(500, `the volume operation failed (exit ${code}): ${line.slice(0, 300)}`, "internal");
+}
+
+function start(root: string, op: VolumeOp, path: string, options: VolumeOpOptions) {
+  const child = spawn(PYTHON, ["-I", "-S", SCRIPT, root, op, path, JSON.stringify(options)], {
+    stdio: ["pipe", "pipe", "pipe"],
+  });
+  let stderr = "";
+  child.stderr.setEncoding("utf8").on("data", (chunk: string) => {
+    if (stderr.length < 10_000) stderr += chunk;
+  });
+  const exited = new Promise<number | null>((resolve, reject) => {
+    child.on("error", reject);
+    child.on("close", (code) => resolve(code));
+  });
+  return { child, exited, stderr: () => stderr };
+}
+
+/** Runs an operation that answers JSON (everything but `read`); `input` is the file's content for `write`. */
+export async function runVolumeOp(
+  root: string,
+  op: Exclude<VolumeOp, "read">,
+  path: string,
+  options: VolumeOpOptions,
+  input?: Readable,
+): Promise<unknown> {
+  const { child, exited, stderr } = start(root, op, path, options);
+  let stdout = "";
+  child.stdout.setEncoding("utf8").on("data", (chunk: string) => {
+    stdout += chunk;
+  });
+  if (input) {
+    // The helper may refuse before reading its input (a missing parent): a broken pipe is its answer, not ours.
+    await pipeline(input, child.stdin).catch(() => undefined);
+  } else child.stdin.end();
+  const code = await exited;
+  if (code !== 0) throw refusal(stderr(), code);
+  return stdout.trim() === "" ? null : JSON.parse(stdout);
+}
+
+/**
+ * Streams a file to `out` after `onStart` (headers): nothing is sent before the helper has read the first bytes or
+ * finished, so a refusal is still an error status.
+ */
+export async function readVolumeFile(root: string, path: string, onStart: () => Writable): Promise<void> {
+  const { child, exited, stderr } = start(root, "read", path, {});
+  child.stdin.end();
+  const first = await new Promise<Buffer | null>((resolve) => {
+    child.stdout.once("data", (chunk: Buffer) => {
+      child.stdout.pause();
+      resolve(chunk);
+    });
+    child.stdout.once("end", () => resolve(null));
+  });
+  if (first === null) {
+    const code = await exited;
+    if (code !== 0) throw refusal(stderr(), code);
+    onStart().end();
+    return;
+  }
+  const out = onStart();
+  out.write(first);
+  await pipeline(child.stdout, out);
+  const code = await exited;
+  if (code !== 0) throw new ApiError(500, `reading '${path}' failed midway: ${stderr().slice(0, 300)}`, "internal");
+}

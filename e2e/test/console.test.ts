@@ -1,0 +1,270 @@
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { Sandbox } from "e2b";
+import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { LocalCluster } from "../src/cluster.js";
+import { freePort } from "../src/services.js";
+
+// The web console in a real browser (Debian's chromium, headless, driven by playwright-core) against a whole
+// cluster: api (serving /console) → master → node agent; the browser reaches envd through the proxy's host routing
+// (`49983-<id>.localhost:<proxy port>`: Chromium resolves every *.localhost name to loopback by itself).
+const ARTIFACTS = resolve(fileURLToPath(new URL("../../.warren/artifacts/console", import.meta.url)));
+const dataDir = mkdtempSync(join(tmpdir(), "warren-console-"));
+let cluster: LocalCluster;
+let env: { apiUrl: string; apiKey: string; adminToken: string };
+let otherTeamKey = "";
+let browser: Browser;
+let context: BrowserContext;
+let page: Page;
+const requestedUrls: string[] = [];
+
+function sdkOpts(apiKey: string) {
+  return { apiKey, apiUrl: env.apiUrl, sandboxUrl: process.env.E2B_SANDBOX_URL as string, requestTimeoutMs: 30_000 };
+}
+
+async function shot(name: string): Promise<void> {
+  await page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
+}
+
+beforeAll(async () => {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  const proxyPort = await freePort();
+  cluster = new LocalCluster({
+    dataDir,
+    nodeAgents: 1,
+    poolSize: 1,
+    instancePrefix: "b",
+    nodeCidr: () => "10.234.0.0/22",
+    readyTemplates: ["base"],
+    proxyPort,
+    env: {
+      WARREN_CONSOLE_SANDBOX_URL: `http://{port}-{sandboxID}.localhost:${proxyPort}`,
+      WARREN_METRICS_INTERVAL_MS: "1000",
+    },
+  });
+  const started = await cluster.start();
+  process.env.E2B_SANDBOX_URL = started.E2B_SANDBOX_URL;
+  env = { apiUrl: started.E2B_API_URL, apiKey: started.E2B_API_KEY, adminToken: started.WARREN_ADMIN_TOKEN };
+  const res = await fetch(`${env.apiUrl}/warren/v1/admin/teams`, {
+    method: "POST",
+    headers: { "X-Admin-Token": env.adminToken, "Content-Type": "application/json" },
+    body: JSON.stringify({ name: "console-other-team" }),
+  });
+  otherTeamKey = ((await res.json()) as { apiKey: { key: string } }).apiKey.key;
+
+  browser = await chromium.launch({
+    executablePath: "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--headless",
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
+  // A fresh context is a fresh, empty profile (playwright gives each its own user-data-dir).
+  context = await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
+  page = await context.newPage();
+  page.on("request", (request) => requestedUrls.push(request.url()));
+}, 900_000);
+
+afterAll(async () => {
+  await browser?.close();
+  await cluster?.stop();
+  rmSync(dataDir, { recursive: true, force: true });
+}, 120_000);
+
+describe("the web console in a browser against a whole cluster", () => {
+  it("refuses a wrong API key with the api's message and keeps the sign-in page", async () => {
+    await page.goto(`${env.apiUrl}/console`);
+    await page.getByTestId("secret").fill("e2b_0000000000000000000000000000000000000000");
+    await page.getByRole("button", { name: "Sign in" }).click();
+    await expect.poll(() => page.getByTestId("sign-in-error").textContent()).toContain("Invalid API key");
+    await shot("sign-in-error");
+  });
+
+  it("signs in with a key, then shows a sandbox created through the SDK without a reload; another team's never", async () => {
+    await page.getByTestId("secret").fill(env.apiKey);
+    await page.getByRole("button", { name: "Sign in" }).click();
+    await page.getByRole("heading", { name: "Sandboxes" }).waitFor();
+    await expect.poll(() => page.getByTestId("live-status").textContent(), { timeout: 15_000 }).toBe("Live");
+
+    const foreign = await Sandbox.create("base", sdkOpts(otherTeamKey));
+    const mine = await Sandbox.create("base", { ...sdkOpts(env.apiKey), metadata: { owner: "console-test" } });
+    try {
+      const row = page.locator(`tr[data-sandbox-id="${mine.sandboxId}"]`);
+      await row.waitFor({ timeout: 30_000 });
+      expect(await row.textContent()).toContain("owner=console-test");
+      expect(await page.locator(`tr[data-sandbox-id="${foreign.sandboxId}"]`).count()).toBe(0);
+      // Search narrows the list to what matches.
+      await page.getByPlaceholder("id, template, key=value").fill("owner=nobody");
+      await page.getByText("No sandbox matches the filters.").waitFor();
+      await page.getByPlaceholder("id, template, key=value").fill("owner=console");
+      await row.waitFor();
+      await shot("sandboxes");
+    } finally {
+      await foreign.kill();
+    }
+    (globalThis as { consoleSandbox?: Sandbox }).consoleSandbox = mine;
+  }, 90_000);
+
+  it("runs a command in the terminal and reads its output; Ctrl-C interrupts", async () => {
+    const sandbox = (globalThis as { consoleSandbox?: Sandbox }).consoleSandbox!;
+    await page.locator(`tr[data-sandbox-id="${sandbox.sandboxId}"] a`).click();
+    await page.getByRole("link", { name: "Terminal" }).click();
+    await expect.poll(() => page.getByTestId("terminal-status").textContent(), { timeout: 30_000 }).toBe("Connected");
+    await page.getByTestId("terminal").click();
+    await page.keyboard.type("echo $((6*7))\n");
+    const rows = page.locator(".xterm-rows");
+    await expect
+      .poll(async () => (await rows.innerText()).split("\n").map((l) => l.trim()), { timeout: 15_000 })
+      .toContain("42");
+    await page.keyboard.type("sleep 300\n");
+    await page.keyboard.press("Control+C");
+    await page.keyboard.type("echo after-$((1+1))\n");
+    await expect
+      .poll(async () => (await rows.innerText()).split("\n").map((l) => l.trim()), { timeout: 15_000 })
+      .toContain("after-2");
+    await shot("terminal");
+  }, 60_000);
+
+  it("re-attaches the terminal after a network drop and replays the output it missed", async () => {
+    const rows = page.locator(".xterm-rows");
+    const status = page.getByTestId("terminal-status");
+    const lines = async () => (await rows.innerText()).split("\n").map((l) => l.trim());
+    await page.keyboard.type("echo start-$((2*2)); sleep 2; echo back-$((3*3))\n");
+    // The command has started (so all of it reached the shell) before the browser goes offline.
+    await expect.poll(lines, { timeout: 15_000 }).toContain("start-4");
+    await context.setOffline(true);
+    await page.getByRole("button", { name: "Reconnect" }).click();
+    await expect.poll(() => status.textContent(), { timeout: 10_000 }).toContain("reconnecting");
+    // The shell prints while the browser is offline; envd holds it for the replay.
+    await new Promise((r) => setTimeout(r, 3000));
+    await context.setOffline(false);
+    await expect.poll(() => status.textContent(), { timeout: 20_000 }).toBe("Connected");
+    await expect
+      .poll(async () => (await rows.innerText()).split("\n").map((l) => l.trim()), { timeout: 15_000 })
+      .toContain("back-9");
+    const text = await rows.innerText();
+    expect(text.split("\n").filter((l) => l.trim() === "back-9")).toHaveLength(1);
+    expect(text).toContain("after-2");
+    expect(text).not.toContain("were lost while away");
+  }, 60_000);
+
+  it("uploads a file, lists it, downloads it byte-identical, makes, renames and deletes a folder", async () => {
+    const sandbox = (globalThis as { consoleSandbox?: Sandbox }).consoleSandbox!;
+    await page.getByRole("link", { name: "Files" }).click();
+    await page.getByTestId("file-table").waitFor({ timeout: 30_000 });
+    const content = Buffer.from(Array.from({ length: 70_000 }, (_, i) => (i * 7) % 256));
+    await page
+      .getByTestId("upload-input")
+      .setInputFiles({ name: "upload.bin", mimeType: "application/octet-stream", buffer: content });
+    const row = page.locator('tr[data-file="upload.bin"]');
+    await row.waitFor({ timeout: 15_000 });
+    expect(Buffer.from(await sandbox.files.read("/home/user/upload.bin", { format: "bytes" }))).toEqual(content);
+
+    const download = page.waitForEvent("download");
+    await row.getByRole("button", { name: "Download" }).click();
+    const saved = await (await download).path();
+    expect(readFileSync(saved)).toEqual(content);
+
+    await page.getByLabel("New folder name").fill("made-here");
+    await page.getByRole("button", { name: "Make folder" }).click();
+    await page.locator('tr[data-file="made-here"]').waitFor();
+    await page.locator('tr[data-file="made-here"]').getByRole("button", { name: "Rename" }).click();
+    await page.getByLabel("New name for made-here").fill("renamed");
+    await page.getByRole("button", { name: "Save" }).click();
+    await page.locator('tr[data-file="renamed"]').waitFor();
+    expect(await sandbox.files.exists("/home/user/renamed")).toBe(true);
+    const del = page.locator('tr[data-file="renamed"]').getByRole("button", { name: "Delete" });
+    await del.click();
+    await page.locator('tr[data-file="renamed"]').getByRole("button", { name: "Confirm delete" }).click();
+    await expect.poll(() => page.locator('tr[data-file="renamed"]').count()).toBe(0);
+    expect(await sandbox.files.exists("/home/user/renamed")).toBe(false);
+    await shot("files");
+  }, 60_000);
+
+  it("draws the metrics charts from the stored series and shows the live timeline", async () => {
+    await page.getByRole("link", { name: "Metrics" }).click();
+    await page.locator('[data-testid="chart-cpu"] canvas').waitFor({ timeout: 30_000 });
+    await shot("metrics");
+    await page.getByRole("link", { name: "Timeline" }).click();
+    await expect
+      .poll(() => page.getByTestId("timeline").textContent(), { timeout: 15_000 })
+      .toContain("sandbox.created");
+  }, 60_000);
+
+  it("pauses and resumes from the sandbox page; the state follows the ledger live", async () => {
+    await page.getByRole("button", { name: "Pause" }).click();
+    await expect.poll(() => page.getByTestId("sandbox-state").textContent(), { timeout: 60_000 }).toBe("paused");
+    await expect
+      .poll(() => page.getByTestId("timeline").textContent(), { timeout: 15_000 })
+      .toContain("sandbox.paused");
+    await shot("paused");
+    await page.getByRole("button", { name: "Resume" }).click();
+    await expect.poll(() => page.getByTestId("sandbox-state").textContent(), { timeout: 60_000 }).toBe("running");
+    await expect.poll(() => page.getByTestId("outcome").textContent()).toContain("Resumed");
+  }, 150_000);
+
+  it("kills a sandbox from the list; it leaves the list and the cluster", async () => {
+    const sandbox = (globalThis as { consoleSandbox?: Sandbox }).consoleSandbox!;
+    await page.getByRole("link", { name: "Sandboxes" }).first().click();
+    const row = page.locator(`tr[data-sandbox-id="${sandbox.sandboxId}"]`);
+    await row.waitFor();
+    await row.getByRole("button", { name: "Kill" }).click();
+    await row.getByRole("button", { name: "Confirm kill" }).click();
+    await expect.poll(() => row.count(), { timeout: 30_000 }).toBe(0);
+    await expect.poll(() => page.getByTestId("outcome").textContent()).toContain(`Killed ${sandbox.sandboxId}`);
+    expect(await sandbox.isRunning()).toBe(false);
+    await shot("after-kill");
+  }, 60_000);
+
+  it("shows nodes (cordon, uncordon) and teams (create, with its key shown once) to the admin token", async () => {
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.getByLabel("The admin token (nodes, teams and keys)").check();
+    await page.getByTestId("secret").fill(env.adminToken);
+    await page.getByRole("button", { name: "Sign in" }).click();
+    const row = page.getByTestId("node-table").locator("tr", { hasText: "node-ba" });
+    await row.waitFor({ timeout: 15_000 });
+    expect(await row.textContent()).toContain("up");
+    await row.getByRole("button", { name: "Cordon" }).click();
+    await expect.poll(() => page.getByTestId("outcome").textContent()).toBe("Cordoned node-ba");
+    await expect.poll(() => row.textContent()).toContain("cordoned");
+    await page.emulateMedia({ colorScheme: "dark" });
+    await shot("nodes-dark");
+    await page.emulateMedia({ colorScheme: "light" });
+    await row.getByRole("button", { name: "Uncordon" }).click();
+    await expect.poll(() => row.textContent()).toContain("schedulable");
+
+    await page.getByRole("link", { name: "Teams & keys" }).click();
+    await page.getByText("console-other-team").waitFor();
+    await page.getByLabel("Team name").fill("console-made");
+    await page.getByRole("button", { name: "Create team" }).click();
+    await expect.poll(() => page.locator(".secret").textContent()).toMatch(/e2b_[0-9a-f]{40}/);
+    await page.getByText("console-made").first().waitFor();
+    await shot("teams");
+  }, 60_000);
+
+  it("never put the API key in a URL, and kept it in session storage only", async () => {
+    expect(requestedUrls.length).toBeGreaterThan(10);
+    expect(requestedUrls.filter((u) => u.includes(env.apiKey) || u.includes(env.adminToken))).toEqual([]);
+    expect(page.url()).not.toContain(env.apiKey);
+    const stored = await page.evaluate(() => ({
+      session: JSON.stringify(sessionStorage),
+      local: JSON.stringify(localStorage),
+    }));
+    // Signed in as admin now: the API key left session storage with the sign-out.
+    expect(stored.session).toContain(env.adminToken);
+    expect(stored.session).not.toContain(env.apiKey);
+    expect(stored.local).not.toContain(env.apiKey);
+    expect(stored.local).not.toContain(env.adminToken);
+    expect((await context.cookies()).length).toBe(0);
+  });
+});
