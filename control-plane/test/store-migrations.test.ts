@@ -39,6 +39,8 @@ describe("schema migrations", () => {
       "sandbox_metrics",
       "sandboxes",
       "schema_migrations",
+      "secret_grants",
+      "secrets",
       "snapshot_copies",
       "snapshots",
       "teams",
@@ -49,6 +51,8 @@ describe("schema migrations", () => {
       "template_tags",
       "template_upload_links",
       "templates",
+      "volume_tokens",
+      "volumes",
     ]);
   });
 });

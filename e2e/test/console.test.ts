@@ -94,6 +94,10 @@ describe("the web console in a browser against a whole cluster", () => {
     await page.getByTestId("secret").fill(env.apiKey);
     await page.getByRole("button", { name: "Sign in" }).click();
     await page.getByRole("heading", { name: "Sandboxes" }).waitFor();
+    await page.getByRole("link", { name: "Templates" }).click();
+    await page.getByText("This team has built no templates.").waitFor();
+    await page.getByRole("link", { name: "Sandboxes" }).click();
+    await page.getByRole("heading", { name: "Sandboxes" }).waitFor();
     await expect.poll(() => page.getByTestId("live-status").textContent(), { timeout: 15_000 }).toBe("Live");
 
     const foreign = await Sandbox.create("base", sdkOpts(otherTeamKey));
@@ -195,6 +199,8 @@ describe("the web console in a browser against a whole cluster", () => {
     await page.getByRole("link", { name: "Metrics" }).click();
     await page.locator('[data-testid="chart-cpu"] canvas').waitFor({ timeout: 30_000 });
     await shot("metrics");
+    await page.getByRole("link", { name: "Logs" }).click();
+    await expect.poll(() => page.getByTestId("logs").textContent(), { timeout: 15_000 }).toContain("sandbox.created");
     await page.getByRole("link", { name: "Timeline" }).click();
     await expect
       .poll(() => page.getByTestId("timeline").textContent(), { timeout: 15_000 })
@@ -213,11 +219,28 @@ describe("the web console in a browser against a whole cluster", () => {
     await expect.poll(() => page.getByTestId("outcome").textContent()).toContain("Resumed");
   }, 150_000);
 
-  it("kills a sandbox from the list; it leaves the list and the cluster", async () => {
+  it("creates from a template, sets a timeout and kills from the list; a killed sandbox leaves list and cluster", async () => {
     const sandbox = (globalThis as { consoleSandbox?: Sandbox }).consoleSandbox!;
     await page.getByRole("link", { name: "Sandboxes" }).first().click();
     const row = page.locator(`tr[data-sandbox-id="${sandbox.sandboxId}"]`);
     await row.waitFor();
+
+    await page.getByRole("button", { name: "Create sandbox" }).click();
+    const outcome = page.getByTestId("outcome");
+    await expect
+      .poll(() => outcome.textContent(), { timeout: 30_000 })
+      .toMatch(/^Created sandbox [a-z0-9]+ from base$/);
+    const createdId = ((await outcome.textContent()) ?? "").split(" ")[2]!;
+    await page.locator(`tr[data-sandbox-id="${createdId}"]`).waitFor({ timeout: 15_000 });
+    await Sandbox.kill(createdId, sdkOpts(env.apiKey));
+    await expect.poll(() => page.locator(`tr[data-sandbox-id="${createdId}"]`).count(), { timeout: 15_000 }).toBe(0);
+
+    await row.getByLabel(`New timeout in seconds for ${sandbox.sandboxId}`).fill("600");
+    await row.getByRole("button", { name: "Set timeout" }).click();
+    await expect.poll(() => outcome.textContent()).toBe(`${sandbox.sandboxId} now ends in 10m 0s`);
+    const info = await sandbox.getInfo();
+    expect(new Date(info.endAt).getTime() - Date.now()).toBeGreaterThan(500_000);
+
     await row.getByRole("button", { name: "Kill" }).click();
     await row.getByRole("button", { name: "Confirm kill" }).click();
     await expect.poll(() => row.count(), { timeout: 30_000 }).toBe(0);

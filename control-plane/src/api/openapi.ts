@@ -1,4 +1,6 @@
+import { SECRET_PATHS, SECRET_SCHEMAS } from "./openapi-secrets.js";
 import { TEMPLATE_PATHS, TEMPLATE_SCHEMAS } from "./openapi-templates.js";
+import { VOLUME_PATHS, VOLUME_SCHEMAS, VOLUME_SECURITY_SCHEMES } from "./openapi-volumes.js";
 
 /**
  * The OpenAPI 3.1 document for everything the api serves: E2B's paths (as the `e2b` 2.51.0 SDK uses them) and
@@ -219,19 +221,21 @@ export const OPENAPI_DOCUMENT = {
     title: "Warren API",
     version: "1.0.0",
     description:
-      "E2B-compatible sandbox and template REST API (e2b SDK 2.51.0 and 2.45) plus Warren extras under /warren/v1. " +
-      "E2B paths not served yet (volumes, secrets) answer 501 with E2B's error body.",
+      "E2B-compatible sandbox, template, volume and secret REST API (e2b SDK 2.51.0 and 2.45) plus Warren extras under /warren/v1.",
   },
   components: {
     securitySchemes: {
       ApiKeyAuth: { type: "apiKey", in: "header", name: "X-API-KEY" },
       AdminToken: { type: "apiKey", in: "header", name: "X-Admin-Token" },
+      ...VOLUME_SECURITY_SCHEMES,
     },
-    schemas: { ...schemas, ...TEMPLATE_SCHEMAS },
+    schemas: { ...schemas, ...TEMPLATE_SCHEMAS, ...VOLUME_SCHEMAS, ...SECRET_SCHEMAS },
   },
   security: [{ ApiKeyAuth: [] }],
   paths: {
     ...TEMPLATE_PATHS,
+    ...VOLUME_PATHS,
+    ...SECRET_PATHS,
     "/v2/sandboxes": {
       post: createOp("NewSandboxV2", "Create a sandbox"),
       get: {
