@@ -37,8 +37,16 @@ const script = entry?.[0].slice(entry[0].indexOf("assets/"));
 const style = entry?.[1].cssBundle?.slice(entry[1].cssBundle.indexOf("assets/"));
 if (!script || !style) throw new Error(`esbuild produced no script or stylesheet: ${outputs.join(", ")}`);
 
+// The chunks the entry imports statically are fetched in parallel with it, not after it is parsed.
+const preloads = (entry?.[1].imports ?? [])
+  .filter((i) => i.kind === "import-statement")
+  .map((i) => `<link rel="modulepreload" href="/console/${i.path.slice(i.path.indexOf("assets/"))}" />`)
+  .join("\n    ");
 const template = readFileSync(join(root, "src", "index.html"), "utf8");
-const html = template.replace("%SCRIPT%", `/console/${script}`).replace("%STYLE%", `/console/${style}`);
+const html = template
+  .replace("%SCRIPT%", `/console/${script}`)
+  .replace("%STYLE%", `/console/${style}`)
+  .replace("%PRELOADS%", preloads);
 writeFileSync(join(out, "index.html"), html);
 const size = outputs
   .filter((p) => !p.endsWith(".map"))

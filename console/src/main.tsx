@@ -4,9 +4,8 @@ import "./styles.css";
 import { render } from "preact";
 import { useEffect, useMemo, useState } from "preact/hooks";
 import { type ConsoleSettings, WarrenApi } from "./api.js";
-import { Empty, ErrorBox, Link, Loading } from "./components/common.js";
+import { Empty, ErrorBox, Link, Loading, useLazy } from "./components/common.js";
 import { NodesPage, TeamsPage } from "./pages/admin.js";
-import { SandboxPage } from "./pages/sandbox.js";
 import { SandboxesPage } from "./pages/sandboxes.js";
 import { SignIn } from "./pages/sign-in.js";
 import { TemplatePage, TemplatesPage } from "./pages/templates.js";
@@ -44,6 +43,19 @@ function Nav(props: { credential: Credential; path: string; onSignOut: () => voi
   );
 }
 
+// A sandbox's page (envd client, protobuf, file browser) loads when first opened, not with the sign-in page.
+const loadSandboxPage = () => import("./pages/sandbox.js").then((m) => m.SandboxPage);
+
+function LazySandboxPage(props: {
+  api: WarrenApi;
+  settings: ConsoleSettings;
+  sandboxId: string;
+  tab?: string | undefined;
+}) {
+  const SandboxPage = useLazy(loadSandboxPage);
+  return SandboxPage ? <SandboxPage {...props} /> : <Loading what="the sandbox page" />;
+}
+
 function Redirect(props: { to: string }) {
   useEffect(() => navigate(props.to, true), [props.to]);
   return null;
@@ -58,7 +70,13 @@ function Routes(props: { api: WarrenApi; settings: ConsoleSettings; path: string
     const sandbox = match("/sandboxes/:id/:tab?", path);
     if (sandbox) {
       return (
-        <SandboxPage key={sandbox.id} api={api} settings={props.settings} sandboxId={sandbox.id!} tab={sandbox.tab} />
+        <LazySandboxPage
+          key={sandbox.id}
+          api={api}
+          settings={props.settings}
+          sandboxId={sandbox.id!}
+          tab={sandbox.tab}
+        />
       );
     }
     if (match("/templates", path)) return <TemplatesPage api={api} />;

@@ -1,29 +1,73 @@
 /**
  * Tests of E2B's suites that e2b-suites.mjs does not run, each with why. `file` is relative to the suite's package
- * (a `/**` suffix: a folder); `test`, when given, is a test's full name (or an unambiguous part of it) and skips
- * only that test; `modes` lists where the exclusion applies. README.md ("E2B's own test suites") lists the same.
+ * (a `/**` suffix: a folder); `test`, when given, is a test's name (its full name ends with it) and skips only
+ * that test; `modes` lists where the exclusion applies. README.md ("E2B's own test suites") lists the same.
  */
 const both = ["url", "domain"];
 
+const RUNTIMES = "other JS runtimes (browser, Bun, Deno, Cloudflare workerd): E2B runs them with their own configs";
+/** Unit tests of the SDK itself: they import modules the npm package does not export, or mock its internals. */
+const SDK_INTERNALS = "unit test of SDK internals the npm package does not export (reaches no server)";
+/** msw answers every request in the process: these test the SDK's requests, not a server. */
+const MOCKED = "mocks the API with msw (reaches no server)";
+const PUBLIC_IMAGE = "builds a template from an image on a public registry (Docker Hub: ubuntu, node, e2bdev/base)";
+
+const offline = (file, reason) => ({ suite: "js-sdk", file, modes: both, reason });
+const oneTest = (file, test, reason, modes = both) => ({ suite: "js-sdk", file, test, modes, reason });
+
 export const EXCLUDED = [
-  // Whole folders that are not tests of a server.
-  {
-    suite: "js-sdk",
-    file: "tests/runtimes/**",
-    modes: both,
-    reason:
-      "other JS runtimes (browser, Bun, Deno, Cloudflare workerd): E2B runs them with their own configs and tools",
-  },
-  {
-    suite: "code-interpreter",
-    file: "tests/runtimes/**",
-    modes: both,
-    reason: "other JS runtimes (browser, Bun, Deno): E2B runs them with their own configs and tools",
-  },
-  {
-    suite: "js-sdk",
-    file: "tests/bundle/**",
-    modes: both,
-    reason: "inspects the SDK's own build output (dist/), not a server",
-  },
+  { suite: "js-sdk", file: "tests/runtimes/**", modes: both, reason: RUNTIMES },
+  { suite: "code-interpreter", file: "tests/runtimes/**", modes: both, reason: RUNTIMES },
+  offline("tests/bundle/**", "inspects the SDK's own build output (dist/), not a server"),
+  offline("tests/api/handleApiError.test.ts", SDK_INTERNALS),
+  offline("tests/api/http2.test.ts", SDK_INTERNALS),
+  offline("tests/api/inflight.test.ts", SDK_INTERNALS),
+  offline("tests/api/validateApiKey.test.ts", SDK_INTERNALS),
+  offline("tests/connectionConfig.test.ts", SDK_INTERNALS),
+  offline("tests/connectionConfig.browser.test.ts", SDK_INTERNALS),
+  offline("tests/envd/handleEnvdApiError.test.ts", SDK_INTERNALS),
+  offline("tests/envd/handleRpcError.test.ts", SDK_INTERNALS),
+  offline("tests/envd/http2.test.ts", SDK_INTERNALS),
+  offline("tests/is.test.ts", SDK_INTERNALS),
+  offline("tests/logs.test.ts", SDK_INTERNALS),
+  offline("tests/paginator.test.ts", SDK_INTERNALS),
+  offline("tests/runtime.test.ts", SDK_INTERNALS),
+  offline("tests/stripAnsi.test.ts", SDK_INTERNALS),
+  offline("tests/undici.test.ts", SDK_INTERNALS),
+  offline("tests/utils.test.ts", SDK_INTERNALS),
+  offline("tests/sandbox/commands/commandHandle.test.ts", SDK_INTERNALS),
+  offline("tests/sandbox/configPropagation.test.ts", SDK_INTERNALS),
+  offline("tests/sandbox/files/entryInfo.test.ts", SDK_INTERNALS),
+  offline("tests/sandbox/files/watchHandle.test.ts", SDK_INTERNALS),
+  offline("tests/sandbox/git/validation.test.ts", SDK_INTERNALS),
+  offline("tests/sandbox/rpcHeaders.test.ts", SDK_INTERNALS),
+  offline("tests/sandbox/urls.test.ts", "builds URLs from a Sandbox object made without a server"),
+  offline("tests/client.test.ts", MOCKED),
+  offline("tests/sandbox/abortSignal.test.ts", MOCKED),
+  offline("tests/sandbox/egressProxy.test.ts", MOCKED),
+  offline("tests/sandbox/iam.test.ts", MOCKED),
+  offline("tests/sandbox/lifecycleRequest.test.ts", MOCKED),
+  offline("tests/sandbox/networkTransform.test.ts", MOCKED),
+  offline("tests/secret/**", MOCKED),
+  offline("tests/volume/**", MOCKED),
+  offline("tests/template/abortSignal.test.ts", MOCKED),
+  offline("tests/template/boundOpts.test.ts", MOCKED),
+  offline("tests/template/stacktrace.test.ts", MOCKED),
+  offline("tests/template/tags.test.ts", MOCKED),
+  offline("tests/template/utils/**", SDK_INTERNALS),
+  offline("tests/template/uploadFile.test.ts", SDK_INTERNALS),
+  offline(
+    "tests/template/methods/toDockerfile.test.ts",
+    "converts a template to a Dockerfile in the SDK (reaches no server)",
+  ),
+  offline(
+    "tests/template/methods/fromDockerfile.test.ts",
+    `${PUBLIC_IMAGE}; its other tests parse Dockerfiles in the SDK`,
+  ),
+  offline("tests/template/backgroundBuild.test.ts", PUBLIC_IMAGE),
+  offline("tests/template/methods/makeSymlink.test.ts", PUBLIC_IMAGE),
+  offline("tests/template/methods/runCmd.test.ts", PUBLIC_IMAGE),
+  oneTest("tests/template/build.test.ts", "build template", `${PUBLIC_IMAGE} (fromBaseImage)`),
+  oneTest("tests/template/build.test.ts", "build template with symlinks", PUBLIC_IMAGE),
+  oneTest("tests/template/build.test.ts", "build template with resolveSymlinks", PUBLIC_IMAGE),
 ];

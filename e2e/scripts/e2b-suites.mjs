@@ -229,9 +229,12 @@ function runFile(name, file, mode, configFile, clientEnv) {
   rmSync(outputFile, { force: true });
   const skip = excludedTests(name, file, mode);
   const vitestArgs = [VITEST, "run", "--config", configFile, file, "--reporter=json", `--outputFile=${outputFile}`];
-  // Excluded tests by name: a pattern that matches every full name but theirs, so vitest reports them skipped.
-  if (skip.length > 0)
-    vitestArgs.push("--testNamePattern", `^(?!.*(${skip.map((e) => escapeRegex(e.test)).join("|")})).*$`);
+  // Excluded tests by name: a pattern that matches every full name ("<describe> <test>") but those ending in
+  // theirs, so vitest reports them skipped.
+  if (skip.length > 0) {
+    const names = skip.map((e) => escapeRegex(e.test)).join("|");
+    vitestArgs.push("--testNamePattern", `^(?!.*(?:^| )(?:${names})$).*$`);
+  }
   return new Promise((done) => {
     const child = spawn(process.execPath, vitestArgs, {
       cwd: resolve(args[name], SUITES[name].packageDir),

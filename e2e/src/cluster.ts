@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { rm } from "node:fs/promises";
 import { request as httpsRequest } from "node:https";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -312,6 +313,18 @@ export class LocalCluster {
     const agent = this.nodeAgentChildren[index];
     if (!agent) throw new Error(`no node agent ${index}`);
     await agent.stop("SIGKILL");
+  }
+
+  /**
+   * Fault injection: node agent `index` is gone for good: stopped (its sandboxes removed) and its state folder
+   * (sandbox records, snapshots) deleted, as when a host dies.
+   */
+  async removeNodeAgent(index: number): Promise<void> {
+    const agent = this.nodeAgentChildren[index];
+    const env = this.agentEnv[index];
+    if (!agent || !env) throw new Error(`no node agent ${index}`);
+    await agent.stop("SIGTERM", 30_000);
+    await rm(env.WARREN_STATE_DIR as string, { recursive: true, force: true });
   }
 
   /** Starts node agent `index` again with its original configuration (it re-adopts its sandboxes). */

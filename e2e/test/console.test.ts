@@ -2,9 +2,9 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { Sandbox } from "e2b";
+import { Sandbox, Template } from "e2b";
 import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { LocalCluster } from "../src/cluster.js";
 import { freePort } from "../src/services.js";
 
@@ -20,6 +20,7 @@ let browser: Browser;
 let context: BrowserContext;
 let page: Page;
 const requestedUrls: string[] = [];
+const browserErrors: string[] = [];
 
 function sdkOpts(apiKey: string) {
   return { apiKey, apiUrl: env.apiUrl, sandboxUrl: process.env.E2B_SANDBOX_URL as string, requestTimeoutMs: 30_000 };
@@ -73,7 +74,16 @@ beforeAll(async () => {
   context = await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
   page = await context.newPage();
   page.on("request", (request) => requestedUrls.push(request.url()));
+  page.on("console", (message) => {
+    if (message.type() === "error") browserErrors.push(message.text());
+  });
 }, 900_000);
+
+afterEach(async (ctx) => {
+  if (ctx.task.result?.state === "fail" && page) {
+    await shot(`failed-${ctx.task.name.slice(0, 40).replace(/[^a-z0-9]+/gi, "-")}`).catch(() => undefined);
+  }
+});
 
 afterAll(async () => {
   await browser?.close();
@@ -84,6 +94,18 @@ afterAll(async () => {
 describe("the web console in a browser against a whole cluster", () => {
   it("refuses a wrong API key with the api's message and keeps the sign-in page", async () => {
     await page.goto(`${env.apiUrl}/console`);
+    await page.getByTestId("secret").waitFor();
+    const paint = await page.evaluate(
+      () => performance.getEntriesByName("first-contentful-paint")[0]?.startTime ?? Number.NaN,
+    );
+    await page.reload();
+    await page.getByTestId("secret").waitFor();
+    const warm = await page.evaluate(
+      () => performance.getEntriesByName("first-contentful-paint")[0]?.startTime ?? Number.NaN,
+    );
+    console.log(
+      `console: first contentful paint ${Math.round(paint)} ms (fresh browser), ${Math.round(warm)} ms (reload)`,
+    );
     await page.getByTestId("secret").fill("e2b_0000000000000000000000000000000000000000");
     await page.getByRole("button", { name: "Sign in" }).click();
     await expect.poll(() => page.getByTestId("sign-in-error").textContent()).toContain("Invalid API key");
@@ -131,7 +153,13 @@ describe("the web console in a browser against a whole cluster", () => {
       .poll(async () => (await rows.innerText()).split("\n").map((l) => l.trim()), { timeout: 15_000 })
       .toContain("42");
     await page.keyboard.type("sleep 300\n");
+    // Ctrl-C once sleep is the terminal's foreground process, as a person would (earlier, bash itself gets it).
+    await expect
+      .poll(async () => (await sandbox.commands.run("pgrep -x sleep || true")).stdout.trim(), { timeout: 15_000 })
+      .not.toBe("");
+    await new Promise((r) => setTimeout(r, 200));
     await page.keyboard.press("Control+C");
+    await expect.poll(async () => (await sandbox.commands.run("pgrep -x sleep || true")).stdout.trim()).toBe("");
     await page.keyboard.type("echo after-$((1+1))\n");
     await expect
       .poll(async () => (await rows.innerText()).split("\n").map((l) => l.trim()), { timeout: 15_000 })
@@ -219,6 +247,35 @@ describe("the web console in a browser against a whole cluster", () => {
     await expect.poll(() => page.getByTestId("outcome").textContent()).toContain("Resumed");
   }, 150_000);
 
+  it("snapshots and forks from the sandbox page, each with its result", async () => {
+    const outcome = page.getByTestId("outcome");
+    await page.getByRole("button", { name: "Snapshot" }).click();
+    await expect.poll(() => outcome.textContent(), { timeout: 60_000 }).toMatch(/^Snapshot \S+ taken/);
+    await page.getByRole("button", { name: "Fork" }).click();
+    await expect.poll(() => outcome.textContent(), { timeout: 60_000 }).toMatch(/^Forked into [a-z0-9]+$/);
+    const forkId = ((await outcome.textContent()) ?? "").split(" ")[2]!;
+    expect(await Sandbox.kill(forkId, sdkOpts(env.apiKey))).toBe(true);
+  }, 150_000);
+
+  it("shows a template's builds with their logs, adds and removes a tag, and deletes it", async () => {
+    await Template.build(Template().fromTemplate("base").runCmd("echo console-build-step"), "console-tpl", {
+      apiKey: env.apiKey,
+      apiUrl: env.apiUrl,
+    });
+    await page.getByRole("link", { name: "Templates" }).click();
+    await page.getByRole("link", { name: /console-tpl$/ }).click();
+    await expect.poll(() => page.getByRole("log").textContent(), { timeout: 15_000 }).toContain("console-build-step");
+    await page.getByLabel("New tag").fill("v1");
+    await page.getByRole("button", { name: "Add tag" }).click();
+    await page.getByRole("button", { name: "Remove tag v1" }).waitFor();
+    await shot("template");
+    await page.getByRole("button", { name: "Remove tag v1" }).click();
+    await expect.poll(() => page.getByRole("button", { name: "Remove tag v1" }).count()).toBe(0);
+    await page.getByRole("button", { name: "Delete template" }).click();
+    await page.getByRole("button", { name: "Confirm delete" }).click();
+    await page.getByText("This team has built no templates.").waitFor({ timeout: 15_000 });
+  }, 240_000);
+
   it("creates from a template, sets a timeout and kills from the list; a killed sandbox leaves list and cluster", async () => {
     const sandbox = (globalThis as { consoleSandbox?: Sandbox }).consoleSandbox!;
     await page.getByRole("link", { name: "Sandboxes" }).first().click();
@@ -289,5 +346,7 @@ describe("the web console in a browser against a whole cluster", () => {
     expect(stored.local).not.toContain(env.apiKey);
     expect(stored.local).not.toContain(env.adminToken);
     expect((await context.cookies()).length).toBe(0);
+    // The strict CSP held: nothing the console does was blocked by it.
+    expect(browserErrors.filter((e) => /Content Security Policy/i.test(e))).toEqual([]);
   });
 });

@@ -1,4 +1,4 @@
-import type { ComponentChildren } from "preact";
+import type { ComponentChildren, FunctionComponent } from "preact";
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
 import { BASE, navigate } from "../router.js";
 
@@ -137,4 +137,16 @@ export function ConfirmButton(props: { label: string; confirm: string; onConfirm
       {asking ? props.confirm : props.label}
     </button>
   );
+}
+
+/** A component from a module loaded on first use (its own bundle chunk). */
+export function useLazy<P>(load: () => Promise<FunctionComponent<P>>): FunctionComponent<P> | undefined {
+  const [component, setComponent] = useState<{ c: FunctionComponent<P> }>();
+  useEffect(() => {
+    load().then(
+      (c) => setComponent({ c }),
+      (error: unknown) => setComponent({ c: () => <ErrorBox error={error} /> }),
+    );
+  }, []);
+  return component?.c;
 }

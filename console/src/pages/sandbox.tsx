@@ -1,7 +1,6 @@
-import type { FunctionComponent } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import { ApiError, type ConsoleSettings, type SandboxDetail, type WarrenApi } from "../api.js";
-import { Empty, ErrorBox, Link, Loading, OutcomeBar, useAction } from "../components/common.js";
+import { Empty, ErrorBox, Link, Loading, OutcomeBar, useAction, useLazy } from "../components/common.js";
 import { FileBrowser } from "../components/files.js";
 import { Logs } from "../components/logs.js";
 import { Timeline } from "../components/timeline.js";
@@ -9,17 +8,6 @@ import { ENVD_PORT, EnvdConnection, sandboxPortUrl } from "../envd.js";
 import { shortDuration } from "../format.js";
 import { followEvents } from "../sse.js";
 import { SandboxActions, useNow } from "./sandboxes.js";
-
-/** A component from a module loaded on first use (its own bundle chunk). */
-function useLazy<P>(load: () => Promise<FunctionComponent<P>>): FunctionComponent<P> | undefined {
-  const [component, setComponent] = useState<{ c: FunctionComponent<P> }>();
-  const [error, setError] = useState<unknown>();
-  useEffect(() => {
-    load().then((c) => setComponent({ c }), setError);
-  }, []);
-  if (error) throw error;
-  return component?.c;
-}
 
 const loadTerminal = () => import("../components/terminal.js").then((m) => m.Terminal);
 const loadMetrics = () => import("../components/metrics.js").then((m) => m.Metrics);

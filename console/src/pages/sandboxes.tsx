@@ -1,4 +1,4 @@
-import { useEffect, useMemo, useState } from "preact/hooks";
+import { useEffect, useMemo, useRef, useState } from "preact/hooks";
 import type { ListedSandbox, WarrenApi } from "../api.js";
 import { ConfirmButton, Empty, ErrorBox, Link, Loading, OutcomeBar, useAction } from "../components/common.js";
 import { matchesSearch, shortDuration } from "../format.js";
@@ -21,6 +21,19 @@ export function SandboxesPage(props: { api: WarrenApi }) {
   const [state, setState] = useState<"all" | "running" | "paused">("all");
   const { outcome, busy, run } = useAction();
   const now = useNow();
+  const searchBox = useRef<HTMLInputElement>(null);
+
+  // "/" jumps to the search box from anywhere on the page (not while typing in another field).
+  useEffect(() => {
+    const onKey = (event: KeyboardEvent) => {
+      const target = event.target as HTMLElement | null;
+      if (event.key !== "/" || target?.closest("input, textarea, select, .xterm")) return;
+      event.preventDefault();
+      searchBox.current?.focus();
+    };
+    addEventListener("keydown", onKey);
+    return () => removeEventListener("keydown", onKey);
+  }, []);
 
   const shown = useMemo(
     () => (live.sandboxes ?? []).filter((s) => (state === "all" || s.state === state) && matchesSearch(s, search)),
@@ -41,6 +54,8 @@ export function SandboxesPage(props: { api: WarrenApi }) {
           Search
           <input
             type="search"
+            ref={searchBox}
+            aria-keyshortcuts="/"
             placeholder="id, template, key=value"
             value={search}
             onInput={(e) => setSearch(e.currentTarget.value)}

@@ -48,6 +48,8 @@ export function sandboxDetail(row: SandboxRow): Record<string, unknown> {
     // Warren extra: the policy the node enforces (the request folded with the team's egress mode).
     ...(row.egress ? { egress: row.egress } : {}),
     lifecycle: { onTimeout: row.autoPause ? "pause" : "kill", autoResume: row.autoResume },
+    // Warren extra: a paused sandbox whose pause is in the cluster's store survives the loss of its node.
+    ...(row.state === "paused" ? { durable: row.durableSnapshotId !== null } : {}),
     // Warren extra: the MCP servers the create named (E2B keeps them only for its analytics).
     ...(row.mcpServers.length > 0 ? { mcpServers: row.mcpServers } : {}),
   };

@@ -1,6 +1,7 @@
 import type { NodeHeartbeat } from "@warren/proto/redis";
 import { reservedMemoryByNode } from "../store/nodes.js";
 import type { SandboxRow } from "../store/sandboxes.js";
+import { Durability } from "./durability.js";
 import { MasterError } from "./errors.js";
 import type { LifecycleDeps } from "./lifecycle-deps.js";
 import { NodeAgentError, type SandboxPlacement } from "./node-agent-client.js";
@@ -22,10 +23,14 @@ function nodeFailure(what: string, error: unknown): MasterError {
  * state it left when the node fails. A resume whose node takes no sandboxes now moves the sandbox first.
  */
 export class PauseAndResume {
+  private readonly durability: Durability;
+
   constructor(
     private readonly deps: LifecycleDeps,
     private readonly recentPlacements: RecentPlacements,
-  ) {}
+  ) {
+    this.durability = new Durability({ ...deps, memoryOvercommit: deps.config.memoryOvercommit });
+  }
 
   async pause(sandboxId: string, teamId: string | undefined, memory: boolean): Promise<void> {
     const row = await transition(this.deps.db, sandboxId, teamId, async (tx, current) => {
@@ -47,7 +52,15 @@ export class PauseAndResume {
       throw nodeFailure(`pausing sandbox ${sandboxId}`, error);
     }
     await transition(this.deps.db, sandboxId, undefined, (tx, current) =>
-      setState(tx, current, "paused", "sandbox.paused", { memory }, ", paused_at = now(), end_at = now()"),
+      // Durable again only once this pause is in the store (master/durability.ts).
+      setState(
+        tx,
+        current,
+        "paused",
+        "sandbox.paused",
+        { memory },
+        ", paused_at = now(), end_at = now(), durable_snapshot_id = NULL",
+      ),
     );
   }
 
@@ -56,32 +69,17 @@ export class PauseAndResume {
       if (current.state !== "paused") throw new MasterError("busy", `sandbox ${sandboxId} is ${current.state}`);
       return setState(tx, current, "resuming", "sandbox.resuming", { memory });
     });
-    const { registry, nodeAgent, tokens } = this.deps;
-    let placement: SandboxPlacement | undefined;
+    let placement: SandboxPlacement;
     let movedTo: NodeHeartbeat | undefined;
     try {
-      const node = (await registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
-      if (!node) throw new NodeAgentError("unavailable", `node ${row.nodeId} holding the snapshot is down`);
-      movedTo = await this.relocationTarget(row, node);
-      if (movedTo) {
-        const keepMemory = memory && (await this.pausedWithMemory(row.id));
-        // A failed move leaves the sandbox paused where it was: resuming it there beats not resuming it.
-        placement = await relocatePaused(this.deps, row, node, movedTo, keepMemory).catch((error) => {
-          this.deps.log.warn("moving a paused sandbox failed; resuming it on its node", {
-            sandboxId: row.id,
-            error: String(error),
-          });
-          movedTo = undefined;
-          return undefined;
-        });
+      const node = (await this.deps.registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
+      if (node) ({ placement, movedTo } = await this.resumeFrom(row, node, memory));
+      else {
+        // Its node is gone (or silent): a durable pause resumes from the store on another node.
+        const restored = await this.durability.resumeFromStore(row, this.recentPlacements);
+        if (!restored) throw new NodeAgentError("unavailable", `node ${row.nodeId} holding the snapshot is down`);
+        ({ placement, node: movedTo } = restored);
       }
-      placement ??= await nodeAgent(node.nodeId, node.addr).resume({
-        sandboxId: row.id,
-        teamId: row.teamId,
-        envdAccessToken: tokens.envdToken(row.id, row.tokenNonce),
-        envVars: row.envVars,
-        memory,
-      });
     } catch (error) {
       await transition(this.deps.db, sandboxId, undefined, (tx, current) =>
         setState(tx, current, "paused", "sandbox.resume_failed", { error: String(error) }),
@@ -99,6 +97,36 @@ export class PauseAndResume {
         [placement.exec, timeout, movedTo?.nodeId ?? row.nodeId],
       ),
     );
+  }
+
+  /** Resumes on its live node, or moves it first when that node takes no sandboxes now. */
+  private async resumeFrom(
+    row: SandboxRow,
+    node: NodeHeartbeat,
+    memory: boolean,
+  ): Promise<{ placement: SandboxPlacement; movedTo: NodeHeartbeat | undefined }> {
+    let movedTo = await this.relocationTarget(row, node);
+    if (movedTo) {
+      const keepMemory = memory && (await this.pausedWithMemory(row.id));
+      // A failed move leaves the sandbox paused where it was: resuming it there beats not resuming it.
+      const moved = await relocatePaused(this.deps, row, node, movedTo, keepMemory).catch((error) => {
+        this.deps.log.warn("moving a paused sandbox failed; resuming it on its node", {
+          sandboxId: row.id,
+          error: String(error),
+        });
+        return undefined;
+      });
+      if (moved) return { placement: moved, movedTo };
+      movedTo = undefined;
+    }
+    const placement = await this.deps.nodeAgent(node.nodeId, node.addr).resume({
+      sandboxId: row.id,
+      teamId: row.teamId,
+      envdAccessToken: this.deps.tokens.envdToken(row.id, row.tokenNonce),
+      envVars: row.envVars,
+      memory,
+    });
+    return { placement, movedTo };
   }
 
   /**

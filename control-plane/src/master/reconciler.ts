@@ -13,6 +13,17 @@ export interface ReconcileReport {
   readonly orphansKilled: string[];
   /** Sandboxes a node runs that this cluster has no record of (left alone). */
   readonly unknown: string[];
+  /** Paused sandboxes on a node that went down, kept paused: their pause is in the store. */
+  readonly keptDurable: string[];
+}
+
+/** A lost sandbox's last durable snapshot, made a team snapshot (listed, createable); its id when published. */
+async function offerDurableSnapshot(db: Db, snapshotId: string): Promise<string | undefined> {
+  const result = await db.query<{ id: string }>(
+    "UPDATE snapshots SET kind = 'snapshot' WHERE id = $1 AND kind = 'durable' AND digest IS NOT NULL RETURNING id",
+    [snapshotId],
+  );
+  return result.rows[0]?.id;
 }
 
 /**
@@ -43,7 +54,7 @@ export async function reconcile(
   timing: ReconcileTiming = { startTimeoutMs: 120_000, nodeDownAfterMs: 30_000 },
 ): Promise<ReconcileReport> {
   const { startTimeoutMs, nodeDownAfterMs } = timing;
-  const report: ReconcileReport = { nodesDown: [], lost: [], orphansKilled: [], unknown: [] };
+  const report: ReconcileReport = { nodesDown: [], lost: [], orphansKilled: [], unknown: [], keptDurable: [] };
   // A create whose master died (or whose commit PostgreSQL lost) would stay `starting` forever.
   const stuck = await db.query<{ id: string }>(
     "SELECT id FROM sandboxes WHERE state = 'starting' AND created_at < now() - make_interval(secs => $1)",
@@ -67,14 +78,24 @@ export async function reconcile(
     if (!(await markNodeDown(db, known.id))) continue;
     report.nodesDown.push(known.id);
     log.warn("node stopped heartbeating; marking it down", { node: known.id });
-    const onNode = await db.query<{ id: string }>(
-      "SELECT id FROM sandboxes WHERE node_id = $1 AND state IN ('running','pausing','paused','resuming')",
+    // A paused sandbox whose pause is in the store stays paused: a resume starts it on another node. Any other
+    // is lost; a running one's last durable snapshot becomes a team snapshot it can be recreated from.
+    const onNode = await db.query<{ id: string; state: string; durable: string | null; published: boolean }>(
+      `SELECT x.id, x.state, s.id AS durable, (s.digest IS NOT NULL AND s.created_at >= x.paused_at) AS published
+       FROM sandboxes x LEFT JOIN snapshots s ON s.id = x.durable_snapshot_id AND s.deleted_at IS NULL
+       WHERE x.node_id = $1 AND x.state IN ('running','pausing','paused','resuming')`,
       [known.id],
     );
-    for (const { id } of onNode.rows) {
-      if (await lifecycle.markLost(id, "node_down", { node: known.id })) {
+    for (const { id, state, durable, published } of onNode.rows) {
+      if (state === "paused" && published) {
+        report.keptDurable.push(id);
+        log.info("paused sandbox outlives its node (durable in the store)", { sandboxId: id, node: known.id });
+        continue;
+      }
+      const offered = state === "running" && durable ? await offerDurableSnapshot(db, durable) : undefined;
+      if (await lifecycle.markLost(id, "node_down", { node: known.id, ...(offered ? { snapshotId: offered } : {}) })) {
         report.lost.push(id);
-        log.warn("sandbox lost with its node", { sandboxId: id, node: known.id });
+        log.warn("sandbox lost with its node", { sandboxId: id, node: known.id, snapshotId: offered });
       }
     }
   }

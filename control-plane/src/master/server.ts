@@ -7,6 +7,7 @@ import { createDb, type Db } from "../store/db.js";
 import { migrate } from "../store/migrations.js";
 import { cordonedNodeIds } from "../store/nodes.js";
 import type { MasterConfig } from "./config.js";
+import { Durability } from "./durability.js";
 import { evictExpired } from "./evictor.js";
 import { connectKubernetes } from "./kubernetes/api.js";
 import { KubernetesNodeView } from "./kubernetes/cluster-view.js";
@@ -35,6 +36,7 @@ export interface MasterOptions {
 export class Master {
   readonly lifecycle: SandboxLifecycle;
   readonly snapshots: SnapshotService;
+  private readonly durability: Durability;
   readonly registry: NodeRegistry;
   readonly metrics: SandboxMetricsSampler;
   readonly builder: TemplateBuilder;
@@ -74,6 +76,14 @@ export class Master {
         replayWaitMs: 60_000,
         templateWaitMs: config.templateWaitMs,
       },
+    });
+    this.durability = new Durability({
+      db,
+      registry: this.registry,
+      nodeAgent,
+      tokens: new TokenIssuer(config.tokenSecret),
+      log,
+      memoryOvercommit: config.memoryOvercommit,
     });
     this.snapshots = new SnapshotService({
       db,
@@ -193,6 +203,7 @@ export class Master {
       }),
     );
     this.every(this.config.reconcileIntervalMs, () => this.snapshots.sweepNodes());
+    this.every(this.config.reconcileIntervalMs, () => this.durability.pass());
     this.every(this.config.storeGcIntervalMs, () => this.snapshots.collectStore());
     this.every(this.config.reconcileIntervalMs, () => this.builder.failAbandoned());
   }

@@ -307,7 +307,7 @@ CREATE TABLE secret_grants (
   },
   {
     version: 8,
-    name: "volumes: a team's persistent folders, and the tokens of their content API",
+    name: "volumes and their content API's tokens; durable pauses (a paused sandbox's snapshot in the store)",
     sql: `
 -- E2B volumes. The data lives in WARREN_VOLUMES_DIR/<team>/<id> (a filesystem every node and the api share);
 -- deleting a volume removes the row at once (its name is free again) and the data right after.
@@ -327,6 +327,12 @@ CREATE TABLE volume_tokens (
   expires_at timestamptz NOT NULL
 );
 CREATE INDEX volume_tokens_expiry ON volume_tokens (expires_at);
+-- A paused sandbox is durable once a snapshot of it is published to the cluster's store: its node may then go.
+-- The snapshot is of kind 'durable' (never listed; the last one is offered when a running sandbox is lost).
+ALTER TABLE sandboxes ADD COLUMN durable_snapshot_id text;
+ALTER TABLE snapshots DROP CONSTRAINT IF EXISTS snapshots_kind_check;
+ALTER TABLE snapshots ADD CONSTRAINT snapshots_kind_check
+  CHECK (kind IN ('snapshot', 'fork', 'template', 'layer', 'durable'));
 `,
   },
   {

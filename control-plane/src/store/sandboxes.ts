@@ -31,6 +31,8 @@ export interface SandboxRow {
   /** The policy the node enforces (request + team mode, runtime/egress/policy.ts effectiveEgress). */
   readonly egress: EgressPolicy | null;
   readonly volumeMounts: unknown[];
+  /** The published snapshot of its last pause (the node holding it may go): see master/durability.ts. */
+  readonly durableSnapshotId: string | null;
   /** The MCP servers the create named (E2B's `mcp` keys); the SDK starts the gateway. */
   readonly mcpServers: string[];
   readonly autoPause: boolean;
@@ -71,6 +73,7 @@ export function toSandboxRow(row: any): SandboxRow {
     allowInternetAccess: row.allow_internet_access,
     egress: (row.egress as EgressPolicy | null | undefined) ?? null,
     volumeMounts: row.volume_mounts ?? [],
+    durableSnapshotId: row.durable_snapshot_id ?? null,
     mcpServers: row.mcp_servers ?? [],
     autoPause: row.auto_pause,
     autoPauseMemory: row.auto_pause_memory,

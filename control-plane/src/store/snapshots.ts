@@ -1,7 +1,7 @@
 import { decodeTimeCursor, encodeTimeCursor } from "./cursor.js";
 import type { Queryable } from "./db.js";
 
-export type SnapshotKind = "snapshot" | "fork" | "template" | "layer";
+export type SnapshotKind = "snapshot" | "fork" | "template" | "layer" | "durable";
 
 /** A snapshot of a sandbox, kept as files on one node (the node agent's Snapshot RPC). */
 export interface SnapshotRow {
@@ -102,6 +102,17 @@ export async function findSnapshot(
     [teamId, idOrName, kinds],
   );
   return result.rows[0] ? toSnapshotRow(result.rows[0]) : undefined;
+}
+
+/** Team snapshots (kind `snapshot`) not yet published to the cluster's store, oldest first. */
+export async function unpublishedSnapshots(db: Queryable, limit: number): Promise<SnapshotRow[]> {
+  const result = await db.query(
+    `SELECT * FROM snapshots WHERE kind = 'snapshot' AND deleted_at IS NULL AND digest IS NULL
+       AND node_id IN (SELECT id FROM nodes WHERE state = 'up')
+     ORDER BY created_at LIMIT $1`,
+    [limit],
+  );
+  return result.rows.map(toSnapshotRow);
 }
 
 /** A live snapshot of any kind by id (a template build's ready snapshot or layer, too). */
