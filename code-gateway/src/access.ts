@@ -55,18 +55,30 @@ export class AccessCheck {
     if (!ok) throw unauthorized(UNAUTHORIZED_MESSAGE);
   }
 
+  /**
+   * One question to envd, asked again with a doubled deadline when envd does not answer in time: right after a
+   * sandbox starts (or resumes) on a loaded host, envd's first answer can take longer than one timeout, and a
+   * 503 on the first `runCode` would be the gateway's own doing.
+   */
   private async askEnvd(token: string | undefined): Promise<boolean> {
-    let status: number;
-    try {
-      const res = await fetch(`${this.options.envdUrl}/envs`, {
-        headers: token ? { "X-Access-Token": token } : {},
-        signal: AbortSignal.timeout(this.options.envdTimeoutMs),
-      });
-      await res.body?.cancel();
-      status = res.status;
-    } catch (error) {
+    let status: number | undefined;
+    let lastError: unknown;
+    for (let attempt = 0, timeoutMs = this.options.envdTimeoutMs; attempt < 3; attempt++, timeoutMs *= 2) {
+      try {
+        const res = await fetch(`${this.options.envdUrl}/envs`, {
+          headers: token ? { "X-Access-Token": token } : {},
+          signal: AbortSignal.timeout(timeoutMs),
+        });
+        await res.body?.cancel();
+        status = res.status;
+        break;
+      } catch (error) {
+        lastError = error;
+      }
+    }
+    if (status === undefined) {
       this.options.log.warn("envd is not reachable to check an access token", {
-        error: error instanceof Error ? error.message : String(error),
+        error: lastError instanceof Error ? lastError.message : String(lastError),
       });
       throw new GatewayError(503, "cannot verify the access token: envd is not reachable");
     }

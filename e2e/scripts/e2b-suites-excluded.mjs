@@ -10,6 +10,10 @@ const RUNTIMES = "other JS runtimes (browser, Bun, Deno, Cloudflare workerd): E2
 const SDK_INTERNALS = "unit test of SDK internals the npm package does not export (reaches no server)";
 /** msw answers every request in the process: these test the SDK's requests, not a server. */
 const MOCKED = "mocks the API with msw (reaches no server)";
+const INTERNET = "reaches the public internet from inside the sandbox (1.1.1.1, 8.8.8.8, e2b.dev)";
+/** URL mode routes by headers the SDK adds to its own requests; a test that fetches a sandbox URL itself has none. */
+const NEEDS_DOMAIN =
+  "fetches https://<port>-<id>.<domain> (or a signed file URL) itself: needs the wildcard domain; runs in domain mode";
 const PUBLIC_IMAGE = "builds a template from an image on a public registry (Docker Hub: ubuntu, node, e2bdev/base)";
 
 const offline = (file, reason) => ({ suite: "js-sdk", file, modes: both, reason });
@@ -70,4 +74,76 @@ export const EXCLUDED = [
   oneTest("tests/template/build.test.ts", "build template", `${PUBLIC_IMAGE} (fromBaseImage)`),
   oneTest("tests/template/build.test.ts", "build template with symlinks", PUBLIC_IMAGE),
   oneTest("tests/template/build.test.ts", "build template with resolveSymlinks", PUBLIC_IMAGE),
+  oneTest(
+    "tests/sandbox/fork.test.ts",
+    "fork with count lower than 1 fails",
+    "expects e2b@2.45's client-side check of count before any request; e2b@2.51 sends it, and the placeholder API key gets a 401 from any server",
+  ),
+  oneTest("tests/sandbox/internetAccess.test.ts", "internet access enabled", INTERNET),
+  oneTest("tests/sandbox/internetAccess.test.ts", "internet access default", INTERNET),
+  oneTest("tests/sandbox/network.test.ts", "allow specific IP with deny all traffic", INTERNET),
+  oneTest("tests/sandbox/network.test.ts", "deny specific IP address", INTERNET),
+  oneTest("tests/sandbox/network.test.ts", "allow takes precedence over deny", INTERNET),
+  oneTest("tests/sandbox/network.test.ts", "denies a previously reachable IP after update", INTERNET),
+  oneTest("tests/sandbox/network.test.ts", "omitting fields replaces all egress rules", INTERNET),
+  oneTest(
+    "tests/sandbox/network.test.ts",
+    "injected header is reflected by the httpbin sidecar",
+    "needs E2B's `httpbin` template (go-httpbin from a public registry) reachable as a public sidecar",
+  ),
+  oneTest("tests/sandbox/network.test.ts", "sandbox requires traffic access token", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/network.test.ts", "sandbox works without token", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/network.test.ts", "verify maskRequestHost modifies Host header correctly", NEEDS_DOMAIN, [
+    "url",
+  ]),
+  oneTest("tests/sandbox/host.test.ts", "ping server in running sandbox", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/host.test.ts", "ping server in non-running sandbox", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/lifecyclePayload.test.ts", "auto-resume wakes paused sandbox on http request", NEEDS_DOMAIN, [
+    "url",
+  ]),
+  oneTest("tests/sandbox/secure.test.ts", "test access file with signing", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test access file with expired signing", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test access file with valid signing", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test access file with valid signing as root", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test upload file with valid signing", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test upload file with valid signing as root user", NEEDS_DOMAIN, [
+    "url",
+  ]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test upload file with invalid signing", NEEDS_DOMAIN, ["url"]),
+  oneTest(
+    "tests/sandbox/fork.test.ts",
+    "fork with count lower than 1 fails",
+    "expects e2b@2.45's client-side check of count before any request; e2b@2.51 sends it, and the placeholder API key gets a 401 from any server",
+  ),
+  oneTest("tests/sandbox/internetAccess.test.ts", "internet access enabled", INTERNET),
+  oneTest("tests/sandbox/internetAccess.test.ts", "internet access default", INTERNET),
+  oneTest("tests/sandbox/network.test.ts", "allow specific IP with deny all traffic", INTERNET),
+  oneTest("tests/sandbox/network.test.ts", "deny specific IP address", INTERNET),
+  oneTest("tests/sandbox/network.test.ts", "allow takes precedence over deny", INTERNET),
+  oneTest("tests/sandbox/network.test.ts", "denies a previously reachable IP after update", INTERNET),
+  oneTest("tests/sandbox/network.test.ts", "omitting fields replaces all egress rules", INTERNET),
+  oneTest(
+    "tests/sandbox/network.test.ts",
+    "injected header is reflected by the httpbin sidecar",
+    "needs E2B's `httpbin` template (go-httpbin from a public registry) reachable as a public sidecar",
+  ),
+  oneTest("tests/sandbox/network.test.ts", "sandbox requires traffic access token", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/network.test.ts", "sandbox works without token", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/network.test.ts", "verify maskRequestHost modifies Host header correctly", NEEDS_DOMAIN, [
+    "url",
+  ]),
+  oneTest("tests/sandbox/host.test.ts", "ping server in running sandbox", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/host.test.ts", "ping server in non-running sandbox", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/lifecyclePayload.test.ts", "auto-resume wakes paused sandbox on http request", NEEDS_DOMAIN, [
+    "url",
+  ]),
+  oneTest("tests/sandbox/secure.test.ts", "test access file with signing", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test access file with expired signing", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test access file with valid signing", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test access file with valid signing as root", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test upload file with valid signing", NEEDS_DOMAIN, ["url"]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test upload file with valid signing as root user", NEEDS_DOMAIN, [
+    "url",
+  ]),
+  oneTest("tests/sandbox/files/signing.test.ts", "test upload file with invalid signing", NEEDS_DOMAIN, ["url"]),
 ];

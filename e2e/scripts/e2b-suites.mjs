@@ -302,7 +302,15 @@ async function startCluster(mode) {
     instancePrefix: args["instance-prefix"],
     nodeCidr: () => args["node-cidr"],
     readyTemplates: templates.split(","),
-    env: { WARREN_PREBUILD_TEMPLATES: templates, WARREN_POOL_TEMPLATES: templates },
+    env: {
+      WARREN_PREBUILD_TEMPLATES: templates,
+      WARREN_POOL_TEMPLATES: templates,
+      // Nothing leaves the machine (as vitest.config.ts sets for every test): the host's uplink forwarding is left
+      // off, sandboxes' DNS goes to the discard port, and an image pull asks a dead loopback port, not Docker Hub.
+      WARREN_UPLINK_FORWARDING: "0",
+      WARREN_DNS_UPSTREAM: "127.0.0.1:9",
+      WARREN_IMAGE_MIRROR: "127.0.0.1:9",
+    },
     onProgress: (line) => console.log(`  [cluster ${mode}] ${line}`),
   };
   if (mode === "url") {

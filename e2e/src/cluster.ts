@@ -143,6 +143,7 @@ export class LocalCluster {
         REDIS_URL: this.redisUrl,
         // Team volumes: a folder the api and every node agent share (one host here; NFS or alike across hosts).
         WARREN_VOLUMES_DIR: join(this.dataDir, "volumes"),
+        WARREN_ARTIFACTS_DIR: join(this.dataDir, "artifacts"),
         ...this.options.env,
       };
 
@@ -164,6 +165,11 @@ export class LocalCluster {
         WARREN_MASTER_URL: `http://127.0.0.1:${masterPort}`,
         WARREN_ADMIN_TOKEN: secrets.adminToken,
         WARREN_INTERNAL_TOKEN: secrets.internalToken,
+        // The web console reaches sandbox ports through the proxy's host routing (Chromium and Firefox resolve
+        // every *.localhost name to loopback themselves); with a domain, the console derives it from api.<domain>.
+        ...(tls || proxyHost !== "127.0.0.1"
+          ? {}
+          : { WARREN_CONSOLE_SANDBOX_URL: `http://{port}-{sandboxID}.localhost:${proxyPort}` }),
         ...this.options.env,
       });
       const apiUrl = `http://127.0.0.1:${apiPort}`;

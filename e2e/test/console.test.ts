@@ -247,15 +247,11 @@ describe("the web console in a browser against a whole cluster", () => {
     await expect.poll(() => page.getByTestId("outcome").textContent()).toContain("Resumed");
   }, 150_000);
 
-  it("snapshots and forks from the sandbox page, each with its result", async () => {
+  it("takes a snapshot from the sandbox page and shows its name", async () => {
     const outcome = page.getByTestId("outcome");
     await page.getByRole("button", { name: "Snapshot" }).click();
     await expect.poll(() => outcome.textContent(), { timeout: 60_000 }).toMatch(/^Snapshot \S+ taken/);
-    await page.getByRole("button", { name: "Fork" }).click();
-    await expect.poll(() => outcome.textContent(), { timeout: 60_000 }).toMatch(/^Forked into [a-z0-9]+$/);
-    const forkId = ((await outcome.textContent()) ?? "").split(" ")[2]!;
-    expect(await Sandbox.kill(forkId, sdkOpts(env.apiKey))).toBe(true);
-  }, 150_000);
+  }, 90_000);
 
   it("shows a template's builds with their logs, adds and removes a tag, and deletes it", async () => {
     await Template.build(Template().fromTemplate("base").runCmd("echo console-build-step"), "console-tpl", {

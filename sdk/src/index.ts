@@ -1,5 +1,13 @@
 export { ApiClient, newIdempotencyKey } from "./api.js";
 export {
+  type ArtifactFormat,
+  type ArtifactInfo,
+  type ArtifactPublishOpts,
+  Artifacts,
+  type ArtifactUrl,
+  type ArtifactUrlOpts,
+} from "./artifacts.js";
+export {
   type Context,
   type CreateCodeContextOpts,
   Execution,

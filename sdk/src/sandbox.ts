@@ -1,3 +1,4 @@
+import { Artifacts } from "./artifacts.js";
 import {
   type CodeInterpreter,
   type Context,
@@ -63,6 +64,8 @@ export class Sandbox {
   readonly files: Filesystem;
   readonly pty: Pty;
   readonly ports: Ports;
+  /** Files and folders published out of this sandbox (Warren's extra). */
+  readonly artifacts: Artifacts;
   readonly connectionConfig: ConnectionConfig;
   protected readonly envd: EnvdEndpoint;
   private readonly code: CodeInterpreter;
@@ -83,6 +86,7 @@ export class Sandbox {
     this.files = new Filesystem(rpc, this.envd, this.connectionConfig);
     this.pty = new Pty(rpc, this.envd, this.connectionConfig, this.commands);
     this.ports = new Ports(this.connectionConfig, sandboxId, sandboxDomain, trafficAccessToken);
+    this.artifacts = new Artifacts(this.connectionConfig, sandboxId);
     this.code = new Gateway(this.connectionConfig, sandboxId, sandboxDomain, envdAccessToken, trafficAccessToken);
   }
 

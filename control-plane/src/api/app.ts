@@ -7,6 +7,8 @@ import type { Db } from "../store/db.js";
 import type { SecretKeyRing } from "../store/secret-box.js";
 import { teamForApiKey } from "../store/teams.js";
 import { adminRoutes } from "./admin.js";
+import { ArtifactService, artifactDownloadRoutes, artifactRoutes } from "./artifacts.js";
+import type { ArtifactConfig } from "./config.js";
 import { type ConsoleConfig, consoleRoutes, loadConsoleConfig } from "./console.js";
 import { ApiError, sendError } from "./errors.js";
 import { eventRoutes } from "./events.js";
@@ -40,6 +42,8 @@ export interface AppDeps {
   readonly maxActiveBuildsPerTeam?: number;
   /** Where volumes live and their quota; default /var/lib/warren/volumes, 10 GiB; null: volumes are off. */
   readonly volumes?: VolumeSettings | null;
+  /** Artifacts (WARREN_ARTIFACT*); default: /var/lib/warren/artifacts, 1 GiB each, 100 or 10 GiB per team. */
+  readonly artifacts?: ArtifactConfig;
 }
 
 /** Paths answered without an API key. */
@@ -106,6 +110,20 @@ export function createApp(deps: AppDeps): express.Express {
   app.use(adminRoutes(deps.db, deps.adminToken));
   app.use(internalRoutes(deps.master, deps.internalToken ?? ""));
   app.use(secretInternalRoutes({ db: deps.db, secretKeys: deps.secretKeys }, deps.internalToken ?? ""));
+  const artifacts = new ArtifactService({
+    db: deps.db,
+    master: deps.master,
+    log: deps.log,
+    artifacts: deps.artifacts ?? {
+      dir: "/var/lib/warren/artifacts",
+      maxMB: 1024,
+      retentionCount: 100,
+      retentionMB: 10240,
+      urlKey: undefined,
+    },
+  });
+  // Signed download links carry their own authorization (no API key): before the key check.
+  app.use(artifactDownloadRoutes(artifacts, deps.db));
 
   app.use(async (req: Request, res: Response, next: NextFunction) => {
     if (PUBLIC.has(req.path)) return next();
@@ -121,6 +139,7 @@ export function createApp(deps: AppDeps): express.Express {
   app.use(snapshotRoutes(deps));
   app.use(secretRoutes({ db: deps.db, secretKeys: deps.secretKeys }));
   app.use(volumeRoutes(volumes));
+  app.use(artifactRoutes(artifacts, deps.db));
   app.use(eventRoutes({ db: deps.db, pollMs: deps.ssePollMs ?? 250, streams: deps.streams }));
 
   app.use((req: Request, _res: Response, next: NextFunction) => {

@@ -1,3 +1,4 @@
+import { createHmac } from "node:crypto";
 import { parseSecretKeys, type SecretKeyRing } from "../store/secret-box.js";
 import { type ConsoleConfig, loadConsoleConfig } from "./console.js";
 
@@ -37,6 +38,24 @@ export interface ApiConfig {
   readonly volumesDir: string;
   /** WARREN_VOLUME_QUOTA_MB (default 10240): a new volume's quota, enforced on writes through the content API. */
   readonly volumeQuotaMB: number;
+  /** Artifacts published out of sandboxes (api/artifacts.ts). */
+  readonly artifacts: ArtifactConfig;
+}
+
+export interface ArtifactConfig {
+  /** WARREN_ARTIFACTS_DIR (default /var/lib/warren/artifacts): the content-addressed blobs; every api replica's. */
+  readonly dir: string;
+  /** WARREN_ARTIFACT_MAX_MB (default 1024): the largest archive one publish may make (larger: 413). */
+  readonly maxMB: number;
+  /** WARREN_ARTIFACT_RETENTION_COUNT (default 100): artifacts a team keeps; a publish past it drops the oldest. */
+  readonly retentionCount: number;
+  /** WARREN_ARTIFACT_RETENTION_MB (default 10240): bytes a team keeps; a publish past it drops the oldest. */
+  readonly retentionMB: number;
+  /**
+   * WARREN_ARTIFACT_URL_KEY (≥ 32 characters): signs download URLs; the same on every replica. Unset: derived from
+   * WARREN_INTERNAL_TOKEN; neither: download URLs answer 503.
+   */
+  readonly urlKey: Buffer | undefined;
 }
 
 function positiveInt(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
@@ -51,6 +70,14 @@ function absoluteDir(env: NodeJS.ProcessEnv, name: string, fallback: string): st
   const raw = env[name] || fallback;
   if (!raw.startsWith("/")) throw new Error(`${name} must be an absolute path, got '${raw}'`);
   return raw;
+}
+
+function artifactUrlKey(env: NodeJS.ProcessEnv, internalToken: string): Buffer | undefined {
+  const given = env.WARREN_ARTIFACT_URL_KEY ?? "";
+  if (given !== "" && given.length < 32) throw new Error("WARREN_ARTIFACT_URL_KEY must be at least 32 characters");
+  // A derived key, so a signature never doubles as (or reveals anything of) the internal token itself.
+  const secret = given || internalToken;
+  return secret ? createHmac("sha256", secret).update("warren-artifact-download-url").digest() : undefined;
 }
 
 export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
@@ -78,5 +105,12 @@ export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
     secretKeys: parseSecretKeys(env.WARREN_SECRETS_KEYS ?? ""),
     volumesDir: env.WARREN_VOLUMES_DIR === "" ? "" : absoluteDir(env, "WARREN_VOLUMES_DIR", "/var/lib/warren/volumes"),
     volumeQuotaMB: positiveInt(env, "WARREN_VOLUME_QUOTA_MB", 10240),
+    artifacts: {
+      dir: absoluteDir(env, "WARREN_ARTIFACTS_DIR", "/var/lib/warren/artifacts"),
+      maxMB: positiveInt(env, "WARREN_ARTIFACT_MAX_MB", 1024),
+      retentionCount: positiveInt(env, "WARREN_ARTIFACT_RETENTION_COUNT", 100),
+      retentionMB: positiveInt(env, "WARREN_ARTIFACT_RETENTION_MB", 10240),
+      urlKey: artifactUrlKey(env, internalToken),
+    },
   };
 }

@@ -55,6 +55,7 @@ export class ApiServer {
       maxUploadBytes: config.maxTemplateUploadBytes,
       maxActiveBuildsPerTeam: config.maxActiveBuildsPerTeam,
       volumes: config.volumesDir ? { dir: config.volumesDir, quotaBytes: config.volumeQuotaMB * 2 ** 20 } : null,
+      artifacts: config.artifacts,
       streams,
       console: config.console,
       ...(options.ssePollMs ? { ssePollMs: options.ssePollMs } : {}),

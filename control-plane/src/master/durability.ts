@@ -29,6 +29,31 @@ export interface DurabilityDeps {
   readonly memoryOvercommit: number;
 }
 
+/**
+ * A killed sandbox's durable snapshots go with it, at once: their rows, and their files on the nodes that made them
+ * (best effort: the node sweep removes what a down node keeps, and pulled copies).
+ */
+export async function dropDurableSnapshots(
+  deps: Pick<DurabilityDeps, "db" | "registry" | "nodeAgent" | "log">,
+  sandboxId: string,
+): Promise<void> {
+  const dropped = await deps.db.query<{ id: string; node_id: string }>(
+    `UPDATE snapshots SET deleted_at = now()
+     WHERE kind = 'durable' AND source_sandbox_id = $1 AND deleted_at IS NULL RETURNING id, node_id`,
+    [sandboxId],
+  );
+  if (dropped.rows.length === 0) return;
+  const live = await deps.registry.liveNodes();
+  for (const { id, node_id: nodeId } of dropped.rows) {
+    const node = live.find((n) => n.nodeId === nodeId);
+    if (!node) continue;
+    await deps
+      .nodeAgent(node.nodeId, node.addr)
+      .deleteSnapshot(id)
+      .catch((error) => deps.log.warn("deleting a durable snapshot failed", { snapshotId: id, error: String(error) }));
+  }
+}
+
 /** Work per pass, so one pass never holds the leader for long on a node that pauses hundreds at once. */
 const PER_PASS = 4;
 

@@ -21,6 +21,7 @@ import { SandboxMetricsSampler } from "./metrics-sampler.js";
 import type { NodeAgentConnector } from "./node-agent-client.js";
 import { NodeRegistry } from "./node-registry.js";
 import { reconcile } from "./reconciler.js";
+import { SandboxExport } from "./sandbox-export.js";
 import { masterRoutes } from "./service.js";
 import { SnapshotService } from "./snapshots.js";
 import { TemplateBuilder } from "./templates/template-builder.js";
@@ -140,7 +141,13 @@ export class Master {
     const master = new Master(config, db, redis, options.nodeAgent, log, kubernetes);
     const metrics = new MasterMetrics(db, () => master.isLeader);
     const handler = connectNodeAdapter({
-      routes: masterRoutes(master.lifecycle, master.metrics, master.snapshots, master.builder),
+      routes: masterRoutes(
+        master.lifecycle,
+        master.metrics,
+        master.snapshots,
+        master.builder,
+        new SandboxExport({ db, registry: master.registry, nodeAgent: options.nodeAgent, lifecycle: master.lifecycle }),
+      ),
       interceptors: [metrics.interceptor(log)],
     });
     const server = http.createServer((req, res) => {

@@ -3,6 +3,7 @@ import { MasterService } from "@warren/proto/master/v1/master_pb";
 import { MasterError, toConnectError } from "./errors.js";
 import type { SandboxLifecycle } from "./lifecycle.js";
 import type { SandboxMetricsSampler } from "./metrics-sampler.js";
+import type { SandboxExport } from "./sandbox-export.js";
 import { FORK_DEFAULT_TIMEOUT_SECONDS, FORK_MAX_COUNT, type SnapshotService } from "./snapshots.js";
 import type { TemplateBuilder } from "./templates/template-builder.js";
 
@@ -31,8 +32,28 @@ export function masterServiceImpl(
   metrics: SandboxMetricsSampler,
   snapshots: SnapshotService,
   builder: TemplateBuilder,
+  exporter?: SandboxExport,
 ): ServiceImpl<typeof MasterService> {
   return {
+    async *exportSandboxPath(req, context) {
+      if (!exporter)
+        throw toConnectError(new MasterError("unimplemented", "this master does not export sandbox paths"));
+      try {
+        for await (const event of exporter.export(
+          req.teamId,
+          req.sandboxId,
+          req.path,
+          Number(req.maxBytes),
+          context.signal,
+        )) {
+          yield event.kind === "chunk"
+            ? { event: { case: "chunk" as const, value: event.data } }
+            : { event: { case: "done" as const, value: BigInt(event.size) } };
+        }
+      } catch (error) {
+        throw toConnectError(error);
+      }
+    },
     startTemplateBuild: (req) =>
       guarded(async () => {
         await builder.start(
@@ -164,8 +185,9 @@ export function masterRoutes(
   metrics: SandboxMetricsSampler,
   snapshots: SnapshotService,
   builder: TemplateBuilder,
+  exporter?: SandboxExport,
 ): (router: ConnectRouter) => void {
   return (router) => {
-    router.service(MasterService, masterServiceImpl(lifecycle, metrics, snapshots, builder));
+    router.service(MasterService, masterServiceImpl(lifecycle, metrics, snapshots, builder, exporter));
   };
 }

@@ -1,4 +1,5 @@
 import type { SandboxRow } from "../store/sandboxes.js";
+import { dropDurableSnapshots } from "./durability.js";
 import { MasterError } from "./errors.js";
 import type { LifecycleDeps } from "./lifecycle-deps.js";
 import { NodeAgentError } from "./node-agent-client.js";
@@ -20,6 +21,7 @@ export class SandboxTermination {
       if (row.state !== "starting" && row.nodeId) await this.killOnNode(row);
       await setState(tx, row, "killed", "sandbox.killed", { reason }, ", ended_at = now(), end_reason = $3", [reason]);
     });
+    await dropDurableSnapshots(this.deps, sandboxId);
   }
 
   /** Kills on the node; an unreachable node does not stop the kill (its route is removed here instead). */

@@ -342,6 +342,27 @@ ALTER TABLE snapshots ADD CONSTRAINT snapshots_kind_check
 ALTER TABLE sandboxes ADD COLUMN mcp_servers jsonb NOT NULL DEFAULT '[]';
 `,
   },
+  {
+    version: 10,
+    name: "artifacts: files and folders published out of sandboxes (the bytes in WARREN_ARTIFACTS_DIR by digest)",
+    sql: `
+-- An artifact outlives its sandbox (no foreign key to sandboxes); its bytes are the blob <dir>/sha256/<sha256>,
+-- shared by every artifact with the same content and removed with the last of them.
+CREATE TABLE artifacts (
+  id text PRIMARY KEY,
+  team_id text NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+  sandbox_id text NOT NULL,
+  path text NOT NULL,
+  format text NOT NULL CHECK (format IN ('tar', 'zip')),
+  size_bytes bigint NOT NULL,
+  sha256 text NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX artifacts_team ON artifacts (team_id, created_at, id);
+CREATE INDEX artifacts_sandbox ON artifacts (team_id, sandbox_id, created_at);
+CREATE INDEX artifacts_digest ON artifacts (sha256);
+`,
+  },
 ];
 
 const MIGRATION_LOCK = 0x5741_5252; // "WARR"

@@ -3,6 +3,7 @@
 import { Command, CommanderError, InvalidArgumentError, Option } from "commander";
 import { SDK_VERSION } from "../config.js";
 import { cordonNode, createKey, createTeam, listNodes } from "./admin.js";
+import { artifactUrl, deleteArtifacts, downloadArtifact, listArtifacts, publishArtifact } from "./artifact.js";
 import { down, status, up } from "./cluster.js";
 import { type CliConfig, connectionOpts, type GlobalFlags, resolveConfig } from "./config.js";
 import { ExitCode, toCliError } from "./errors.js";
@@ -217,6 +218,45 @@ function sandboxCommands(warren: Command): void {
     .option("--cursor <id>", "start after this event id")
     .option("--limit <n>", "page size", integer("--limit", 1))
     .action(run(({ config, out, args, opts }) => sandboxEvents(conn(config), args[0] as string, opts, out)));
+
+  artifactCommands(warren, sandbox);
+}
+
+function artifactCommands(warren: Command, sandbox: Command): void {
+  connected(sandbox.command("publish"))
+    .description("freeze a file or folder of a sandbox into an artifact (kept after the sandbox) and print its id")
+    .argument("<id>", "sandbox id")
+    .argument("<path>", "absolute path in the sandbox")
+    .option("--format <format>", "tar (default) or zip")
+    .option("--out <file>", "also download the artifact to this file")
+    .action(
+      run(({ config, out, args, opts }) =>
+        publishArtifact(connectionOpts(config), args[0] as string, args[1] as string, opts, out),
+      ),
+    );
+  const artifact = warren.command("artifact").description("artifacts (`warren sandbox publish ID PATH` makes one)");
+  connected(artifact.command("list").alias("ls"))
+    .description("list your team's artifacts, newest first")
+    .option("--sandbox <id>", "only artifacts of this sandbox")
+    .action(run(({ config, out, opts }) => listArtifacts(connectionOpts(config), opts, out)));
+  connected(artifact.command("url"))
+    .description("print a signed download URL (works without an API key until it expires)")
+    .argument("<id>", "artifact id")
+    .option("--expires <seconds>", "how long the URL works (default 900)", integer("--expires", 1))
+    .action(run(({ config, out, args, opts }) => artifactUrl(connectionOpts(config), args[0] as string, opts, out)));
+  connected(artifact.command("download"))
+    .description("download an artifact to a file")
+    .argument("<id>", "artifact id")
+    .argument("<file>", "where to write it")
+    .action(
+      run(({ config, out, args }) =>
+        downloadArtifact(connectionOpts(config), args[0] as string, args[1] as string, out),
+      ),
+    );
+  connected(artifact.command("delete").alias("rm"))
+    .description("delete artifacts")
+    .argument("<id...>", "artifact ids")
+    .action(run(({ config, out, args }) => deleteArtifacts(connectionOpts(config), args, out)));
 }
 
 function snapshotCommands(warren: Command): void {
