@@ -20,7 +20,7 @@ describe("schema migrations", () => {
   it("applies each version exactly once, even when two starters race", async () => {
     const [a, b] = await Promise.all(dbs.map((db) => migrate(db, schema)));
     const all = MIGRATIONS.map((m) => m.version);
-    expect([...(a ?? []), ...(b ?? [])].sort()).toEqual(all);
+    expect([...(a ?? []), ...(b ?? [])].sort((x, y) => x - y)).toEqual(all);
     const again = await migrate(dbs[0] as pg.Pool, schema);
     expect(again).toEqual([]);
     const rows = await dbs[0]?.query("SELECT version FROM schema_migrations ORDER BY version");
@@ -34,6 +34,7 @@ describe("schema migrations", () => {
     );
     expect(tables?.rows.map((r) => r.table_name)).toEqual([
       "api_keys",
+      "artifacts",
       "nodes",
       "sandbox_events",
       "sandbox_metrics",

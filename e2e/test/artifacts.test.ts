@@ -303,5 +303,11 @@ describe("artifacts", () => {
     await sbx.files.write("/tmp/small.txt", "small");
     const fine = await sbx.artifacts.publish("/tmp/x/..//small.txt/");
     expect(fine.path).toBe("/tmp/small.txt");
+
+    // A paused sandbox is not archived behind its back: resume it first.
+    await WarrenSandbox.pause(sbx.sandboxId, { apiKey: key });
+    const paused = await publish({ path: "/tmp/small.txt" });
+    expect(paused.status).toBe(409);
+    expect(((await paused.json()) as { message: string }).message).toMatch(/is paused/);
   }, 300_000);
 });

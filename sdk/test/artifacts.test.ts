@@ -1,5 +1,6 @@
 import { afterAll, afterEach, beforeAll, describe, expect, test } from "vitest";
 import { Artifacts, InvalidArgumentError, SandboxError } from "../src/index.js";
+import { cleanEnv, warren } from "./cli-harness.js";
 import { json, type RecordingServer, startRecordingServer } from "./harness.js";
 
 let api: RecordingServer;
@@ -88,5 +89,27 @@ describe("artifacts (against a recording server; e2e/test/artifacts.test.ts runs
     const refused = artifacts.download("art_x");
     await expect(refused).rejects.toBeInstanceOf(SandboxError);
     await expect(refused).rejects.toThrow(/expired/);
+  });
+
+  test("the CLI: `sandbox publish ID PATH` prints the id, `artifact url|rm` sign and delete, usage errors exit 2", async () => {
+    api.handle((req, res) => {
+      if (req.url.endsWith("/artifacts")) json(res, 201, ARTIFACT);
+      else if (req.url.endsWith("/url")) json(res, 201, { path: "/dl?sig=s", expiresAt: "2026-12-01T00:05:00Z" });
+      else res.writeHead(204).end();
+    });
+    const env = cleanEnv({ WARREN_API_URL: api.url, WARREN_API_KEY: "key-1", WARREN_DATA_DIR: "/nonexistent" });
+    const published = await warren(["sandbox", "publish", "isbx1", "/home/user/out", "--format", "zip"], env);
+    expect(published.code, published.stderr).toBe(0);
+    expect(published.stdout.trim()).toBe(ARTIFACT.artifactID);
+    expect(JSON.parse(api.requests[0]?.body ?? "")).toEqual({ path: "/home/user/out", format: "zip" });
+    const url = await warren(["artifact", "url", "art_x", "--expires", "60", "--json"], env);
+    expect(JSON.parse(url.stdout)).toEqual({ url: `${api.url}/dl?sig=s`, expiresAt: "2026-12-01T00:05:00.000Z" });
+    expect(JSON.parse(api.requests[1]?.body ?? "")).toEqual({ expiresInSeconds: 60 });
+    const removed = await warren(["artifact", "rm", "art_x"], env);
+    expect(removed.stdout.trim()).toBe("deleted art_x");
+    expect(api.requests[2]?.method).toBe("DELETE");
+    const bad = await warren(["sandbox", "publish", "isbx1", "/x", "--format", "rar"], env);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain("--format must be tar or zip");
   });
 });

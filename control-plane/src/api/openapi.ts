@@ -1,3 +1,4 @@
+import { ARTIFACT_PATHS, ARTIFACT_SCHEMAS } from "./openapi-artifacts.js";
 import { SECRET_PATHS, SECRET_SCHEMAS } from "./openapi-secrets.js";
 import { TEMPLATE_PATHS, TEMPLATE_SCHEMAS } from "./openapi-templates.js";
 import { VOLUME_PATHS, VOLUME_SCHEMAS, VOLUME_SECURITY_SCHEMES } from "./openapi-volumes.js";
@@ -229,13 +230,14 @@ export const OPENAPI_DOCUMENT = {
       AdminToken: { type: "apiKey", in: "header", name: "X-Admin-Token" },
       ...VOLUME_SECURITY_SCHEMES,
     },
-    schemas: { ...schemas, ...TEMPLATE_SCHEMAS, ...VOLUME_SCHEMAS, ...SECRET_SCHEMAS },
+    schemas: { ...schemas, ...TEMPLATE_SCHEMAS, ...VOLUME_SCHEMAS, ...SECRET_SCHEMAS, ...ARTIFACT_SCHEMAS },
   },
   security: [{ ApiKeyAuth: [] }],
   paths: {
     ...TEMPLATE_PATHS,
     ...VOLUME_PATHS,
     ...SECRET_PATHS,
+    ...ARTIFACT_PATHS,
     "/v2/sandboxes": {
       post: createOp("NewSandboxV2", "Create a sandbox"),
       get: {
