@@ -4,15 +4,21 @@
 // Everything runs on 127.0.0.1.
 //
 // Side by side, at 1 and 32 connections (wrk, one thread, keep-alive): an origin answering a small
-// body directly; nginx as a plain reverse proxy (upstream keep-alive, as usually configured);
-// Warren's proxy (one process; one process with the route cache off; one worker per CPU); and the
-// `http-proxy` package with its defaults and with a keep-alive agent (TOOLING.md's 7x figure).
-// Then 1 GiB downloads and uploads through each proxy.
+// body directly; nginx as a plain reverse proxy (upstream keep-alive, as usually configured) with one
+// worker process and with one per CPU; Warren's proxy (one process; one process with the route cache
+// off; one worker per CPU); and the `http-proxy` package with its defaults and with a keep-alive agent
+// (TOOLING.md's 7x figure). Then 1 GiB downloads and uploads through each proxy.
 //
-// Flags: --quick (2 s runs), --duration=SECONDS.
+// The box is shared (other tests, wrk and the origin compete for the same CPUs), so every target runs
+// `--rounds` times, interleaved round-robin, and the tables show medians; "vs nginx" compares with the
+// nginx row of the same process count, round by round. "CPU us/req" is the CPU time (user + system) of
+// the target's processes divided by the requests it served: less sensitive to the load than req/s.
+//
+// Flags: --quick (2 s runs), --duration=SECONDS, --rounds=N (3), --baseline=PATH (another build's
+// dist/main.js, e.g. a copy of the previous one, shown as "warren (baseline)" rows in the same run).
 import { spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, request } from "node:http";
 import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -24,8 +30,12 @@ const MAIN = fileURLToPath(new URL("../dist/main.js", import.meta.url));
 const HTTP_PROXY_SERVER = fileURLToPath(new URL("./http-proxy-server.mjs", import.meta.url));
 const args = process.argv.slice(2);
 const quick = args.includes("--quick");
-const duration = Number(args.find((a) => a.startsWith("--duration="))?.split("=")[1] ?? (quick ? 2 : 5));
+const flag = (name) => args.find((a) => a.startsWith(`--${name}=`))?.split("=")[1];
+const duration = Number(flag("duration") ?? (quick ? 2 : 5));
+const rounds = Number(flag("rounds") ?? 3);
+const baseline = flag("baseline");
 const GiB = 1 << 30;
+const CLOCK_TICKS = Number(spawnSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).stdout.trim()) || 100;
 const children = [];
 const scratch = mkdtempSync(join(tmpdir(), "warren-proxy-bench-"));
 
@@ -63,11 +73,12 @@ function freePort() {
   });
 }
 
-async function startNginx(name, body) {
+/** Starts nginx with `workers` worker processes ("auto": one per CPU); resolves with the master's process. */
+async function startNginx(name, body, workers = 1) {
   const dir = join(scratch, name);
   spawnSync("mkdir", ["-p", join(dir, "logs"), join(dir, "tmp")]);
   const conf = `user root;
-worker_processes ${name === "origin" ? 1 : "auto"};
+worker_processes ${workers};
 daemon off;
 pid ${dir}/nginx.pid;
 error_log stderr warn;
@@ -85,6 +96,30 @@ ${body}
   writeFileSync(join(dir, "nginx.conf"), conf);
   const child = spawn("nginx", ["-p", dir, "-c", join(dir, "nginx.conf"), "-e", "stderr"], { stdio: "inherit" });
   children.push(child);
+  return child;
+}
+
+/** CPU time (user + system, ms) used so far by a process and its children (nginx or cluster workers). */
+function cpuMs(pid) {
+  const pids = [pid, ...spawnSync("pgrep", ["-P", String(pid)], { encoding: "utf8" }).stdout.split("\n")];
+  let ticks = 0;
+  for (const p of pids.filter(Boolean)) {
+    try {
+      // Fields after "(comm) ": state is the first, utime and stime the 12th and 13th (clock ticks).
+      const fields = readFileSync(`/proc/${p}/stat`, "utf8").split(") ")[1].split(" ");
+      ticks += Number(fields[11]) + Number(fields[12]);
+    } catch {
+      // exited meanwhile
+    }
+  }
+  return (ticks * 1000) / CLOCK_TICKS;
+}
+
+function median(values) {
+  const sorted = values.filter(Number.isFinite).sort((a, b) => a - b);
+  if (sorted.length === 0) return Number.NaN;
+  const mid = sorted.length >> 1;
+  return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
 }
 
 async function waitForHttp(port, headers = {}) {
@@ -118,9 +153,10 @@ function wrk(port, connections, headers) {
   const p50 = toMs(/\s50%\s+(\S+)/.exec(out)?.[1] ?? "");
   const p99 = toMs(/\s99%\s+(\S+)/.exec(out)?.[1] ?? "");
   const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(out)?.[1] ?? Number.NaN);
+  const requests = Number(/(\d+) requests in/.exec(out)?.[1] ?? Number.NaN);
   const errors = /Non-2xx or 3xx responses: (\d+)/.exec(out)?.[1] ?? "0";
   const socketErrors = /Socket errors: (.*)/.exec(out)?.[1];
-  return { p50, p99, rps, errors: Number(errors), socketErrors };
+  return { p50, p99, rps, requests, errors: Number(errors), socketErrors };
 }
 
 async function bodyTransfer(port, headers, direction) {
@@ -178,7 +214,7 @@ async function main() {
 
   // Origin: nginx answering a fixed 13-byte body (fast enough that proxies, not the origin, are measured).
   const originPort = await freePort();
-  await startNginx(
+  const origin = await startNginx(
     "origin",
     `  server { listen 127.0.0.1:${originPort}; location / { return 200 "hello, world\\n"; } }`,
   );
@@ -206,13 +242,14 @@ async function main() {
   await new Promise((r) => bulk.listen(0, "127.0.0.1", r));
   const bulkPort = bulk.address().port;
 
-  const nginxPort = await freePort();
-  await startNginx(
-    "reverse-proxy",
-    `  upstream origin { server 127.0.0.1:${originPort}; keepalive 64; }
+  const startReverseProxy = async (name, workers) => {
+    const port = await freePort();
+    const child = await startNginx(
+      name,
+      `  upstream origin { server 127.0.0.1:${originPort}; keepalive 64; }
   upstream bulk { server 127.0.0.1:${bulkPort}; keepalive 64; }
   server {
-    listen 127.0.0.1:${nginxPort};
+    listen 127.0.0.1:${port};
     client_max_body_size 0;
     location / {
       proxy_pass http://origin;
@@ -222,8 +259,11 @@ async function main() {
     location /big { proxy_pass http://bulk; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
     location /sink { proxy_pass http://bulk; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_request_buffering off; }
   }`,
-  );
-  await waitForHttp(nginxPort);
+      workers,
+    );
+    await waitForHttp(port);
+    return { port, pid: child.pid };
+  };
 
   // The sandbox route Warren's proxy looks up: port 3000 -> origin, 3001 -> bulk origin.
   const redis = new Redis("redis://127.0.0.1:6379");
@@ -255,73 +295,104 @@ async function main() {
   const warrenHost = `3000-${sandboxId}.bench.test`;
   const warrenBulkHost = `3001-${sandboxId}.bench.test`;
 
-  const startWarren = async (env) => {
-    const { match } = await startChild(process.execPath, [MAIN], {
+  const startWarren = async (env, main = MAIN) => {
+    const { child, match } = await startChild(process.execPath, [main], {
       name: "warren-proxy",
       env: { PROXY_HOST: "127.0.0.1", PROXY_PORT: "0", PROXY_METRICS_PORT: "off", PROXY_DOMAINS: "bench.test", ...env },
       ready: /"msg":"proxy listening".*?"port":(\d+)/,
     });
     const port = Number(match[1]);
     await waitForHttp(port, { Host: warrenHost });
-    return port;
+    return { port, pid: child.pid, headers: { Host: warrenHost } };
   };
   const startHttpProxy = async (mode) => {
-    const { match } = await startChild(process.execPath, [HTTP_PROXY_SERVER, `http://127.0.0.1:${originPort}`, mode], {
-      name: "http-proxy",
-      ready: /^(\d+)\n/,
-    });
+    const { child, match } = await startChild(
+      process.execPath,
+      [HTTP_PROXY_SERVER, `http://127.0.0.1:${originPort}`, mode],
+      { name: "http-proxy", ready: /^(\d+)\n/ },
+    );
     const port = Number(match[1]);
     await waitForHttp(port);
-    return port;
+    return { port, pid: child.pid, headers: {} };
   };
 
+  // `procs`: processes serving requests, for the "vs nginx" column (nginx with as many workers).
   const targets = [
-    { name: "direct (origin)", port: originPort, headers: {} },
-    { name: "nginx reverse proxy", port: nginxPort, headers: {} },
-    { name: "warren, 1 process", port: await startWarren({ PROXY_WORKERS: "1" }), headers: { Host: warrenHost } },
+    { name: "direct (origin)", procs: 1, port: originPort, pid: origin.pid, headers: {} },
+    { name: "nginx, 1 worker", procs: 1, headers: {}, ...(await startReverseProxy("reverse-proxy-1", 1)) },
+    {
+      name: `nginx, ${cpuCount} workers`,
+      procs: cpuCount,
+      headers: {},
+      ...(await startReverseProxy("reverse-proxy-n", cpuCount)),
+    },
+    ...(baseline
+      ? [
+          { name: "warren (baseline), 1 process", procs: 1, ...(await startWarren({ PROXY_WORKERS: "1" }, baseline)) },
+          {
+            name: `warren (baseline), ${cpuCount} workers`,
+            procs: cpuCount,
+            ...(await startWarren({ PROXY_WORKERS: String(cpuCount) }, baseline)),
+          },
+        ]
+      : []),
+    { name: "warren, 1 process", procs: 1, ...(await startWarren({ PROXY_WORKERS: "1" })) },
     {
       name: "warren, 1 process, no route cache",
-      port: await startWarren({ PROXY_WORKERS: "1", PROXY_ROUTE_CACHE_TTL_MS: "0" }),
-      headers: { Host: warrenHost },
+      procs: 1,
+      ...(await startWarren({ PROXY_WORKERS: "1", PROXY_ROUTE_CACHE_TTL_MS: "0" })),
     },
     {
       name: `warren, ${cpuCount} workers`,
-      port: await startWarren({ PROXY_WORKERS: String(cpuCount) }),
-      headers: { Host: warrenHost },
+      procs: cpuCount,
+      ...(await startWarren({ PROXY_WORKERS: String(cpuCount) })),
     },
-    { name: "http-proxy defaults", port: await startHttpProxy(""), headers: {} },
-    { name: "http-proxy + keep-alive agent", port: await startHttpProxy("--agent"), headers: {} },
+    { name: "http-proxy defaults", procs: 1, ...(await startHttpProxy("")) },
+    { name: "http-proxy + keep-alive agent", procs: 1, ...(await startHttpProxy("--agent")) },
   ];
+  const nginxFor = (procs) => (procs === 1 ? "nginx, 1 worker" : `nginx, ${cpuCount} workers`);
 
   const results = new Map();
   for (const connections of [1, 32]) {
-    for (const target of targets) {
-      wrk(target.port, connections, target.headers); // warm-up (JIT, pools)
-      results.set(`${target.name}@${connections}`, wrk(target.port, connections, target.headers));
+    for (const target of targets) wrk(target.port, connections, target.headers); // warm-up (JIT, pools)
+    for (let round = 0; round < rounds; round++) {
+      for (const target of targets) {
+        const cpuBefore = cpuMs(target.pid);
+        const r = wrk(target.port, connections, target.headers);
+        r.cpuUsPerRequest = ((cpuMs(target.pid) - cpuBefore) * 1000) / r.requests;
+        const key = `${target.name}@${connections}`;
+        results.set(key, [...(results.get(key) ?? []), r]);
+      }
     }
   }
 
-  const direct = (c) => results.get(`direct (origin)@${c}`);
-  const nginx = (c) => results.get(`nginx reverse proxy@${c}`);
   const pad = (s, n) => String(s).padEnd(n);
   const num = (n, d = 3) => (Number.isFinite(n) ? n.toFixed(d) : "n/a");
+  const pct = (n) => (Number.isFinite(n) ? `${Math.round(100 * n)}%` : "n/a");
   for (const connections of [1, 32]) {
-    console.log(`\n## ${connections} connection${connections > 1 ? "s" : ""}`);
+    const runs = (name) => results.get(`${name}@${connections}`);
+    const med = (name, field) => median(runs(name).map((r) => r[field]));
+    // Round by round, so a burst of load from elsewhere hits both sides of a ratio alike.
+    const ratio = (name, other) => median(runs(name).map((r, i) => r.rps / runs(other)[i].rps));
     console.log(
-      `${pad("target", 36)}${pad("p50 ms", 9)}${pad("p99 ms", 9)}${pad("+p50 ms", 9)}${pad("+p99 ms", 9)}${pad("req/s", 10)}${pad("vs direct", 11)}${pad("vs nginx", 10)}errors`,
+      `\n## ${connections} connection${connections > 1 ? "s" : ""} (medians of ${rounds} interleaved rounds)`,
+    );
+    console.log(
+      `${pad("target", 38)}${pad("p50 ms", 9)}${pad("p99 ms", 9)}${pad("+p50 ms", 9)}${pad("req/s", 9)}${pad("vs direct", 11)}${pad("vs nginx", 10)}${pad("CPU us/req", 12)}errors`,
     );
     for (const target of targets) {
-      const r = results.get(`${target.name}@${connections}`);
+      const errors = runs(target.name).reduce((sum, r) => sum + r.errors, 0);
+      const socketErrors = runs(target.name).find((r) => r.socketErrors)?.socketErrors;
       console.log(
-        pad(target.name, 36) +
-          pad(num(r.p50), 9) +
-          pad(num(r.p99), 9) +
-          pad(num(r.p50 - direct(connections).p50), 9) +
-          pad(num(r.p99 - direct(connections).p99), 9) +
-          pad(Math.round(r.rps), 10) +
-          pad(`${Math.round((100 * r.rps) / direct(connections).rps)}%`, 11) +
-          pad(`${Math.round((100 * r.rps) / nginx(connections).rps)}%`, 10) +
-          `${r.errors}${r.socketErrors ? ` (${r.socketErrors})` : ""}`,
+        pad(target.name, 38) +
+          pad(num(med(target.name, "p50")), 9) +
+          pad(num(med(target.name, "p99")), 9) +
+          pad(num(med(target.name, "p50") - med("direct (origin)", "p50")), 9) +
+          pad(Math.round(med(target.name, "rps")), 9) +
+          pad(pct(ratio(target.name, "direct (origin)")), 11) +
+          pad(target.name === "direct (origin)" ? "" : pct(ratio(target.name, nginxFor(target.procs))), 10) +
+          pad(num(med(target.name, "cpuUsPerRequest"), 1), 12) +
+          `${errors}${socketErrors ? ` (${socketErrors})` : ""}`,
       );
     }
   }
@@ -330,8 +401,12 @@ async function main() {
   console.log(`${pad("target", 36)}${pad("download", 12)}upload`);
   const bulkTargets = [
     { name: "direct (origin)", port: bulkPort, headers: {} },
-    { name: "nginx reverse proxy", port: nginxPort, headers: {} },
-    { name: "warren, 1 process", port: targets[2].port, headers: { Host: warrenBulkHost } },
+    { name: "nginx, 1 worker", port: targets[1].port, headers: {} },
+    {
+      name: "warren, 1 process",
+      port: targets.find((t) => t.name === "warren, 1 process").port,
+      headers: { Host: warrenBulkHost },
+    },
   ];
   for (const target of bulkTargets) {
     const down = await bodyTransfer(target.port, target.headers, "download");

@@ -1,4 +1,4 @@
-import { mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
@@ -39,6 +39,22 @@ describe("the OCI layout snapshot store", () => {
     expect((await store.listPublished()).sort()).toEqual(["sone", "stwo"]);
     expect(await store.pull("sone", one.digest, collect)).toBe("first snapshot");
     await expect(store.pull("stwo", one.digest, collect)).rejects.toThrow(/does not match the published/);
+  });
+
+  it("refuses a snapshot whose layer was changed in the store (the blob no longer matches its digest)", async () => {
+    const published = await store.publish("stamper", bytes("original content"), { kind: "test" });
+    // The store's own copy of the layer (skopeo may have compressed it: its blob name is not the published digest).
+    const blob = (digest: string) => join(root, "store", "blobs", "sha256", digest.slice("sha256:".length));
+    const index = JSON.parse(readFileSync(join(root, "store", "index.json"), "utf8")) as {
+      manifests: { digest: string; annotations: Record<string, string> }[];
+    };
+    const entry = index.manifests.find((m) => m.annotations["org.opencontainers.image.ref.name"] === "stamper");
+    const manifest = JSON.parse(readFileSync(blob(entry?.digest ?? ""), "utf8")) as { layers: { digest: string }[] };
+    writeFileSync(blob(manifest.layers[0]?.digest ?? ""), "tampered content");
+    await expect(store.pull("stamper", published.digest, collect)).rejects.toThrow(/digest|match/i);
+    // Nothing of the failed pull is left in the node's work folder.
+    expect(readdirSync(join(root, "work"))).toEqual([]);
+    await store.unpublish("stamper");
   });
 
   it("unpublishing removes the tag and the blobs only it used, and is idempotent", async () => {

@@ -1,0 +1,106 @@
+#!/usr/bin/env node
+// Durable state benchmarks (issue 21): prints figures, asserts nothing. Run as root after `npm run build`:
+//   node e2e/bench/durable.mjs [--quick]
+// Starts its own cluster (three namespace node agents, the embedded store directory) and drives it with the
+// official e2b SDK:
+//  - pause → durable: from the pause call's return until the api reports `durable: true` (the leader's pass
+//    captures the paused sandbox and publishes it to the store), for an idle sandbox and one with 100 MB written;
+//  - resume after loss: the sandbox's node is removed for good (agent stopped, state folder deleted), then
+//    `Sandbox.connect` until a command answers on another node (pull from the store + create from it).
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Sandbox } from "e2b";
+import { Redis } from "ioredis";
+import { LocalCluster } from "../dist/cluster.js";
+
+const quick = process.argv.includes("--quick");
+const BIG_MB = quick ? 20 : 100;
+const dataDir = mkdtempSync(join(tmpdir(), "warren-bench-durable-"));
+const cluster = new LocalCluster({
+  dataDir,
+  nodeAgents: 3,
+  poolSize: 1,
+  instancePrefix: "o",
+  nodeCidr: (i) => `10.254.${i * 4}.0/22`,
+  onProgress: (line) => process.stderr.write(`  ${line}\n`),
+  env: {
+    WARREN_UPLINK_FORWARDING: "0",
+    WARREN_DNS_UPSTREAM: "127.0.0.1:9",
+    WARREN_RECONCILE_INTERVAL_MS: "500",
+    WARREN_NODE_DOWN_AFTER_MS: "2000",
+  },
+});
+
+const line = (label, text) => console.log(`${label.padEnd(56)} ${text}`);
+const sleep = (msec) => new Promise((r) => setTimeout(r, msec));
+
+let env;
+async function api(path) {
+  const res = await fetch(`${env.WARREN_API_URL}${path}`, { headers: { "X-API-KEY": env.E2B_API_KEY } });
+  return res.json();
+}
+
+async function admin(method, path) {
+  await fetch(`${env.WARREN_API_URL}${path}`, { method, headers: { "X-Admin-Token": env.WARREN_ADMIN_TOKEN } });
+}
+
+async function nodeOf(sandboxId) {
+  const redis = new Redis(cluster.redisUrl, { maxRetriesPerRequest: 1 });
+  try {
+    return (await redis.hget(`warren:route:${sandboxId}`, "node")) ?? "";
+  } finally {
+    redis.disconnect();
+  }
+}
+
+/** ms from now until the api says the paused sandbox is durable. */
+async function untilDurable(sandboxId) {
+  const t0 = performance.now();
+  for (;;) {
+    const detail = await api(`/sandboxes/${sandboxId}`);
+    if (detail.durable === true) return performance.now() - t0;
+    if (performance.now() - t0 > 300_000) throw new Error(`${sandboxId} never became durable`);
+    await sleep(50);
+  }
+}
+
+async function scenario(label, megabytes, nodeIndex, nodeId) {
+  // Everything of this scenario starts on `nodeId`: the other live nodes are cordoned meanwhile.
+  const others = ["node-oa", "node-ob", "node-oc"].filter((n) => n !== nodeId);
+  for (const other of others) await admin("POST", `/warren/v1/admin/nodes/${other}/cordon`);
+  const sbx = await Sandbox.create("base", { timeoutMs: 600_000 });
+  for (const other of others) await admin("DELETE", `/warren/v1/admin/nodes/${other}/cordon`);
+  if ((await nodeOf(sbx.sandboxId)) !== nodeId) throw new Error(`${label}: not placed on ${nodeId}`);
+  if (megabytes > 0) {
+    await sbx.commands.run(`head -c ${megabytes}M /dev/urandom > /home/user/blob`, { timeoutMs: 120_000 });
+  }
+  await sbx.pause();
+  const durableMs = await untilDurable(sbx.sandboxId);
+  line(`pause → durable, ${label}`, `${durableMs.toFixed(0)} ms`);
+  await cluster.removeNodeAgent(nodeIndex);
+  const t0 = performance.now();
+  const resumed = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 600_000 });
+  const size = (await resumed.commands.run("stat -c %s /home/user/blob 2>/dev/null || echo 0")).stdout.trim();
+  const resumeMs = performance.now() - t0;
+  line(
+    `resume on another node after loss, ${label}`,
+    `${resumeMs.toFixed(0)} ms (on ${await nodeOf(sbx.sandboxId)}, blob ${Math.round(Number(size) / 2 ** 20)} MiB)`,
+  );
+  await resumed.kill();
+}
+
+try {
+  env = await cluster.start();
+  Object.assign(process.env, {
+    E2B_API_URL: env.E2B_API_URL,
+    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+    E2B_API_KEY: env.E2B_API_KEY,
+  });
+  console.log(`durable state, ${new Date().toISOString()}, store: the embedded OCI layout directory`);
+  await scenario("idle sandbox", 0, 0, "node-oa");
+  await scenario(`${BIG_MB} MB written`, BIG_MB, 1, "node-ob");
+} finally {
+  await cluster.stop();
+  rmSync(dataDir, { recursive: true, force: true });
+}
