@@ -36,7 +36,9 @@ packages=(sudo inotify-tools attr util-linux procps
   # apache2-utils (htpasswd) give tests their own registries on loopback.
   skopeo umoci docker-registry apache2-utils
   # chromium: the web console's browser test (e2e/test/console.test.ts drives it headless with playwright-core).
-  chromium)
+  chromium
+  # unzip: the artifact tests check the zips the api makes (e2e/test/artifacts.test.ts, api/artifact-blobs.test.ts).
+  unzip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

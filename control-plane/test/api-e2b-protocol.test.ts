@@ -123,7 +123,8 @@ describe("api: mcp, snapshot mode and busy answers as E2B's SDKs send and read t
       const res = await env.request("POST", `/sandboxes/${id}/snapshots`, { apiKey, body });
       expect(res.status, res.text).toBe(201);
       expect((res.body as { memory: boolean }).memory, JSON.stringify(body)).toBe(memory);
-      expect(snapshotCalls).toEqual([{ sandboxId: id, filesOnly: !memory }]);
+      // (The leader's durability pass also captures paused sandboxes of other tests: only this one's calls count.)
+      expect(snapshotCalls.filter((c) => c.sandboxId === id)).toEqual([{ sandboxId: id, filesOnly: !memory }]);
     }
     snapshotCalls.length = 0;
     const bad = await env.request("POST", `/sandboxes/${id}/snapshots`, {
@@ -132,7 +133,7 @@ describe("api: mcp, snapshot mode and busy answers as E2B's SDKs send and read t
     });
     expect(bad.status).toBe(400);
     expect((bad.body as { message: string }).message).toContain("contradicts mode 'full'");
-    expect(snapshotCalls).toEqual([]);
+    expect(snapshotCalls.filter((c) => c.sandboxId === id)).toEqual([]);
   });
 
   it("the e2b SDK's keepMemory: false arrives as a files-only pause", async () => {

@@ -151,10 +151,19 @@ describe("artifacts", () => {
     }
   }, 300_000);
 
-  it("a file published as a zip holds that file; the CLI publishes and saves one", async () => {
+  it("a file published as a zip holds that file, past root's chatty profile; the CLI publishes and saves one", async () => {
     const sbx = await sandbox();
     await sbx.files.write("/tmp/notes.md", "# notes\nzip me\n");
+    // The archive runs in root's login shell: what its profile and logout print must not get into the archive.
+    await sbx.commands.run(
+      "echo 'echo hello-from-profile' > /root/.bash_profile; echo 'echo bye' > /root/.bash_logout",
+      {
+        user: "root",
+      },
+    );
     const zip = await sbx.artifacts.publish("/tmp/notes.md", { format: "zip" });
+    // (It does print: a login shell's `true` says hello, and bye at its exit.)
+    expect((await sbx.commands.run("true; exit 0", { user: "root" })).stdout).toBe("hello-from-profile\nbye\n");
     expect(zip.format).toBe("zip");
     const bytes = await sbx.artifacts.download(zip.artifactId);
     expect(sha256(bytes)).toBe(zip.sha256);

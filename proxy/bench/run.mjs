@@ -15,7 +15,9 @@
 // the target's processes divided by the requests it served: less sensitive to the load than req/s.
 //
 // Flags: --quick (2 s runs), --duration=SECONDS, --rounds=N (3), --baseline=PATH (another build's
-// dist/main.js, e.g. a copy of the previous one, shown as "warren (baseline)" rows in the same run).
+// dist/main.js, e.g. a copy of the previous one, shown as "warren (baseline)" rows in the same run),
+// --only=REGEX (measure only the proxies whose name matches, besides the origin and nginx),
+// --no-bulk (skip the 1 GiB transfers).
 import { spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -34,6 +36,8 @@ const flag = (name) => args.find((a) => a.startsWith(`--${name}=`))?.split("=")[
 const duration = Number(flag("duration") ?? (quick ? 2 : 5));
 const rounds = Number(flag("rounds") ?? 3);
 const baseline = flag("baseline");
+const only = flag("only") === undefined ? undefined : new RegExp(flag("only"));
+const bulkTransfers = !args.includes("--no-bulk");
 const GiB = 1 << 30;
 const CLOCK_TICKS = Number(spawnSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).stdout.trim()) || 100;
 const children = [];
@@ -262,7 +266,7 @@ async function main() {
       workers,
     );
     await waitForHttp(port);
-    return { port, pid: child.pid };
+    return { port, pid: child.pid, headers: {} };
   };
 
   // The sandbox route Warren's proxy looks up: port 3000 -> origin, 3001 -> bulk origin.
@@ -317,39 +321,48 @@ async function main() {
   };
 
   // `procs`: processes serving requests, for the "vs nginx" column (nginx with as many workers).
-  const targets = [
-    { name: "direct (origin)", procs: 1, port: originPort, pid: origin.pid, headers: {} },
-    { name: "nginx, 1 worker", procs: 1, headers: {}, ...(await startReverseProxy("reverse-proxy-1", 1)) },
+  const candidates = [
+    { name: "direct (origin)", procs: 1, start: async () => ({ port: originPort, pid: origin.pid, headers: {} }) },
+    { name: "nginx, 1 worker", procs: 1, start: () => startReverseProxy("reverse-proxy-1", 1) },
     {
       name: `nginx, ${cpuCount} workers`,
       procs: cpuCount,
-      headers: {},
-      ...(await startReverseProxy("reverse-proxy-n", cpuCount)),
+      start: () => startReverseProxy("reverse-proxy-n", cpuCount),
     },
     ...(baseline
       ? [
-          { name: "warren (baseline), 1 process", procs: 1, ...(await startWarren({ PROXY_WORKERS: "1" }, baseline)) },
+          {
+            name: "warren (baseline), 1 process",
+            procs: 1,
+            start: () => startWarren({ PROXY_WORKERS: "1" }, baseline),
+          },
           {
             name: `warren (baseline), ${cpuCount} workers`,
             procs: cpuCount,
-            ...(await startWarren({ PROXY_WORKERS: String(cpuCount) }, baseline)),
+            start: () => startWarren({ PROXY_WORKERS: String(cpuCount) }, baseline),
           },
         ]
       : []),
-    { name: "warren, 1 process", procs: 1, ...(await startWarren({ PROXY_WORKERS: "1" })) },
+    { name: "warren, 1 process", procs: 1, start: () => startWarren({ PROXY_WORKERS: "1" }) },
     {
       name: "warren, 1 process, no route cache",
       procs: 1,
-      ...(await startWarren({ PROXY_WORKERS: "1", PROXY_ROUTE_CACHE_TTL_MS: "0" })),
+      start: () => startWarren({ PROXY_WORKERS: "1", PROXY_ROUTE_CACHE_TTL_MS: "0" }),
     },
     {
       name: `warren, ${cpuCount} workers`,
       procs: cpuCount,
-      ...(await startWarren({ PROXY_WORKERS: String(cpuCount) })),
+      start: () => startWarren({ PROXY_WORKERS: String(cpuCount) }),
     },
-    { name: "http-proxy defaults", procs: 1, ...(await startHttpProxy("")) },
-    { name: "http-proxy + keep-alive agent", procs: 1, ...(await startHttpProxy("--agent")) },
+    { name: "http-proxy defaults", procs: 1, start: () => startHttpProxy("") },
+    { name: "http-proxy + keep-alive agent", procs: 1, start: () => startHttpProxy("--agent") },
   ];
+  const targets = [];
+  for (const candidate of candidates) {
+    const always = candidate.name.startsWith("direct") || candidate.name.startsWith("nginx");
+    if (only && !always && !only.test(candidate.name)) continue;
+    targets.push({ ...candidate, ...(await candidate.start()) });
+  }
   const nginxFor = (procs) => (procs === 1 ? "nginx, 1 worker" : `nginx, ${cpuCount} workers`);
 
   const results = new Map();
@@ -397,6 +410,12 @@ async function main() {
     }
   }
 
+  if (!bulkTransfers) {
+    await redis.del(routeKey(sandboxId));
+    await redis.quit();
+    bulk.close();
+    return;
+  }
   console.log("\n## 1 GiB bodies, one connection (MiB/s)");
   console.log(`${pad("target", 36)}${pad("download", 12)}upload`);
   const bulkTargets = [
@@ -404,11 +423,11 @@ async function main() {
     { name: "nginx, 1 worker", port: targets[1].port, headers: {} },
     {
       name: "warren, 1 process",
-      port: targets.find((t) => t.name === "warren, 1 process").port,
+      port: targets.find((t) => t.name === "warren, 1 process")?.port,
       headers: { Host: warrenBulkHost },
     },
   ];
-  for (const target of bulkTargets) {
+  for (const target of bulkTargets.filter((t) => t.port !== undefined)) {
     const down = await bodyTransfer(target.port, target.headers, "download");
     const up = await bodyTransfer(target.port, target.headers, "upload");
     console.log(`${pad(target.name, 36)}${pad(Math.round(down), 12)}${Math.round(up)}`);

@@ -8,6 +8,7 @@ import {
   readFileSync,
   rmSync,
   symlinkSync,
+  utimesSync,
   writeFileSync,
 } from "node:fs";
 import { tmpdir } from "node:os";
@@ -84,5 +85,16 @@ describe("ArtifactBlobs", () => {
     await expect(blobs.zipFromTar(tar)).rejects.toThrow();
     await blobs.discard(tar.file);
     expect(readdirSync(join(root, "store/staging"))).toEqual([]);
+  });
+
+  it("sweeps only staging files older than the given age", async () => {
+    const staging = join(root, "store/staging");
+    writeFileSync(join(staging, "old.tar"), "left by a dead api");
+    const old = new Date(Date.now() - 2 * 3600_000);
+    utimesSync(join(staging, "old.tar"), old, old);
+    writeFileSync(join(staging, "fresh.tar"), "a publish in progress");
+    expect(await blobs.sweepStaging(3600_000)).toBe(1);
+    expect(readdirSync(staging)).toEqual(["fresh.tar"]);
+    rmSync(join(staging, "fresh.tar"));
   });
 });

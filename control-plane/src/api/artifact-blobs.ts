@@ -1,6 +1,6 @@
 import { createHash, randomBytes } from "node:crypto";
 import { createReadStream, createWriteStream, type ReadStream } from "node:fs";
-import { mkdir, rename, rm, stat } from "node:fs/promises";
+import { mkdir, readdir, rename, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { PassThrough, Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
@@ -114,6 +114,24 @@ export class ArtifactBlobs {
     const info = await stat(path).catch(() => undefined);
     if (!info) return undefined;
     return { stream: createReadStream(path), sizeBytes: info.size };
+  }
+
+  /**
+   * Removes staging files older than `olderThanMs`: what a publish left when its api died mid-way. Replicas share
+   * the folder, so younger files may be another replica's publish in progress. Returns how many went.
+   */
+  async sweepStaging(olderThanMs: number, now = Date.now()): Promise<number> {
+    const dir = join(this.dir, "staging");
+    const names = await readdir(dir).catch(() => [] as string[]);
+    let removed = 0;
+    for (const name of names) {
+      const info = await stat(join(dir, name)).catch(() => undefined);
+      if (info && now - info.mtimeMs > olderThanMs) {
+        await rm(join(dir, name), { force: true });
+        removed++;
+      }
+    }
+    return removed;
   }
 
   /** Removes a blob no artifact refers to any more (the caller checked, under the digest's lock). */

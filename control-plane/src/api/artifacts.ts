@@ -32,6 +32,7 @@ export interface ArtifactRoutesDeps {
 }
 
 const MAX_PATH_CHARS = 4096;
+const STALE_STAGING_MS = 60 * 60_000;
 const DEFAULT_URL_TTL_SECONDS = 15 * 60;
 const MAX_URL_TTL_SECONDS = 24 * 60 * 60;
 const DEFAULT_LIST = 100;
@@ -125,6 +126,13 @@ export class ArtifactService {
 
   constructor(private readonly deps: ArtifactRoutesDeps) {
     this.blobs = new ArtifactBlobs(deps.artifacts.dir);
+    // Far older than any publish runs (the master gives tar 10 minutes): left by an api that died mid-publish.
+    this.blobs.sweepStaging(STALE_STAGING_MS).then(
+      (removed) => {
+        if (removed > 0) deps.log.info("stale artifact staging files removed", { count: removed });
+      },
+      (error: unknown) => deps.log.warn("sweeping artifact staging failed", { error }),
+    );
   }
 
   get maxBytes(): number {

@@ -101,8 +101,9 @@ export async function reconcile(
   }
   for (const node of live) {
     // Read PostgreSQL before asking the node: a sandbox recorded running here was started on the node before.
-    const expected = await db.query<{ id: string; team_id: string }>(
-      "SELECT id, team_id FROM sandboxes WHERE node_id = $1 AND state IN ('running','paused')",
+    const expected = await db.query<{ id: string; team_id: string; durable: boolean }>(
+      `SELECT x.id, x.team_id, (x.state = 'paused' AND x.durable_snapshot_id IS NOT NULL) AS durable
+       FROM sandboxes x WHERE x.node_id = $1 AND x.state IN ('running','paused')`,
       [node.nodeId],
     );
     let onNode: Awaited<ReturnType<ReturnType<NodeAgentConnector>["list"]>>;
@@ -113,8 +114,24 @@ export async function reconcile(
       continue;
     }
     const present = new Set(onNode.map((sandbox) => sandbox.sandboxId));
-    for (const { id } of expected.rows) {
+    for (const { id, durable } of expected.rows) {
       if (present.has(id)) continue;
+      if (durable) {
+        // The node lost its copy (restarted without its state, or stopping), the store has the pause: it stays
+        // paused on no node, and a resume starts it from the store.
+        const freed = await db.query(
+          "UPDATE sandboxes SET node_id = NULL WHERE id = $1 AND node_id = $2 AND state = 'paused'",
+          [id, node.nodeId],
+        );
+        if ((freed.rowCount ?? 0) > 0) {
+          report.keptDurable.push(id);
+          log.warn("paused sandbox missing on its node; it resumes from the store", {
+            sandboxId: id,
+            node: node.nodeId,
+          });
+        }
+        continue;
+      }
       // The agent's watchdog says why when it removed a dead sandbox (its envd died); else it simply is not there.
       const crash = await registry.crashReason(id).catch(() => undefined);
       const reason = crash ? "crashed" : "missing_on_node";
