@@ -43,6 +43,15 @@ describe("python", () => {
     expect(onError.mock.calls[0]?.[0]).toMatchObject({ name: "NameError" });
   });
 
+  it("runs the kernel with OOM score 1000: the user's code is killed before the gateway and envd", async () => {
+    const own = (await sandbox.runCode("open('/proc/self/oom_score_adj').read().strip()")).text;
+    expect(own).toBe("1000");
+    const child = await sandbox.runCode(
+      "import subprocess; subprocess.run(['cat', '/proc/self/oom_score_adj'], capture_output=True, text=True).stdout.strip()",
+    );
+    expect(child.text).toBe("1000");
+  });
+
   it("keeps state between calls", async () => {
     await sandbox.runCode("state_test = 41");
     const execution = await sandbox.runCode("state_test + 1");

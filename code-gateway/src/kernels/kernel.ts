@@ -125,7 +125,9 @@ export class Kernel {
     const connectionFile = join(dir, "connection.json");
     await writeFile(connectionFile, JSON.stringify(info), { mode: 0o600 });
     const argv = launch.argv.map((a) => a.replaceAll("{connection_file}", connectionFile));
-    const child = spawn("setpriv", ["--pdeathsig", "KILL", "--", ...argv], {
+    // The kernel runs the user's code: under memory pressure the OOM killer picks it (score 1000, set before it
+    // starts, inherited by what it forks) before the gateway and envd, which keep theirs; the gateway restarts it.
+    const child = spawn("setpriv", ["--pdeathsig", "KILL", "--", "choom", "-n", "1000", "--", ...argv], {
       cwd: launch.cwd,
       env: launch.env,
       detached: true,

@@ -250,12 +250,19 @@ export class LayerStore {
         stderr += chunk.toString();
       });
       const exited = new Promise<number>((resolve) => tar.once("close", (code) => resolve(code ?? 1)));
-      await pipeline(Readable.from(data), tar.stdin).catch((error) => {
-        tar.kill("SIGKILL");
-        throw error;
-      });
+      // tar stops reading at the archive's end marker and may exit before the record padding after it has been
+      // written: its stdin closing early ("Premature close", EPIPE) is then no error, when tar itself succeeded.
+      const piped = await pipeline(Readable.from(data), tar.stdin).then(
+        () => undefined,
+        (error: NodeJS.ErrnoException) => {
+          const closedByTar = error.code === "EPIPE" || error.code === "ERR_STREAM_PREMATURE_CLOSE";
+          if (!closedByTar) tar.kill("SIGKILL");
+          return { error, closedByTar };
+        },
+      );
       const code = await exited;
       if (code !== 0) throw new Error(`unpacking snapshot '${snapshotId}' failed (${code}): ${stderr.trim()}`);
+      if (piped && !piped.closedByTar) throw piped.error;
       const source = JSON.parse(
         await readFile(join(tmp, "snapshots", snapshotId, "snapshot.json"), "utf8"),
       ) as LayeredSnapshot;
