@@ -90,6 +90,7 @@ async function scenario(label, megabytes, nodeIndex, nodeId) {
   await resumed.kill();
 }
 
+let ok = false;
 try {
   env = await cluster.start();
   Object.assign(process.env, {
@@ -100,7 +101,10 @@ try {
   console.log(`durable state, ${new Date().toISOString()}, store: the embedded OCI layout directory`);
   await scenario("idle sandbox", 0, 0, "node-oa");
   await scenario(`${BIG_MB} MB written`, BIG_MB, 1, "node-ob");
+  ok = true;
 } finally {
   await cluster.stop();
-  rmSync(dataDir, { recursive: true, force: true });
+  // A failed run keeps its logs.
+  if (ok) rmSync(dataDir, { recursive: true, force: true });
+  else console.error(`logs in ${join(dataDir, "logs")}`);
 }

@@ -87,7 +87,8 @@ export async function reconcile(
       [known.id],
     );
     for (const { id, state, durable, published } of onNode.rows) {
-      if (state === "paused" && published) {
+      // (`resuming`: a resume from the store may be starting it elsewhere right now; it settles the row itself.)
+      if ((state === "paused" || state === "resuming") && published) {
         report.keptDurable.push(id);
         log.info("paused sandbox outlives its node (durable in the store)", { sandboxId: id, node: known.id });
         continue;
