@@ -51,8 +51,11 @@ interface UpstreamRequestArgs extends ClientRequestArgs {
 
 /** Pools keep-alive connections per sandbox incarnation, so a resumed sandbox never gets an old one. */
 class IncarnationAgent extends Agent {
+  // Agent's own name plus the incarnation, built in one step: it runs twice per request (lookup and release).
+  // Upstream requests never set localAddress, family or socketPath, the other parts of Agent's name.
   override getName(options?: ClientRequestArgs): string {
-    return `${super.getName(options)}|${(options as UpstreamRequestArgs | undefined)?.warrenKey ?? ""}`;
+    const args = options as UpstreamRequestArgs | undefined;
+    return `${args?.host ?? "localhost"}:${args?.port ?? ""}:|${args?.warrenKey ?? ""}`;
   }
 }
 
@@ -186,21 +189,23 @@ export class Forwarder {
       } as UpstreamRequestArgs);
       current = upstreamReq;
       let bodyStarted = false;
+      const bodiless = !rewrite && !hasBody;
+      // Nothing to hold back until connected: the head goes out as soon as there is a socket.
+      if (bodiless) upstreamReq.end();
       const startBody = () => {
         bodyStarted = true;
         if (rewrite) upstreamReq.end(rewrite.body);
         else if (hasBody) req.pipe(upstreamReq);
-        else upstreamReq.end();
       };
       upstreamReq.once("socket", (socket: Socket) => {
-        if (!socket.connecting) return startBody();
+        if (!socket.connecting) return bodiless ? undefined : startBody();
         const timer = setTimeout(
           () => upstreamReq.destroy(Object.assign(new Error("connect timeout"), { code: "ETIMEDOUT" })),
           this.options.connectTimeoutMs,
         );
         socket.once("connect", () => {
           clearTimeout(timer);
-          startBody();
+          if (!bodiless) startBody();
         });
         socket.once("close", () => clearTimeout(timer));
       });

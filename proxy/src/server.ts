@@ -387,13 +387,18 @@ export class SandboxProxy {
       return;
     }
     metrics.inFlightRequests.inc();
-    const requestId = this.nextRequestId();
+    // Made only when a log line needs it (most requests log nothing).
+    let id: string | undefined;
+    const requestId = () => {
+      id ??= this.nextRequestId();
+      return id;
+    };
     res.once("close", () => {
       this.connections.close(connection);
       metrics.inFlightRequests.dec();
       if (config.accessLog) {
         log.info("request", {
-          requestId,
+          requestId: requestId(),
           sandboxId: target.sandboxId,
           port: target.port,
           method: req.method,
@@ -414,13 +419,18 @@ export class SandboxProxy {
         },
         onUnreachable: (reason) => {
           metrics.upstreamErrors.inc({ reason });
-          log.warn("sandbox port unreachable", { requestId, sandboxId: target.sandboxId, port: target.port, reason });
+          log.warn("sandbox port unreachable", {
+            requestId: requestId(),
+            sandboxId: target.sandboxId,
+            port: target.port,
+            reason,
+          });
           this.answerHttp(req, res, { kind: "port-closed", sandboxId: target.sandboxId, port: target.port }, started);
         },
         onBroken: (reason) => {
           metrics.upstreamErrors.inc({ reason });
           log.warn("stream broken by the sandbox side", {
-            requestId,
+            requestId: requestId(),
             sandboxId: target.sandboxId,
             port: target.port,
             reason,
