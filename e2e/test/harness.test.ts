@@ -32,6 +32,8 @@ beforeAll(async () => {
       WARREN_INTERNAL_TOKEN: internalToken,
       PROXY_RESUME_URL: `http://127.0.0.1:${apiPort}`,
       PROXY_RESUME_TOKEN: internalToken,
+      // The leader's sampling pass also brings envd's lease journal into the ledger.
+      WARREN_METRICS_INTERVAL_MS: "1000",
     },
   });
   const env = await cluster.start();
@@ -279,6 +281,30 @@ describe("process leases", () => {
     expect(lived).toBeGreaterThanOrEqual(1900);
     expect(lived).toBeLessThan(6000);
     await expect(sbx.commands.renewLease(handle.pid)).rejects.toThrow(/no lease/);
+  }, 60_000);
+
+  it("every lease, renewal and reap is in the ledger", async () => {
+    const handle = await sbx.commands.run("sleep 300", { background: true, lease: { ttlMs: 1500 } });
+    await sbx.commands.renewLease(handle.pid);
+    await sbx.commands.renewLease(handle.pid);
+    await waitGone(handle.pid, 10_000);
+    const deadline = Date.now() + 20_000;
+    let mine: { type: string; data: Record<string, unknown> }[] = [];
+    while (Date.now() < deadline) {
+      const res = await api("GET", `/warren/v1/sandboxes/${sbx.sandboxId}/events`);
+      const { events } = (await res.json()) as { events: { type: string; data: Record<string, unknown> }[] };
+      mine = events.filter((e) => e.type.startsWith("process.lease") && e.data.pid === handle.pid);
+      if (mine.some((e) => e.type === "process.lease_reaped")) break;
+      await new Promise((r) => setTimeout(r, 500));
+    }
+    expect(mine.map((e) => e.type)).toEqual([
+      "process.lease",
+      "process.lease_renewed",
+      "process.lease_renewed",
+      "process.lease_reaped",
+    ]);
+    expect(mine[0]?.data).toMatchObject({ ttlMs: 1500 });
+    expect(mine[3]?.data).toMatchObject({ signal: "SIGTERM" });
   }, 60_000);
 
   it("keeps a renewed process, reaps it once renewals stop, and SIGKILLs one that ignores SIGTERM after the grace", async () => {

@@ -7,7 +7,8 @@
 // body directly; nginx as a plain reverse proxy (upstream keep-alive, as usually configured) with one
 // worker process and with one per CPU; Warren's proxy (one process; one process with the route cache
 // off; one worker per CPU); and the `http-proxy` package with its defaults and with a keep-alive agent
-// (TOOLING.md's 7x figure). Then 1 GiB downloads and uploads through each proxy.
+// (TOOLING.md's 7x figure); and a minimal proxy on undici's client (undici-proxy-server.mjs: what
+// replacing node:http's client alone would buy). Then 1 GiB downloads and uploads through each proxy.
 //
 // The box is shared (other tests, wrk and the origin compete for the same CPUs), so every target runs
 // `--rounds` times, interleaved round-robin, and the tables show medians; "vs nginx" compares with the
@@ -30,6 +31,7 @@ import { Redis } from "ioredis";
 
 const MAIN = fileURLToPath(new URL("../dist/main.js", import.meta.url));
 const HTTP_PROXY_SERVER = fileURLToPath(new URL("./http-proxy-server.mjs", import.meta.url));
+const UNDICI_PROXY_SERVER = fileURLToPath(new URL("./undici-proxy-server.mjs", import.meta.url));
 const args = process.argv.slice(2);
 const quick = args.includes("--quick");
 const flag = (name) => args.find((a) => a.startsWith(`--${name}=`))?.split("=")[1];
@@ -309,12 +311,11 @@ async function main() {
     await waitForHttp(port, { Host: warrenHost });
     return { port, pid: child.pid, headers: { Host: warrenHost } };
   };
-  const startHttpProxy = async (mode) => {
-    const { child, match } = await startChild(
-      process.execPath,
-      [HTTP_PROXY_SERVER, `http://127.0.0.1:${originPort}`, mode],
-      { name: "http-proxy", ready: /^(\d+)\n/ },
-    );
+  const startHttpProxy = async (mode, server = HTTP_PROXY_SERVER) => {
+    const { child, match } = await startChild(process.execPath, [server, `http://127.0.0.1:${originPort}`, mode], {
+      name: "http-proxy",
+      ready: /^(\d+)\n/,
+    });
     const port = Number(match[1]);
     await waitForHttp(port);
     return { port, pid: child.pid, headers: {} };
@@ -356,6 +357,7 @@ async function main() {
     },
     { name: "http-proxy defaults", procs: 1, start: () => startHttpProxy("") },
     { name: "http-proxy + keep-alive agent", procs: 1, start: () => startHttpProxy("--agent") },
+    { name: "minimal undici proxy", procs: 1, start: () => startHttpProxy("", UNDICI_PROXY_SERVER) },
   ];
   const targets = [];
   for (const candidate of candidates) {

@@ -1,5 +1,4 @@
 import {
-  Agent,
   type ClientRequest,
   type ClientRequestArgs,
   type IncomingMessage,
@@ -7,7 +6,8 @@ import {
   type ServerResponse,
 } from "node:http";
 import type { Socket } from "node:net";
-import type { Duplex } from "node:stream";
+import { type Duplex, Readable } from "node:stream";
+import { Pool } from "undici";
 import { openRelayTunnel, type RelayDialer, type TunnelCallback } from "./relay.js";
 
 /** Where one request goes: a sandbox port, reached as host:port, in one incarnation. */
@@ -30,6 +30,7 @@ export interface ForwarderOptions {
   readonly connectRetries: number;
   readonly connectTimeoutMs: number;
   readonly idleTimeoutMs: number;
+  /** 0: no keep-alive to sandboxes; any other value: keep-alive (idle connections close after 4 s). */
   readonly maxIdlePerHost: number;
   /** The node agents' relay token; needed only when some upstream has `relayVia`. */
   readonly relayToken?: string;
@@ -44,47 +45,11 @@ export interface ForwardHooks {
   onBroken(reason: UpstreamErrorReason): void;
 }
 
-interface UpstreamRequestArgs extends ClientRequestArgs {
-  readonly warrenKey: string;
-  readonly relayVia?: string;
-}
-
-/** Pools keep-alive connections per sandbox incarnation, so a resumed sandbox never gets an old one. */
-class IncarnationAgent extends Agent {
-  // Agent's own name plus the incarnation, built in one step: it runs twice per request (lookup and release).
-  // Upstream requests never set localAddress, family or socketPath, the other parts of Agent's name.
-  override getName(options?: ClientRequestArgs): string {
-    const args = options as UpstreamRequestArgs | undefined;
-    return `${args?.host ?? "localhost"}:${args?.port ?? ""}:|${args?.warrenKey ?? ""}`;
-  }
-}
-
-/** Like IncarnationAgent, but every connection is a tunnel through the route's node agent. */
-class RelayAgent extends IncarnationAgent {
-  constructor(
-    private readonly dialer: RelayDialer,
-    options: ConstructorParameters<typeof Agent>[0],
-  ) {
-    super(options);
-  }
-
-  override createConnection(
-    options: ClientRequestArgs,
-    done?: (error: Error | null, stream: Duplex) => void,
-  ): undefined {
-    const args = options as UpstreamRequestArgs;
-    openRelayTunnel(
-      this.dialer,
-      { nodeAddr: args.relayVia ?? "", host: String(args.host), port: Number(args.port) },
-      done as TunnelCallback,
-    );
-    return undefined;
-  }
-}
-
 /** Hop-by-hop headers (RFC 9110 §7.6.1) and the ones this proxy answers itself. */
 // warren-secret-*: only this proxy may hand secrets to envd (secret-grants.ts), never a client.
+// transfer-encoding: the request body is re-framed by the upstream client (chunked when its length is unknown).
 const REQUEST_DROP = new Set([
+  "transfer-encoding",
   "connection",
   "keep-alive",
   "proxy-connection",
@@ -95,6 +60,7 @@ const REQUEST_DROP = new Set([
   "warren-secret-grant",
   "warren-secret-env",
 ]);
+const REWRITE_REQUEST_DROP = new Set([...REQUEST_DROP, "content-length"]);
 const UPGRADE_REQUEST_DROP = new Set([
   "keep-alive",
   "proxy-connection",
@@ -113,9 +79,13 @@ const RESPONSE_DROP = new Set([
   "upgrade",
 ]);
 
-function incarnationKey(upstream: Upstream): string {
-  return `${upstream.sandboxId}|${upstream.exec}`;
+/** A sandbox's pools are named `<sandboxId>|<exec>|<relay>|<host>:<port>`, so an incarnation's are found by prefix. */
+function poolKey(upstream: Upstream): string {
+  return `${upstream.sandboxId}|${upstream.exec}|${upstream.relayVia ?? ""}|${upstream.host}:${upstream.port}`;
 }
+
+// A keep-alive connection the sandbox closed just as it was reused fails like this; resent at most this often.
+const MAX_STALE_RESENDS = 1;
 
 /**
  * Streams HTTP/1.1 exchanges and upgraded connections between clients and sandboxes: bodies flow
@@ -123,24 +93,60 @@ function incarnationKey(upstream: Upstream): string {
  * side tears down the other.
  */
 export class Forwarder {
-  private readonly agent: IncarnationAgent;
-  private readonly relayAgent: RelayAgent | undefined;
+  /** Keep-alive pools, one per upstream address and sandbox incarnation (poolKey). */
+  private readonly pools = new Map<string, Pool>();
   private readonly dialer: RelayDialer | undefined;
 
   constructor(private readonly options: ForwarderOptions) {
-    const poolOptions = { keepAlive: true, maxFreeSockets: options.maxIdlePerHost, scheduling: "lifo" } as const;
-    this.agent = new IncarnationAgent(poolOptions);
     if (options.relayToken !== undefined) {
       this.dialer = { token: options.relayToken, timeoutMs: options.connectTimeoutMs };
-      this.relayAgent = new RelayAgent(this.dialer, poolOptions);
     }
   }
 
-  /** The pool for this upstream: direct, or tunnels through its node agent. */
-  private agentFor(upstream: Upstream): IncarnationAgent {
-    if (upstream.relayVia === undefined) return this.agent;
-    if (!this.relayAgent) throw new Error("an upstream asks for the relay but no relay token is configured");
-    return this.relayAgent;
+  /**
+   * The pool for this upstream: direct connections, or tunnels through its node agent. undici's client, not
+   * http.Agent: it costs about half the CPU per request (bench/run.mjs, "minimal undici proxy").
+   */
+  private poolFor(upstream: Upstream): Pool {
+    const key = poolKey(upstream);
+    const existing = this.pools.get(key);
+    if (existing) return existing;
+    const via = upstream.relayVia;
+    const dialer = this.dialer;
+    if (via !== undefined && !dialer)
+      throw new Error("an upstream asks for the relay but no relay token is configured");
+    const pool = new Pool(
+      `http://${upstream.host.includes(":") ? `[${upstream.host}]` : upstream.host}:${upstream.port}`,
+      {
+        // Streams may run for hours: idleness on the client's side ends them (server.timeout), not these.
+        headersTimeout: 0,
+        bodyTimeout: 0,
+        // 0 idle connections wanted: no keep-alive at all. Otherwise an idle connection closes after 4 s unused
+        // (or the sandbox's Keep-Alive hint); undici has no cap on how many stay idle meanwhile.
+        pipelining: this.options.maxIdlePerHost === 0 ? 0 : 1,
+        connections: null,
+        keepAliveTimeout: 4_000,
+        connect:
+          via === undefined
+            ? { timeout: this.options.connectTimeoutMs, noDelay: true }
+            : (_options, done) =>
+                openRelayTunnel(
+                  dialer!,
+                  { nodeAddr: via, host: upstream.host, port: upstream.port },
+                  (error, socket) => (error ? done(error, null) : done(null, socket as Socket)),
+                ),
+      },
+    );
+    // A pool with nothing open or queued is forgotten, so sandboxes that went away leave nothing behind.
+    pool.on("disconnect", () => {
+      const stats = pool.stats;
+      if (stats.connected === 0 && stats.pending === 0 && stats.running === 0 && this.pools.get(key) === pool) {
+        this.pools.delete(key);
+        void pool.close();
+      }
+    });
+    this.pools.set(key, pool);
+    return pool;
   }
 
   /**
@@ -154,104 +160,87 @@ export class Forwarder {
     hooks: ForwardHooks,
     rewrite?: { readonly headers: readonly [string, string][]; readonly body: Buffer },
   ): void {
-    const drop = rewrite ? new Set([...REQUEST_DROP, "content-length", "transfer-encoding"]) : REQUEST_DROP;
+    const drop = rewrite ? REWRITE_REQUEST_DROP : REQUEST_DROP;
     const headers = requestHeaders(req.rawHeaders, drop, upstream);
-    if (rewrite) {
-      for (const [name, value] of rewrite.headers) headers.push(name, value);
-      headers.push("Content-Length", String(rewrite.body.length));
-    }
+    if (rewrite) for (const [name, value] of rewrite.headers) headers.push(name, value);
     const hasBody =
       rewrite === undefined &&
       (req.headers["transfer-encoding"] !== undefined ||
         (req.headers["content-length"] !== undefined && req.headers["content-length"] !== "0"));
     let attempt = 0;
-    let current: ClientRequest | undefined;
+    let staleResends = 0;
+    let abortCurrent: ((reason?: Error) => void) | undefined;
     let responded = false;
     let clientGone = false;
+    let bodyStarted = false;
 
     res.once("close", () => {
       if (res.writableFinished) return;
       // The client went away (or the response was cut): the sandbox side must see it too.
       clientGone = true;
-      current?.destroy();
+      abortCurrent?.();
     });
 
     const send = (): void => {
-      const upstreamReq = request({
-        host: upstream.host,
-        port: upstream.port,
-        method: req.method,
-        path: req.url,
-        headers,
-        agent: this.agentFor(upstream),
-        warrenKey: incarnationKey(upstream),
-        relayVia: upstream.relayVia,
-      } as UpstreamRequestArgs);
-      current = upstreamReq;
-      let bodyStarted = false;
-      const bodiless = !rewrite && !hasBody;
-      // Nothing to hold back until connected: the head goes out as soon as there is a socket.
-      if (bodiless) upstreamReq.end();
-      const startBody = () => {
-        bodyStarted = true;
-        if (rewrite) upstreamReq.end(rewrite.body);
-        else if (hasBody) req.pipe(upstreamReq);
-      };
-      upstreamReq.once("socket", (socket: Socket) => {
-        if (!socket.connecting) return bodiless ? undefined : startBody();
-        const timer = setTimeout(
-          () => upstreamReq.destroy(Object.assign(new Error("connect timeout"), { code: "ETIMEDOUT" })),
-          this.options.connectTimeoutMs,
-        );
-        socket.once("connect", () => {
-          clearTimeout(timer);
-          if (!bodiless) startBody();
-        });
-        socket.once("close", () => clearTimeout(timer));
-      });
-      upstreamReq.once("response", (upstreamRes: IncomingMessage) => {
-        responded = true;
-        if (clientGone) {
-          upstreamRes.destroy();
-          return;
-        }
-        res.writeHead(
-          upstreamRes.statusCode ?? 502,
-          upstreamRes.statusMessage,
-          responseHeaders(upstreamRes.rawHeaders, RESPONSE_DROP),
-        );
-        hooks.onResponse(upstreamRes.statusCode ?? 502);
-        upstreamRes.once("close", () => {
-          if (!upstreamRes.complete) {
-            // The sandbox side broke mid-body: reset the client rather than end cleanly, so it
-            // cannot mistake a truncated body for a whole one.
-            hooks.onBroken("reset");
-            res.destroy();
-          }
-        });
-        upstreamRes.pipe(res);
-      });
-      upstreamReq.once("error", (error: NodeJS.ErrnoException) => {
-        if (clientGone) return;
-        const reason = errorReason(error);
-        if (responded || res.headersSent) {
-          hooks.onBroken(reason);
-          res.destroy();
-          return;
-        }
-        // A pooled connection the sandbox closed just as it was reused: replay if nothing was consumed.
-        const staleReuse = upstreamReq.reusedSocket && reason === "reset" && (!hasBody || !bodyStarted);
-        if (staleReuse) return send();
-        if (reason === "refused" && !bodyStarted && attempt < this.options.connectRetries) {
-          attempt += 1;
-          setTimeout(() => {
-            if (!clientGone) send();
-          }, 100 * attempt);
-          return;
-        }
-        if (hasBody) req.unpipe(upstreamReq);
-        hooks.onUnreachable(reason);
-      });
+      let pool: Pool;
+      try {
+        pool = this.poolFor(upstream);
+      } catch (error) {
+        hooks.onUnreachable(errorReason(error as NodeJS.ErrnoException));
+        return;
+      }
+      const body = rewrite
+        ? rewrite.body
+        : hasBody
+          ? deferredBody(req, () => {
+              bodyStarted = true;
+            })
+          : null;
+      pool.dispatch(
+        { path: req.url ?? "/", method: req.method ?? "GET", headers, body },
+        {
+          onConnect: (abort: (reason?: Error) => void) => {
+            abortCurrent = abort;
+            if (clientGone) abort();
+          },
+          onHeaders: (status: number, raw: Buffer[], resume: () => void, statusText: string) => {
+            responded = true;
+            if (clientGone) return false;
+            res.writeHead(status, statusText, responseHeaders(latin1Headers(raw), RESPONSE_DROP));
+            res.on("drain", resume);
+            hooks.onResponse(status);
+            return true;
+          },
+          onData: (chunk: Buffer) => res.write(chunk),
+          onComplete: () => {
+            res.end();
+          },
+          onError: (error: Error) => {
+            if (clientGone) return;
+            const reason = errorReason(error as NodeJS.ErrnoException);
+            if (responded || res.headersSent) {
+              // The sandbox side broke mid-body: reset the client rather than end cleanly, so it
+              // cannot mistake a truncated body for a whole one.
+              hooks.onBroken(reason);
+              res.destroy();
+              return;
+            }
+            // A pooled connection the sandbox closed just as it was reused: replay if nothing was consumed.
+            if (reason === "reset" && !bodyStarted && staleResends < MAX_STALE_RESENDS) {
+              staleResends += 1;
+              return send();
+            }
+            if (reason === "refused" && !bodyStarted && attempt < this.options.connectRetries) {
+              attempt += 1;
+              setTimeout(() => {
+                if (!clientGone) send();
+              }, 100 * attempt);
+              return;
+            }
+            hooks.onUnreachable(reason);
+          },
+        },
+      );
     };
     send();
   }
@@ -344,23 +333,68 @@ export class Forwarder {
     };
   }
 
-  /** Closes pooled connections of a sandbox's incarnations other than `keepExec` (all when undefined). */
+  /**
+   * Closes the pools of a sandbox's incarnations other than `keepExec` (all when undefined). Their exchanges in
+   * flight are cut by the caller (SandboxConnections) for the same reason, so nothing open is lost here.
+   */
   dropIdle(sandboxId: string, keepExec: string | undefined): void {
-    const prefix = `|${sandboxId}|`;
-    for (const agent of this.relayAgent ? [this.agent, this.relayAgent] : [this.agent]) {
-      for (const [name, sockets] of Object.entries(agent.freeSockets)) {
-        const at = name.lastIndexOf(prefix);
-        if (at < 0 || name.length < at + prefix.length) continue;
-        if (keepExec !== undefined && name.slice(at + prefix.length) === keepExec) continue;
-        for (const socket of sockets ?? []) socket.destroy();
-      }
+    const prefix = `${sandboxId}|`;
+    for (const [key, pool] of this.pools) {
+      if (!key.startsWith(prefix)) continue;
+      if (keepExec !== undefined && key.startsWith(`${prefix}${keepExec}|`)) continue;
+      this.pools.delete(key);
+      void pool.destroy().catch(() => {});
     }
   }
 
   close(): void {
-    this.agent.destroy();
-    this.relayAgent?.destroy();
+    for (const pool of this.pools.values()) void pool.destroy().catch(() => {});
+    this.pools.clear();
   }
+}
+
+/**
+ * The client's body as a stream the upstream client may consume, or destroy on a failed attempt, without
+ * touching `req` before its first read. That read comes only once connected, so a refused attempt can be
+ * retried with the body intact.
+ */
+function deferredBody(req: IncomingMessage, onStart: () => void): Readable {
+  let started = false;
+  const onData = (chunk: Buffer) => {
+    if (!body.push(chunk)) req.pause();
+  };
+  const onEnd = () => body.push(null);
+  const onAborted = () => body.destroy(Object.assign(new Error("client aborted the request"), { code: "ECONNRESET" }));
+  const detach = () => {
+    req.off("data", onData);
+    req.off("end", onEnd);
+    req.off("error", onAborted);
+    req.off("aborted", onAborted);
+  };
+  const body: Readable = new Readable({
+    read() {
+      if (!started) {
+        started = true;
+        onStart();
+        req.on("data", onData);
+        req.once("end", onEnd);
+        req.once("error", onAborted);
+        req.once("aborted", onAborted);
+      }
+      req.resume();
+    },
+    destroy(error, callback) {
+      detach();
+      callback(error);
+    },
+  });
+  return body;
+}
+
+function latin1Headers(raw: readonly Buffer[]): string[] {
+  const out = new Array<string>(raw.length);
+  for (let i = 0; i < raw.length; i++) out[i] = raw[i]!.toString("latin1");
+  return out;
 }
 
 /** Copies raw request headers minus `drop`, with Host masked when the route asks for it. */
@@ -445,8 +479,10 @@ function errorReason(error: NodeJS.ErrnoException): UpstreamErrorReason {
       return "refused";
     case "ECONNRESET":
     case "EPIPE":
+    case "UND_ERR_SOCKET":
       return "reset";
     case "ETIMEDOUT":
+    case "UND_ERR_CONNECT_TIMEOUT":
       return "timeout";
     case "ERELAYAUTH":
     case "ERELAYPROTO":

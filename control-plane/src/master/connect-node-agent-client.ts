@@ -128,9 +128,15 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
       }));
     });
 
-  stats: NodeAgentClient["stats"] = (sandboxId) =>
+  stats: NodeAgentClient["stats"] = (sandboxId, leases) =>
     call(async () => {
-      const response = await this.client.stats({ sandboxId }, { timeoutMs: TIMEOUT_MS.list });
+      const response = await this.client.stats(
+        {
+          sandboxId,
+          ...(leases ? { envdAccessToken: leases.envdAccessToken, leaseEventsAfter: BigInt(leases.after) } : {}),
+        },
+        { timeoutMs: TIMEOUT_MS.list },
+      );
       return {
         memoryUsageBytes: Number(response.memoryUsageBytes),
         memoryLimitBytes: Number(response.memoryLimitBytes),
@@ -138,6 +144,15 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
         diskUsageBytes: Number(response.diskUsageBytes),
         diskLimitBytes: Number(response.diskLimitBytes),
         oomKills: response.oomKills,
+        leaseEvents: response.leaseEvents.map((e) => ({
+          seq: Number(e.seq),
+          type: e.type,
+          pid: e.pid,
+          tag: e.tag,
+          ttlMs: Number(e.ttlMs),
+          signal: e.signal,
+          at: e.at,
+        })),
       };
     });
 

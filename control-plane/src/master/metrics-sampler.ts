@@ -2,8 +2,11 @@ import { type Db, withTransaction } from "../store/db.js";
 import { appendEvent } from "../store/events.js";
 import { getSandbox, type SandboxRow, toSandboxRow } from "../store/sandboxes.js";
 import { notFound } from "./errors.js";
-import { type NodeAgentConnector, NodeAgentError } from "./node-agent-client.js";
+import { type LeaseEventOnNode, type NodeAgentConnector, NodeAgentError } from "./node-agent-client.js";
 import type { NodeRegistry } from "./node-registry.js";
+import type { TokenIssuer } from "./tokens.js";
+
+const LEASE_EVENT_TYPES = new Set(["process.lease", "process.lease_renewed", "process.lease_reaped"]);
 
 /** E2B's SandboxMetric, one sample. */
 export interface SandboxMetricSample {
@@ -32,9 +35,17 @@ export class SandboxMetricsSampler {
   /** Each sandbox's OOM kill count at its last sample, and the count its ledger has reported. */
   private readonly oomKills = new Map<string, number>();
   private readonly oomReported = new Map<string, number>();
+  /** Each sandbox's last envd lease journal entry in the ledger (read back from it after a master restart). */
+  private readonly leaseSeen = new Map<string, number>();
 
   constructor(
-    private readonly deps: { readonly db: Db; readonly registry: NodeRegistry; readonly nodeAgent: NodeAgentConnector },
+    private readonly deps: {
+      readonly db: Db;
+      readonly registry: NodeRegistry;
+      readonly nodeAgent: NodeAgentConnector;
+      /** With it, the pass also asks envd (through the node) for its process lease journal, for the ledger. */
+      readonly tokens?: TokenIssuer;
+    },
   ) {}
 
   /** The stored series of a sandbox of `teamId` (any state, within retention), with a sample of now if running. */
@@ -132,18 +143,61 @@ export class SandboxMetricsSampler {
     if (this.oomReported.size > 10_000) this.oomReported.delete(this.oomReported.keys().next().value as string);
   }
 
+  private async leaseCursor(sandboxId: string): Promise<number> {
+    const seen = this.leaseSeen.get(sandboxId);
+    if (seen !== undefined) return seen;
+    const last = await this.deps.db.query<{ seq: string | null }>(
+      `SELECT data->>'seq' AS seq FROM sandbox_events WHERE sandbox_id = $1 AND type LIKE 'process.lease%'
+       ORDER BY id DESC LIMIT 1`,
+      [sandboxId],
+    );
+    const cursor = Number(last.rows[0]?.seq ?? 0);
+    this.leaseSeen.set(sandboxId, cursor);
+    if (this.leaseSeen.size > 10_000) this.leaseSeen.delete(this.leaseSeen.keys().next().value as string);
+    return cursor;
+  }
+
+  /** envd's lease journal since the last pass becomes `process.lease`, `process.lease_renewed`, `process.lease_reaped`. */
+  private async reportLeaseEvents(row: SandboxRow, events: readonly LeaseEventOnNode[]): Promise<void> {
+    const cursor = await this.leaseCursor(row.id);
+    const fresh = events.filter((e) => e.seq > cursor && LEASE_EVENT_TYPES.has(e.type));
+    if (fresh.length === 0) return;
+    await withTransaction(this.deps.db, async (tx) => {
+      for (const e of fresh) {
+        await appendEvent(tx, {
+          sandboxId: row.id,
+          teamId: row.teamId,
+          type: e.type,
+          data: {
+            seq: e.seq,
+            pid: e.pid,
+            ...(e.tag ? { tag: e.tag } : {}),
+            ttlMs: e.ttlMs,
+            ...(e.signal ? { signal: e.signal } : {}),
+            at: e.at,
+          },
+        });
+      }
+    });
+    this.leaseSeen.set(row.id, Math.max(...fresh.map((e) => e.seq)));
+  }
+
   private async live(row: SandboxRow): Promise<SandboxMetricSample | undefined> {
     const sandboxId = row.id;
     if (row.state !== "running" || !row.nodeId) return undefined;
     const node = (await this.deps.registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
     if (!node) return undefined;
     let stats: Awaited<ReturnType<ReturnType<NodeAgentConnector>["stats"]>>;
+    const leases = this.deps.tokens
+      ? { envdAccessToken: this.deps.tokens.envdToken(row.id, row.tokenNonce), after: await this.leaseCursor(row.id) }
+      : undefined;
     try {
-      stats = await this.deps.nodeAgent(node.nodeId, node.addr).stats(sandboxId);
+      stats = await this.deps.nodeAgent(node.nodeId, node.addr).stats(sandboxId, leases);
     } catch (error) {
       if (error instanceof NodeAgentError) return undefined;
       throw error;
     }
+    if (stats.leaseEvents?.length) await this.reportLeaseEvents(row, stats.leaseEvents);
     if (stats.oomKills !== undefined) this.oomKills.set(sandboxId, stats.oomKills);
     if (this.oomKills.size > 10_000) this.oomKills.delete(this.oomKills.keys().next().value as string);
     const now = Date.now();

@@ -117,6 +117,18 @@ export interface SandboxStats {
   readonly diskLimitBytes: number;
   /** Processes the kernel killed at the sandbox's memory limit since it started. */
   readonly oomKills?: number;
+  /** envd's process lease journal after the asked sequence number (only when the envd token was given). */
+  readonly leaseEvents?: readonly LeaseEventOnNode[];
+}
+
+export interface LeaseEventOnNode {
+  readonly seq: number;
+  readonly type: string;
+  readonly pid: number;
+  readonly tag: string;
+  readonly ttlMs: number;
+  readonly signal: string;
+  readonly at: string;
 }
 
 export interface ResumeOnNodeRequest {
@@ -164,7 +176,11 @@ export interface NodeAgentClient {
   /** Kills the sandbox and deletes its route; not_found when the node does not have it. */
   kill(sandboxId: string): Promise<void>;
   list(): Promise<SandboxOnNode[]>;
-  stats(sandboxId: string): Promise<SandboxStats>;
+  /** With `leases`, envd's process lease journal after `leases.after` comes along (the token is never logged). */
+  stats(
+    sandboxId: string,
+    leases?: { readonly envdAccessToken: string; readonly after: number },
+  ): Promise<SandboxStats>;
   pause(sandboxId: string, memory: boolean): Promise<void>;
   resume(request: ResumeOnNodeRequest): Promise<SandboxPlacement>;
   /** Replaces a running or paused sandbox's egress policy; not_found when the node does not have it. */

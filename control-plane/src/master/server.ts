@@ -62,7 +62,12 @@ export class Master {
     },
   ) {
     this.registry = new NodeRegistry(redis, kubernetes?.view, () => cordonedNodeIds(db));
-    this.metrics = new SandboxMetricsSampler({ db, registry: this.registry, nodeAgent });
+    this.metrics = new SandboxMetricsSampler({
+      db,
+      registry: this.registry,
+      nodeAgent,
+      tokens: new TokenIssuer(config.tokenSecret),
+    });
     this.lifecycle = new SandboxLifecycle({
       db,
       redis,

@@ -25,6 +25,7 @@ import { type CommandEvent, type CommandSpec, runInSandbox, writeInSandbox } fro
 import { parseSandboxLog, type SandboxLogLine } from "./sandbox-log.js";
 import {
   type CreateSandboxInput,
+  type LeaseJournalEntry,
   type NodeInfo,
   placementOf,
   type ResumeSandboxInput,
@@ -737,6 +738,29 @@ export class NodeAgent {
     const sandbox = this.sandboxes.get(sandboxId);
     if (!sandbox) throw new AgentError("not_found", `sandbox '${sandboxId}' is not on this node`);
     return this.driver.stats(sandbox.instanceId);
+  }
+
+  /**
+   * envd's process lease journal after `after` (the master appends it to the ledger). Best effort: an envd that
+   * does not answer in time, or predates leases, has none to report now.
+   */
+  async leaseEvents(sandboxId: string, envdAccessToken: string, after: number): Promise<LeaseJournalEntry[]> {
+    const sandbox = this.sandboxes.get(sandboxId);
+    if (!sandbox || sandbox.paused) return [];
+    try {
+      const res = await fetch(`${sandbox.envdUrl}/warren/leases/events?after=${Math.max(0, Math.floor(after))}`, {
+        headers: { "X-Access-Token": envdAccessToken },
+        signal: AbortSignal.timeout(1000),
+      });
+      if (!res.ok) {
+        await res.body?.cancel();
+        return [];
+      }
+      const body = (await res.json()) as { events?: LeaseJournalEntry[] };
+      return Array.isArray(body.events) ? body.events.slice(0, 1000) : [];
+    } catch {
+      return [];
+    }
   }
 
   info(): NodeInfo {

@@ -56,6 +56,17 @@ export interface SandboxPlacement {
   readonly pooled: boolean;
 }
 
+/** One entry of envd's process lease journal (`GET /warren/leases/events`). */
+export interface LeaseJournalEntry {
+  readonly seq: number;
+  readonly type: string;
+  readonly pid: number;
+  readonly tag?: string;
+  readonly ttlMs: number;
+  readonly signal?: string;
+  readonly at: string;
+}
+
 export interface SandboxSummary {
   readonly sandboxId: string;
   readonly exec: string;

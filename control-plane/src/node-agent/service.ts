@@ -99,7 +99,19 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
     stats: (req) =>
       guard("Stats", { sandboxId: req.sandboxId }, async () => {
         const stats = await agent.stats(req.sandboxId);
+        const leaseEvents = req.envdAccessToken
+          ? await agent.leaseEvents(req.sandboxId, req.envdAccessToken, Number(req.leaseEventsAfter))
+          : [];
         return {
+          leaseEvents: leaseEvents.map((e) => ({
+            seq: BigInt(e.seq),
+            type: e.type,
+            pid: e.pid,
+            tag: e.tag ?? "",
+            ttlMs: BigInt(e.ttlMs),
+            signal: e.signal ?? "",
+            at: e.at,
+          })),
           sandboxId: req.sandboxId,
           memoryUsageBytes: BigInt(stats.memoryUsageBytes),
           memoryLimitBytes: BigInt(Math.min(stats.memoryLimitBytes, Number.MAX_SAFE_INTEGER)),
