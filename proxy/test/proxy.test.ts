@@ -151,6 +151,38 @@ describe("E2B's error answers, byte for byte", () => {
     );
   });
 
+  it("a request with a body gets the same 502 from a closed port, and a chunked body reaches an open one whole", async () => {
+    const port = await closedPort();
+    const { sandboxId } = await runningSandbox({ ports: { "8080": `127.0.0.1:${port}` } });
+    const body = "x".repeat(100_000);
+    const refused = await send(proxy.port, { host: `8080-${sandboxId}.warren.test`, method: "POST", body });
+    expect(refused.status).toBe(502);
+    expect(JSON.parse(refused.body)).toMatchObject({
+      message: "The sandbox is running but port is not open",
+      port: 8080,
+    });
+    const late = await startUpstream((req, res) => {
+      let length = 0;
+      req.on("data", (chunk: Buffer) => {
+        length += chunk.length;
+      });
+      req.on("end", () => res.end(`got ${length}`));
+    });
+    try {
+      const open = await runningSandbox({ ports: { "8080": `127.0.0.1:${late.port}` } });
+      const reply = await send(proxy.port, {
+        host: `8080-${open.sandboxId}.warren.test`,
+        method: "POST",
+        headers: { "Transfer-Encoding": "chunked" },
+        body,
+      });
+      expect(reply.status).toBe(200);
+      expect(reply.body).toBe(`got ${body.length}`);
+    } finally {
+      await late.close();
+    }
+  });
+
   it("404 for control-only envd paths such as /init, before any route lookup", async () => {
     const sandboxId = randomSandboxId(); // no route: the refusal must not depend on the sandbox
     for (const path of ["/init", "/init/", "/files/../init", "/%69nit"]) {
