@@ -159,9 +159,11 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
     await sandbox.files.write("/home/user/notes.txt", "kept across pause");
     const sleeper = await sandbox.commands.run("sleep 100000", { background: true });
     expect(sleeper.pid).toBeGreaterThan(0);
-    // Restored from a snapshot taken earlier, the guest's clock was set to the host's before create returned.
+    // Restored from a snapshot taken minutes earlier, the guest's clock was set to the host's before create
+    // returned (unset, it would be off by those minutes). An emulated guest's clock runs slow while the host is
+    // loaded: seconds of drift between the set and this read are the emulation's, not a missed set.
     const guestClock = Number((await sandbox.commands.run("date +%s")).stdout.trim());
-    expect(Math.abs(guestClock - Date.now() / 1000)).toBeLessThan(3);
+    expect(Math.abs(guestClock - Date.now() / 1000)).toBeLessThan(15);
 
     const summary = running.agent.get("mvlife")!;
     const dir = running.driver.instanceDir(summary.instanceId);
@@ -289,7 +291,7 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
       await client.kill({ sandboxId: id });
       created.delete(id);
     }
-  });
+  }, 120_000);
 
   it("the instant tier: QMP stop freezes the whole guest (envd stops answering) and cont brings it back", async () => {
     const placement = await createSandbox("mvfreeze");
@@ -308,7 +310,7 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
     await running.driver.resume(instanceId);
     const alive = await sandbox.commands.run(`kill -0 ${ticker.pid} && echo running`);
     expect(alive.stdout.trim()).toBe("running");
-  });
+  }, 120_000);
 
   it("the guest's console log on the node (written by the guest: a sandbox's root floods it) stays under its cap", async () => {
     const placement = await createSandbox("mvlog");
