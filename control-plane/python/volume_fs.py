@@ -155,7 +155,35 @@ def op_mkdir(path, options):
     return entry(path)
 
 
+def read_exactly(count):
+    data = b""
+    while len(data) < count:
+        chunk = sys.stdin.buffer.read(count - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def framed_chunks():
+    """The upload as the api frames it: 4-byte big-endian lengths, a 0 length at the end. A stream that stops
+    before that end is an interrupted upload (the client went away), never a shorter file."""
+    while True:
+        header = read_exactly(4)
+        if header is None:
+            raise Refusal(400, "the upload was interrupted")
+        size = int.from_bytes(header, "big")
+        if size == 0:
+            return
+        chunk = read_exactly(size)
+        if chunk is None:
+            raise Refusal(400, "the upload was interrupted")
+        yield chunk
+
+
 def op_write(path, options):
+    """Written to a hidden file next to the target, which takes the target's name only once the whole upload is
+    there: a refused or interrupted upload leaves the volume as it was (an existing file keeps its content)."""
     uid, gid = owner(options)
     mode = options.get("mode", 0o666)
     force = options.get("force", False)
@@ -165,27 +193,37 @@ def op_write(path, options):
         if not force:
             raise Refusal(404, f"parent folder '{parent}' not found")
         make_parents(path, uid, gid)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if force else os.O_EXCL)
+    if not force and os.path.lexists(path):
+        raise Refusal(409, f"path '{path}' already exists")
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise Refusal(400, f"path '{path}' is a directory")
     room = None if quota is None else quota - usage_bytes()
-    fd = os.open(path, flags, 0o600)
+    staging = posixpath.join(parent, f".warren-upload-{os.urandom(6).hex()}")
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     written = 0
     try:
         with os.fdopen(fd, "wb", closefd=False) as out:
-            while True:
-                chunk = sys.stdin.buffer.read(CHUNK)
-                if not chunk:
-                    break
+            for chunk in framed_chunks():
                 written += len(chunk)
                 if room is not None and written > room:
                     raise Refusal(507, f"the volume's quota of {quota} bytes would be exceeded writing '{path}'")
                 out.write(chunk)
         os.fchmod(fd, mode)
         os.fchown(fd, uid, gid)
-    except BaseException:
         os.close(fd)
-        os.unlink(path)
+        fd = -1
+        if force:
+            os.replace(staging, path)
+        else:
+            # link() fails if the name appeared meanwhile: still an exclusive create.
+            os.link(staging, path)
+            os.unlink(staging)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        if os.path.lexists(staging):
+            os.unlink(staging)
         raise
-    os.close(fd)
     return entry(path)
 
 

@@ -11,7 +11,6 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Sandbox } from "e2b";
-import { Redis } from "ioredis";
 import { LocalCluster } from "../dist/cluster.js";
 
 const quick = process.argv.includes("--quick");
@@ -41,19 +40,6 @@ async function api(path) {
   return res.json();
 }
 
-async function admin(method, path) {
-  await fetch(`${env.WARREN_API_URL}${path}`, { method, headers: { "X-Admin-Token": env.WARREN_ADMIN_TOKEN } });
-}
-
-async function nodeOf(sandboxId) {
-  const redis = new Redis(cluster.redisUrl, { maxRetriesPerRequest: 1 });
-  try {
-    return (await redis.hget(`warren:route:${sandboxId}`, "node")) ?? "";
-  } finally {
-    redis.disconnect();
-  }
-}
-
 /** ms from now until the api says the paused sandbox is durable. */
 async function untilDurable(sandboxId) {
   const t0 = performance.now();
@@ -68,10 +54,10 @@ async function untilDurable(sandboxId) {
 async function scenario(label, megabytes, nodeIndex, nodeId) {
   // Everything of this scenario starts on `nodeId`: the other live nodes are cordoned meanwhile.
   const others = ["node-oa", "node-ob", "node-oc"].filter((n) => n !== nodeId);
-  for (const other of others) await admin("POST", `/warren/v1/admin/nodes/${other}/cordon`);
+  for (const other of others) await cluster.cordon(other, true);
   const sbx = await Sandbox.create("base", { timeoutMs: 600_000 });
-  for (const other of others) await admin("DELETE", `/warren/v1/admin/nodes/${other}/cordon`);
-  if ((await nodeOf(sbx.sandboxId)) !== nodeId) throw new Error(`${label}: not placed on ${nodeId}`);
+  for (const other of others) await cluster.cordon(other, false);
+  if ((await cluster.nodeOf(sbx.sandboxId)) !== nodeId) throw new Error(`${label}: not placed on ${nodeId}`);
   if (megabytes > 0) {
     await sbx.commands.run(`head -c ${megabytes}M /dev/urandom > /home/user/blob`, { timeoutMs: 120_000 });
   }
@@ -85,7 +71,7 @@ async function scenario(label, megabytes, nodeIndex, nodeId) {
   const resumeMs = performance.now() - t0;
   line(
     `resume on another node after loss, ${label}`,
-    `${resumeMs.toFixed(0)} ms (on ${await nodeOf(sbx.sandboxId)}, blob ${Math.round(Number(size) / 2 ** 20)} MiB)`,
+    `${resumeMs.toFixed(0)} ms (on ${await cluster.nodeOf(sbx.sandboxId)}, blob ${Math.round(Number(size) / 2 ** 20)} MiB)`,
   );
   await resumed.kill();
 }

@@ -4,7 +4,7 @@ import { rm } from "node:fs/promises";
 import { request as httpsRequest } from "node:https";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { NODES_SET_KEY, nodeKey, parseRedisPrefix } from "@warren/proto/redis";
+import { NODES_SET_KEY, nodeKey, parseRedisPrefix, routeKey } from "@warren/proto/redis";
 import { Redis } from "ioredis";
 import {
   freePort,
@@ -319,6 +319,30 @@ export class LocalCluster {
     const agent = this.nodeAgentChildren[index];
     if (!agent) throw new Error(`no node agent ${index}`);
     await agent.stop("SIGKILL");
+  }
+
+  /** The node a sandbox's route names ("" when it has none, e.g. while paused on no node). */
+  async nodeOf(sandboxId: string): Promise<string> {
+    const redis = new Redis(this.redisUrl, {
+      maxRetriesPerRequest: 1,
+      keyPrefix: parseRedisPrefix(this.options.env?.WARREN_REDIS_PREFIX),
+    });
+    redis.on("error", () => undefined); // a test may restart Redis on purpose; callers retry
+    try {
+      return (await redis.hget(routeKey(sandboxId), "node")) ?? "";
+    } finally {
+      redis.disconnect();
+    }
+  }
+
+  /** Cordons (`on`) or uncordons a node through the admin API; resolves with the answer's status. */
+  async cordon(nodeId: string, on: boolean): Promise<number> {
+    const res = await fetch(`${this.env.WARREN_API_URL}/warren/v1/admin/nodes/${nodeId}/cordon`, {
+      method: on ? "POST" : "DELETE",
+      headers: { "X-Admin-Token": this.env.WARREN_ADMIN_TOKEN },
+    });
+    await res.body?.cancel();
+    return res.status;
   }
 
   /**

@@ -2,9 +2,9 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Sandbox } from "e2b";
-import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type ClusterEnv, LocalCluster } from "../src/cluster.js";
+import { waitFor } from "../src/services.js";
 
 // Durable state: a paused sandbox and a snapshot outlive their node. After a pause the leader captures the paused
 // sandbox and publishes it to the cluster's store (here the embedded OCI layout directory every node reads); once
@@ -46,25 +46,6 @@ async function api(method: string, path: string, admin = false): Promise<{ statu
   return { status: res.status, body: text ? JSON.parse(text) : null };
 }
 
-async function nodeOf(sandboxId: string): Promise<string> {
-  const redis = new Redis(cluster.redisUrl, { maxRetriesPerRequest: 1 });
-  try {
-    return (await redis.hget(`warren:route:${sandboxId}`, "node")) ?? "";
-  } finally {
-    redis.disconnect();
-  }
-}
-
-async function until<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await probe();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 500));
-  }
-}
-
 /** Snapshot ids the embedded store holds (its OCI index). */
 function published(): string[] {
   try {
@@ -80,13 +61,13 @@ function published(): string[] {
 describe("durable state: paused sandboxes and snapshots outlive their node", () => {
   it("a paused sandbox resumes on another node after its node is gone; a snapshot is created there", async () => {
     // Everything starts on node-fa: node-fb is cordoned until node-fa is gone.
-    expect((await api("POST", "/warren/v1/admin/nodes/node-fb/cordon", true)).status).toBeLessThan(300);
+    expect(await cluster.cordon("node-fb", true)).toBe(204);
     const paused = await Sandbox.create("base", { timeoutMs: 300_000 });
     created.push(paused);
     const source = await Sandbox.create("base", { timeoutMs: 300_000 });
     created.push(source);
-    expect(await nodeOf(paused.sandboxId)).toBe("node-fa");
-    expect(await nodeOf(source.sandboxId)).toBe("node-fa");
+    expect(await cluster.nodeOf(paused.sandboxId)).toBe("node-fa");
+    expect(await cluster.nodeOf(source.sandboxId)).toBe("node-fa");
 
     await paused.files.write("/home/user/keep.txt", "kept across nodes");
     await paused.commands.run("mkdir -p /home/user/deep/tree && echo leaf > /home/user/deep/tree/leaf");
@@ -95,13 +76,19 @@ describe("durable state: paused sandboxes and snapshots outlive their node", () 
     expect(await paused.pause()).toBe(true);
 
     // Durable once the pause is in the store; the snapshot is published too.
-    const detail = await until("the pause to be durable", async () => {
-      const res = await api("GET", `/sandboxes/${paused.sandboxId}`);
-      return (res.body as { durable?: boolean }).durable === true ? res.body : undefined;
-    });
+    const detail = await waitFor(
+      "the pause to be durable",
+      async () => {
+        const res = await api("GET", `/sandboxes/${paused.sandboxId}`);
+        return (res.body as { durable?: boolean }).durable === true ? res.body : undefined;
+      },
+      60_000,
+    );
     expect(detail).toMatchObject({ state: "paused", durable: true });
-    await until("the snapshot to be published", async () =>
-      published().some((id) => id.startsWith("s")) ? true : undefined,
+    await waitFor(
+      "the snapshot to be published",
+      async () => (published().some((id) => id.startsWith("s")) ? true : undefined),
+      60_000,
     );
     const events = (await api("GET", `/warren/v1/sandboxes/${paused.sandboxId}/events`)).body as {
       events: { type: string }[];
@@ -110,16 +97,20 @@ describe("durable state: paused sandboxes and snapshots outlive their node", () 
 
     // node-fa is gone for good: stopped, its state folder (instances, snapshots) deleted.
     await cluster.removeNodeAgent(0);
-    expect((await api("DELETE", "/warren/v1/admin/nodes/node-fb/cordon", true)).status).toBeLessThan(300);
-    await until("node-fa to be down", async () => {
-      const nodes = (await api("GET", "/warren/v1/admin/nodes", true)).body as { id: string; state: string }[];
-      return nodes.find((n) => n.id === "node-fa")?.state === "down" ? true : undefined;
-    });
+    expect(await cluster.cordon("node-fb", false)).toBe(204);
+    await waitFor(
+      "node-fa to be down",
+      async () => {
+        const nodes = (await api("GET", "/warren/v1/admin/nodes", true)).body as { id: string; state: string }[];
+        return nodes.find((n) => n.id === "node-fa")?.state === "down" ? true : undefined;
+      },
+      60_000,
+    );
     // Still paused (not lost) while its node is down.
     expect((await api("GET", `/sandboxes/${paused.sandboxId}`)).body).toMatchObject({ state: "paused" });
 
     const resumed = await Sandbox.connect(paused.sandboxId, { timeoutMs: 120_000 });
-    expect(await nodeOf(resumed.sandboxId)).toBe("node-fb");
+    expect(await cluster.nodeOf(resumed.sandboxId)).toBe("node-fb");
     expect(await resumed.files.read("/home/user/keep.txt")).toBe("kept across nodes");
     expect((await resumed.commands.run("cat /home/user/deep/tree/leaf")).stdout).toBe("leaf\n");
     const moved = (await api("GET", `/warren/v1/sandboxes/${paused.sandboxId}/events`)).body as {
@@ -132,7 +123,7 @@ describe("durable state: paused sandboxes and snapshots outlive their node", () 
 
     const child = await Sandbox.create(snapshot.snapshotId, { timeoutMs: 120_000 });
     created.push(child);
-    expect(await nodeOf(child.sandboxId)).toBe("node-fb");
+    expect(await cluster.nodeOf(child.sandboxId)).toBe("node-fb");
     expect(await child.files.read("/home/user/snap.txt")).toBe("from the snapshot");
   }, 300_000);
 });

@@ -2,7 +2,6 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Sandbox, Template } from "e2b";
-import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type ClusterEnv, LocalCluster } from "../src/cluster.js";
 import { startRegistry } from "../src/registry.js";
@@ -46,23 +45,6 @@ afterAll(async () => {
   rmSync(dataDir, { recursive: true, force: true });
 }, 120_000);
 
-async function nodeOf(sandboxId: string): Promise<string> {
-  const redis = new Redis(cluster.redisUrl, { maxRetriesPerRequest: 1 });
-  try {
-    return (await redis.hget(`warren:route:${sandboxId}`, "node")) ?? "";
-  } finally {
-    redis.disconnect();
-  }
-}
-
-async function cordon(nodeId: string, on: boolean): Promise<void> {
-  const res = await fetch(`${env.WARREN_API_URL}/warren/v1/admin/nodes/${nodeId}/cordon`, {
-    method: on ? "POST" : "DELETE",
-    headers: { "X-Admin-Token": env.WARREN_ADMIN_TOKEN },
-  });
-  expect(res.status).toBeLessThan(300);
-}
-
 describe("the template store across nodes", () => {
   it("a template built on one node starts sandboxes on the other, pulled from the registry", async () => {
     const template = Template()
@@ -78,14 +60,14 @@ describe("the template store across nodes", () => {
 
     const first = await Sandbox.create("portable", { timeoutMs: 120_000 });
     created.push(first);
-    const builtOn = await nodeOf(first.sandboxId);
+    const builtOn = await cluster.nodeOf(first.sandboxId);
     expect(["node-ua", "node-ub"]).toContain(builtOn);
     const other = builtOn === "node-ua" ? "node-ub" : "node-ua";
-    await cordon(builtOn, true);
+    expect(await cluster.cordon(builtOn, true)).toBe(204);
     try {
       const moved = await Sandbox.create("portable", { timeoutMs: 120_000 });
       created.push(moved);
-      expect(await nodeOf(moved.sandboxId)).toBe(other);
+      expect(await cluster.nodeOf(moved.sandboxId)).toBe(other);
       expect((await moved.commands.run("cat /opt/where")).stdout.trim()).toBe("portable");
       expect((await moved.commands.run("stat -c %s /opt/blob")).stdout.trim()).toBe("3000000");
       const page = await moved.commands.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8123/");
@@ -93,9 +75,9 @@ describe("the template store across nodes", () => {
       // The second create there uses the copy it pulled.
       const again = await Sandbox.create("portable", { timeoutMs: 120_000 });
       created.push(again);
-      expect(await nodeOf(again.sandboxId)).toBe(other);
+      expect(await cluster.nodeOf(again.sandboxId)).toBe(other);
     } finally {
-      await cordon(builtOn, false);
+      expect(await cluster.cordon(builtOn, false)).toBe(204);
     }
   }, 240_000);
 

@@ -2,7 +2,6 @@ import { mkdtempSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Sandbox, Volume, VolumeNotFoundError, VolumePathNotFoundError } from "e2b";
-import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type ClusterEnv, LocalCluster } from "../src/cluster.js";
 
@@ -48,23 +47,6 @@ async function sandboxWith(mounts: Record<string, Volume | string>): Promise<San
   const sandbox = await Sandbox.create("base", { volumeMounts: mounts, timeoutMs: 120_000 });
   sandboxes.push(sandbox);
   return sandbox;
-}
-
-async function nodeOf(sandboxId: string): Promise<string> {
-  const redis = new Redis(cluster.redisUrl, { maxRetriesPerRequest: 1 });
-  try {
-    return (await redis.hget(`warren:route:${sandboxId}`, "node")) ?? "";
-  } finally {
-    redis.disconnect();
-  }
-}
-
-async function cordon(nodeId: string, on: boolean): Promise<void> {
-  const res = await fetch(`${env.WARREN_API_URL}/warren/v1/admin/nodes/${nodeId}/cordon`, {
-    method: on ? "POST" : "DELETE",
-    headers: { "X-Admin-Token": env.WARREN_ADMIN_TOKEN },
-  });
-  expect(res.status).toBeLessThan(300);
 }
 
 async function otherTeamKey(): Promise<string> {
@@ -166,15 +148,15 @@ describe("volumes: mounted into sandboxes", () => {
     const volume = await newVolume("shared-1");
     const a = await sandboxWith({ "/mnt/data": volume });
     // The second sandbox runs on the other node: both nodes bind the same shared folder.
-    const nodeA = await nodeOf(a.sandboxId);
-    await cordon(nodeA, true);
+    const nodeA = await cluster.nodeOf(a.sandboxId);
+    expect(await cluster.cordon(nodeA, true)).toBe(204);
     let b: Sandbox;
     try {
       b = await sandboxWith({ "/mnt/data": "shared-1" });
     } finally {
-      await cordon(nodeA, false);
+      expect(await cluster.cordon(nodeA, false)).toBe(204);
     }
-    expect(await nodeOf(b.sandboxId)).not.toBe(nodeA);
+    expect(await cluster.nodeOf(b.sandboxId)).not.toBe(nodeA);
     expect((await a.getInfo()).volumeMounts).toEqual([{ name: "shared-1", path: "/mnt/data" }]);
 
     await a.commands.run("echo from-a > /mnt/data/note.txt && mkdir /mnt/data/work");

@@ -69,11 +69,31 @@ export async function runVolumeOp(
   });
   if (input) {
     // The helper may refuse before reading its input (a missing parent): a broken pipe is its answer, not ours.
-    await pipeline(input, child.stdin).catch(() => undefined);
+    // An input that fails midway (the client went away) ends without the closing frame: the helper discards it.
+    await pipeline(input, framed, child.stdin).catch(() => undefined);
   } else child.stdin.end();
   const code = await exited;
   if (code !== 0) throw refusal(stderr(), code);
   return stdout.trim() === "" ? null : JSON.parse(stdout);
+}
+
+const MAX_FRAME = 1 << 20;
+
+/**
+ * A write's content as the helper reads it: each chunk after its 4-byte big-endian length, then a 0 length. Only
+ * an upload that arrived whole carries that end, so an interrupted one can never become a shorter file.
+ */
+async function* framed(source: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
+  for await (const chunk of source) {
+    for (let at = 0; at < chunk.length; at += MAX_FRAME) {
+      const part = chunk.subarray(at, at + MAX_FRAME);
+      const header = Buffer.alloc(4);
+      header.writeUInt32BE(part.length);
+      yield header;
+      yield part;
+    }
+  }
+  yield Buffer.alloc(4);
 }
 
 /**
