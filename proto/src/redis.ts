@@ -125,6 +125,8 @@ export interface SandboxRoute {
    * port); empty keeps the client's Host.
    */
   readonly maskRequestHost: string;
+  /** The user envd runs a request as when it names none (the exec policy's `asRoot` needs it); absent: `user`. */
+  readonly defaultUser?: string;
 }
 
 export function routeToHash(route: SandboxRoute): Record<string, string> {
@@ -142,6 +144,7 @@ export function routeToHash(route: SandboxRoute): Record<string, string> {
     trafficTokenHash: route.trafficTokenHash,
     autoResume: route.autoResume ? "1" : "0",
     maskRequestHost: route.maskRequestHost,
+    ...(route.defaultUser ? { defaultUser: route.defaultUser } : {}),
   };
 }
 
@@ -172,6 +175,7 @@ export function routeFromHash(hash: Record<string, string> | null | undefined): 
     trafficTokenHash: hash.trafficTokenHash ?? "",
     autoResume: hash.autoResume === "1",
     maskRequestHost: hash.maskRequestHost ?? "",
+    ...(hash.defaultUser ? { defaultUser: hash.defaultUser } : {}),
   };
 }
 

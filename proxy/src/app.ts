@@ -2,6 +2,7 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { Redis } from "ioredis";
 import type { ProxyConfig } from "./config.js";
+import { type ExecDecider, ExecGate, RedisPolicySource } from "./exec-gate.js";
 import type { Logger } from "./log.js";
 import { ProxyMetrics } from "./metrics.js";
 import type { SandboxResumer } from "./resume.js";
@@ -24,6 +25,8 @@ export interface StartOptions {
   readonly resumer?: SandboxResumer;
   /** Redeems secret grants on envd Start requests; without one such a request fails with failed_precondition. */
   readonly secretGrants?: SecretGrantRedeemer;
+  /** With one, teams' exec policies (read from Redis) are enforced on envd starts and file writes. */
+  readonly execDecider?: ExecDecider;
   readonly metrics?: ProxyMetrics;
 }
 
@@ -77,6 +80,7 @@ export async function startProxy(config: ProxyConfig, options: StartOptions): Pr
     log,
     ...(options.resumer ? { resumer: options.resumer } : {}),
     ...(options.secretGrants ? { secretGrants: options.secretGrants } : {}),
+    ...(options.execDecider ? { execGate: new ExecGate(new RedisPolicySource(redis), options.execDecider) } : {}),
   });
   const address = await proxy.listen();
   log.info("proxy listening", {

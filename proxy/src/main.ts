@@ -6,6 +6,7 @@ import { AggregatorRegistry } from "prom-client";
 import { type RunningProxy, startMetricsServer, startProxy } from "./app.js";
 import { ConfigError, loadConfig, type ProxyConfig } from "./config.js";
 import { type ControlPlaneResumer, resumerFromEnv } from "./control-plane-resumer.js";
+import { execDeciderFromEnv } from "./exec-gate.js";
 import { createLogger, type Logger } from "./log.js";
 import { ProxyMetrics } from "./metrics.js";
 import { grantRedeemerFromEnv } from "./secret-grants.js";
@@ -39,11 +40,14 @@ async function runWorker(config: ProxyConfig, isClusterWorker: boolean): Promise
   }
   // Secret grants are redeemed at the same api, with the same URL and token.
   const secretGrants = grantRedeemerFromEnv(process.env);
+  // So are exec policy decisions (deny records, reviews, approvals); the policies themselves come from Redis.
+  const execDecider = execDeciderFromEnv(process.env);
   const running = await startProxy(config, {
     log,
     metrics,
     ...(resumer ? { resumer } : {}),
     ...(secretGrants ? { secretGrants } : {}),
+    ...(execDecider ? { execDecider } : {}),
   });
   const metricsServer =
     !isClusterWorker && config.metricsPort !== undefined

@@ -138,8 +138,8 @@ export function secretEnvHeader(env: Record<string, string>): [string, string] {
 }
 
 /** A Connect end-of-stream message carrying an error: how a streaming call fails with a code and message. */
-export function connectStreamError(code: string, message: string): Buffer {
-  const json = Buffer.from(JSON.stringify({ error: { code, message } }), "utf8");
+export function connectStreamError(code: string, message: string, metadata?: Record<string, string[]>): Buffer {
+  const json = Buffer.from(JSON.stringify({ error: { code, message }, ...(metadata ? { metadata } : {}) }), "utf8");
   const head = Buffer.alloc(5);
   head[0] = 0x02;
   head.writeUInt32BE(json.length, 1);

@@ -10,6 +10,7 @@ import {
 import { createServer as createHttpsServer } from "node:https";
 import type { AddressInfo } from "node:net";
 import type { Duplex } from "node:stream";
+import { APPROVAL_HEADER, APPROVAL_ID_HEADER } from "@warren/proto/exec-policy";
 import type { RouteEvent, SandboxRoute } from "@warren/proto/redis";
 import type { ProxyConfig } from "./config.js";
 import {
@@ -19,6 +20,14 @@ import {
   TRAFFIC_TOKEN_HEADER,
   writeSocketError,
 } from "./errors.js";
+import {
+  type ExecGate,
+  ExecGateError,
+  gatedRequest,
+  MAX_GUARDED_UPLOAD_BYTES,
+  MAX_RPC_BODY_BYTES,
+  readBody,
+} from "./exec-gate.js";
 import { Forwarder, type Upstream } from "./forward.js";
 import { SandboxConnections } from "./limits.js";
 import type { Logger } from "./log.js";
@@ -46,9 +55,11 @@ export interface SandboxProxyDeps {
   readonly resumer?: SandboxResumer;
   /** Redeems secret grants carried by envd Start requests (the api's internal path). */
   readonly secretGrants?: SecretGrantRedeemer;
+  /** Enforces teams' exec policies on envd starts and file writes (exec-gate.ts); none: E2B's behaviour. */
+  readonly execGate?: ExecGate;
 }
 
-type Admission = { readonly upstream: Upstream } | { readonly error: ProxyError };
+type Admission = { readonly upstream: Upstream; readonly route?: SandboxRoute } | { readonly error: ProxyError };
 type Decision = Admission | { readonly resume: SandboxRoute };
 
 // E2B's placeholder in maskRequestHost, replaced by the requested port.
@@ -179,9 +190,19 @@ export class SandboxProxy {
     const answer = (admission: Admission) =>
       this.guarded(target, drop, () => {
         if (res.destroyed) return;
-        if ("error" in admission) this.answerHttp(req, res, admission.error, started);
-        else if (this.carriesStart(req, target)) this.forwardStart(req, res, target, admission.upstream, started);
-        else this.forwardHttp(req, res, target, admission.upstream, started);
+        if ("error" in admission) {
+          this.answerHttp(req, res, admission.error, started);
+          return;
+        }
+        const gated =
+          this.deps.execGate && admission.route && target.port === this.deps.config.envdPort
+            ? gatedRequest(req.method, req.url)
+            : undefined;
+        if ((gated === "file-rpc" || gated === "files") && admission.route) {
+          this.forwardFileWrite(req, res, target, admission.upstream, admission.route, started, gated);
+        } else if (this.carriesStart(req, target)) {
+          this.forwardStart(req, res, target, admission.upstream, started, admission.route);
+        } else this.forwardHttp(req, res, target, admission.upstream, started);
       });
     this.guarded(target, drop, () => this.decide(req, target, answer));
   }
@@ -314,6 +335,7 @@ export class SandboxProxy {
             : undefined,
         ...(relayVia(this.deps.config, route) ? { relayVia: route.nodeAddr } : {}),
       },
+      route,
     };
   }
 
@@ -333,12 +355,19 @@ export class SandboxProxy {
     target: RouteTarget,
     upstream: Upstream,
     started: number,
+    route?: SandboxRoute,
   ): void {
     const abort = new AbortController();
     res.once("close", () => abort.abort());
     const prepare = async () => {
-      const body = await readStartBody(req);
-      const found = findGrant(header(req.headers, SECRET_GRANT_HEADER), req.headers["content-type"] ?? "", body);
+      const read = await readStartBody(req);
+      const contentType = req.headers["content-type"] ?? "";
+      const found = findGrant(header(req.headers, SECRET_GRANT_HEADER), contentType, read);
+      // The policy first: a held-back or denied start must not use up the command's secret grant.
+      const body =
+        this.deps.execGate && route
+          ? await this.deps.execGate.checkStart(route, this.gateHeaders(req), contentType, found.body)
+          : found.body;
       if (found.grant === undefined) return { headers: [] as [string, string][], body };
       if (!this.deps.secretGrants) {
         throw new SecretGrantError(
@@ -347,7 +376,7 @@ export class SandboxProxy {
         );
       }
       const env = await this.deps.secretGrants.redeem(target.sandboxId, found.grant, abort.signal);
-      return { headers: [secretEnvHeader(env)], body: found.body };
+      return { headers: [secretEnvHeader(env)], body };
     };
     prepare().then(
       (rewrite) => {
@@ -355,16 +384,103 @@ export class SandboxProxy {
       },
       (error: unknown) => {
         if (res.destroyed) return;
+        if (error instanceof ExecGateError) {
+          this.answerGateError(req, res, target, error, "stream");
+          return;
+        }
         const grantError =
           error instanceof SecretGrantError
             ? error
             : new SecretGrantError("invalid_argument", `start request could not be read: ${(error as Error).message}`);
         this.deps.log.warn("secret grant refused", { sandboxId: target.sandboxId, code: grantError.code });
         this.deps.metrics.requests.inc({ kind: "http", status: "200" });
-        res.writeHead(200, { "Content-Type": "application/connect+json" });
+        res.writeHead(200, { "Content-Type": streamContentType(req) });
         res.end(connectStreamError(grantError.code, grantError.message));
       },
     );
+  }
+
+  private gateHeaders(req: IncomingMessage) {
+    const authorization = header(req.headers, "authorization");
+    const approval = header(req.headers, APPROVAL_HEADER);
+    return { ...(authorization ? { authorization } : {}), ...(approval ? { approval } : {}) };
+  }
+
+  /**
+   * envd's file writes and removes under an exec policy that guards files: a unary file RPC's small body is read
+   * and decoded; `POST /files` is judged by its `path` query (streamed on untouched) or, for a multi-file form, by
+   * its parts' filenames (read whole, up to MAX_GUARDED_UPLOAD_BYTES).
+   */
+  private forwardFileWrite(
+    req: IncomingMessage,
+    res: ServerResponse,
+    target: RouteTarget,
+    upstream: Upstream,
+    route: SandboxRoute,
+    started: number,
+    kind: "file-rpc" | "files",
+  ): void {
+    const gate = this.deps.execGate as ExecGate;
+    const contentType = req.headers["content-type"] ?? "";
+    const url = req.url ?? "/";
+    const check = async (): Promise<Buffer | undefined> => {
+      if (kind === "file-rpc") {
+        const body = await readBody(req, MAX_RPC_BODY_BYTES);
+        await gate.checkFileRpc(route, this.gateHeaders(req), url, contentType, body);
+        return body;
+      }
+      return gate.checkUpload(route, this.gateHeaders(req), url, contentType, () =>
+        readBody(req, MAX_GUARDED_UPLOAD_BYTES),
+      );
+    };
+    check().then(
+      (body) => {
+        if (res.destroyed) return;
+        this.forwardHttp(req, res, target, upstream, started, body ? { headers: [], body } : undefined);
+      },
+      (error: unknown) => {
+        if (res.destroyed) return;
+        const gateError =
+          error instanceof ExecGateError
+            ? error
+            : new ExecGateError("invalid_argument", `request could not be read: ${(error as Error).message}`);
+        this.answerGateError(req, res, target, gateError, kind === "file-rpc" ? "unary" : "files");
+      },
+    );
+  }
+
+  /** The gate's refusal in the shape the client's protocol expects; a review's id also in a header. */
+  private answerGateError(
+    req: IncomingMessage,
+    res: ServerResponse,
+    target: RouteTarget,
+    error: ExecGateError,
+    shape: "stream" | "unary" | "files",
+  ): void {
+    this.deps.log.info("exec policy held a request back", {
+      sandboxId: target.sandboxId,
+      code: error.code,
+      ...(error.approvalId ? { approvalId: error.approvalId } : {}),
+    });
+    const approval = error.approvalId ? { [APPROVAL_ID_HEADER]: error.approvalId } : {};
+    if (shape === "stream") {
+      this.deps.metrics.requests.inc({ kind: "http", status: "200" });
+      res.writeHead(200, { "Content-Type": streamContentType(req), ...approval });
+      res.end(
+        connectStreamError(
+          error.code,
+          error.message,
+          error.approvalId ? { [APPROVAL_ID_HEADER]: [error.approvalId] } : undefined,
+        ),
+      );
+      return;
+    }
+    const status = error.httpStatus;
+    this.deps.metrics.requests.inc({ kind: "http", status: String(status) });
+    const body =
+      shape === "unary" ? { code: error.code, message: error.message } : { code: status, message: error.message };
+    res.writeHead(status, { "Content-Type": "application/json", ...approval });
+    res.end(JSON.stringify(body));
   }
 
   private forwardHttp(
@@ -545,6 +661,15 @@ export class SandboxProxy {
 export function relayVia(config: Pick<ProxyConfig, "relay" | "nodeId">, route: SandboxRoute): boolean {
   if (config.relay === "off") return false;
   return config.relay === "always" || route.node !== config.nodeId;
+}
+
+/**
+ * A streaming call answered with only its end-of-stream error keeps the client's codec in its content type: the
+ * end-stream message is JSON in both codecs, and a proto client refuses a JSON content type.
+ */
+function streamContentType(req: IncomingMessage): string {
+  const type = (req.headers["content-type"] ?? "").split(";")[0]?.trim().toLowerCase();
+  return type === "application/connect+proto" ? "application/connect+proto" : "application/connect+json";
 }
 
 function header(headers: IncomingHttpHeaders, name: string): string | undefined {

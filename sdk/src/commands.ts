@@ -1,7 +1,7 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { Signal } from "@warren/proto/process/process_pb";
 import type { ConnectionConfig } from "./config.js";
-import { type EnvdEndpoint, type EnvdRpc, userHeaders } from "./envd.js";
+import { approvalHeaders, type EnvdEndpoint, type EnvdRpc, userHeaders } from "./envd.js";
 import { InvalidArgumentError, type OutputLostError, rpcError, SandboxError } from "./errors.js";
 import {
   type CommandSecrets,
@@ -22,6 +22,11 @@ export interface CommandRequestOpts {
 
 export interface CommandStartOpts extends CommandRequestOpts, StreamResilience {
   background?: boolean;
+  /**
+   * Warren extra: an approval (from `ApprovalRequiredError.approvalId`, approved by an approver) for this command,
+   * which the team's exec policy holds for review; it starts once, and only exactly as first requested.
+   */
+  approval?: string;
   cwd?: string;
   user?: string;
   envs?: Record<string, string>;
@@ -306,7 +311,7 @@ export class Commands {
   }
 
   private async start(cmd: string, opts: CommandStartOpts): Promise<CommandHandle> {
-    const headers = userHeaders(opts.user);
+    const headers = { ...userHeaders(opts.user), ...approvalHeaders(opts.approval) };
     if (opts.lease !== undefined) {
       if (!opts.background) throw new InvalidArgumentError("a lease is for background commands (background: true)");
       headers[LEASE_HEADER] = String(opts.lease.ttlMs);

@@ -61,6 +61,13 @@ export function userHeaders(user: string | undefined): Record<string, string> {
   return user === undefined ? {} : { Authorization: `Basic ${Buffer.from(`${user}:`).toString("base64")}` };
 }
 
+/** Warren extra: the header carrying an approved exec review for the one request it was given for. */
+export const APPROVAL_HEADER = "Warren-Approval";
+
+export function approvalHeaders(approval: string | undefined): Record<string, string> {
+  return approval === undefined ? {} : { [APPROVAL_HEADER]: approval };
+}
+
 /**
  * Is the sandbox still there? `false` only when the proxy/envd says it is gone (502), `undefined`
  * when envd cannot be reached at all (the network may be what is down).

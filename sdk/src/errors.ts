@@ -66,6 +66,35 @@ export class OutputLostError extends SandboxError {
   }
 }
 
+/**
+ * Warren extra: the team's exec policy holds this command or file operation for review. An approver approves
+ * `approvalId` (`ExecApprovals.approve`, `warren approvals approve`, the console); then the same request, sent again
+ * with `{ approval: approvalId }`, runs once.
+ */
+export class ApprovalRequiredError extends SandboxError {
+  constructor(
+    message: string,
+    readonly approvalId: string,
+    options?: { cause?: unknown; statusCode?: number },
+  ) {
+    super(message, options);
+  }
+}
+
+/** Warren extra: a `deny` rule of the team's exec policy refused this command or file operation (it names the rule). */
+export class ExecDeniedError extends SandboxError {}
+
+// The gate's messages (proxy/src/exec-gate.ts) name the approval and the rule.
+const APPROVAL_IN_MESSAGE = /needs approval .*approval (apr_[0-9a-f]{20})/;
+const DENIED_IN_MESSAGE = /denied by exec policy rule/;
+
+function execPolicyError(message: string, options: { cause?: unknown; statusCode?: number }): Error | undefined {
+  const approvalId = APPROVAL_IN_MESSAGE.exec(message)?.[1];
+  if (approvalId) return new ApprovalRequiredError(message, approvalId, options);
+  if (DENIED_IN_MESSAGE.test(message)) return new ExecDeniedError(message, options);
+  return undefined;
+}
+
 const SANDBOX_TIMEOUT_HINT =
   "This error is likely due to sandbox timeout. You can modify the sandbox timeout by passing 'timeoutMs' when starting the sandbox or calling '.setTimeout' on the sandbox with the desired timeout.";
 
@@ -77,6 +106,10 @@ export function rpcError(error: unknown, options: { files?: boolean } = {}): Err
   if (error instanceof SandboxError || error instanceof AuthenticationError) return error;
   if (!(error instanceof ConnectError)) return error instanceof Error ? error : new SandboxError(String(error));
   const message = error.rawMessage;
+  if (error.code === Code.FailedPrecondition || error.code === Code.PermissionDenied) {
+    const policy = execPolicyError(message, { cause: error });
+    if (policy) return policy;
+  }
   switch (error.code) {
     case Code.InvalidArgument:
     case Code.OutOfRange:
@@ -114,6 +147,10 @@ export function envdHttpError(status: number, body: string, options: { files?: b
     if (typeof parsed.message === "string") message = parsed.message;
   } catch {
     // not JSON: the raw body is the message
+  }
+  if (status === 403) {
+    const policy = execPolicyError(message, { statusCode: status });
+    if (policy) return policy;
   }
   switch (status) {
     case 400:

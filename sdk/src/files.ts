@@ -9,7 +9,7 @@ import type { ConnectionConfig } from "./config.js";
 
 type BodyInit = NonNullable<RequestInit["body"]>;
 
-import { type EnvdEndpoint, type EnvdRpc, userHeaders } from "./envd.js";
+import { approvalHeaders, type EnvdEndpoint, type EnvdRpc, userHeaders } from "./envd.js";
 import { envdHttpError, InvalidArgumentError, rpcError, SandboxError } from "./errors.js";
 import { combine } from "./process-stream.js";
 import { type FileUrlOpts, fileUrl } from "./signature.js";
@@ -57,6 +57,11 @@ export type WriteEntry = { path: string; data: WriteData };
 
 export interface FilesystemRequestOpts {
   user?: string;
+  /**
+   * Warren extra: an approval (from `ApprovalRequiredError.approvalId`, approved by an approver) for this one
+   * write, rename, remove or makeDir that the team's exec policy holds for review.
+   */
+  approval?: string;
   requestTimeoutMs?: number;
   signal?: AbortSignal;
 }
@@ -150,7 +155,11 @@ export class Filesystem {
 
   private async upload(files: WriteEntry[], opts: FilesystemWriteOpts, single: boolean): Promise<WriteInfo[]> {
     if (files.length === 0) return [];
-    const headers: Record<string, string> = { ...this.endpoint.headers, ...metadataHeaders(opts.metadata) };
+    const headers: Record<string, string> = {
+      ...this.endpoint.headers,
+      ...metadataHeaders(opts.metadata),
+      ...approvalHeaders(opts.approval),
+    };
     const octet = opts.useOctetStream ?? (opts.gzip || files.some((f) => f.data instanceof ReadableStream));
     if (octet) {
       // One request per file, in parallel; results in input order.
@@ -310,7 +319,10 @@ export class Filesystem {
   }
 
   private callOpts(opts: FilesystemRequestOpts) {
-    return { headers: userHeaders(opts.user), signal: this.config.signal(opts.requestTimeoutMs, opts.signal) };
+    return {
+      headers: { ...userHeaders(opts.user), ...approvalHeaders(opts.approval) },
+      signal: this.config.signal(opts.requestTimeoutMs, opts.signal),
+    };
   }
 }
 

@@ -30,7 +30,9 @@ export {
 } from "./commands.js";
 export { ConnectionConfig, type ConnectionOpts, type SandboxRouting } from "./config.js";
 export {
+  ApprovalRequiredError,
   AuthenticationError,
+  ExecDeniedError,
   FileNotFoundError,
   InvalidArgumentError,
   NotEnoughSpaceError,
@@ -44,6 +46,14 @@ export {
   TimeoutError,
 } from "./errors.js";
 export type { SandboxEvent, SandboxEventsOpts } from "./events.js";
+export {
+  type ApprovalListOpts,
+  type ApprovalState,
+  type ExecApproval,
+  ExecApprovals,
+  type ExecPolicy,
+  type ExecRule,
+} from "./exec-policy.js";
 export {
   type EntryInfo,
   type Filesystem,

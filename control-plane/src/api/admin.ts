@@ -7,6 +7,7 @@ import {
   createApiKey,
   createTeam,
   getTeam,
+  listApiKeys,
   listTeams,
   revokeApiKey,
   type TeamLimits,
@@ -79,8 +80,26 @@ export function adminRoutes(db: Db, adminToken: string): Router {
     const teamId = String(req.params.teamID);
     if (!(await getTeam(db, teamId))) throw new ApiError(404, `team '${teamId}' not found`);
     const obj = body(req.body);
-    const key = await createApiKey(db, teamId, typeof obj.name === "string" ? obj.name : "");
-    res.status(201).json({ id: key.id, key: key.key, prefix: key.prefix });
+    if (obj.approver !== undefined && typeof obj.approver !== "boolean") {
+      throw new ApiError(400, "approver must be a boolean");
+    }
+    const approver = obj.approver === true;
+    const key = await createApiKey(db, teamId, typeof obj.name === "string" ? obj.name : "", approver);
+    res.status(201).json({ id: key.id, key: key.key, prefix: key.prefix, approver });
+  });
+
+  // The team's keys, revoked ones too: id, name and prefix to tell them apart; the key and its hash never leave.
+  router.get("/warren/v1/admin/teams/:teamID/api-keys", async (req, res) => {
+    const teamId = String(req.params.teamID);
+    if (!(await getTeam(db, teamId))) throw new ApiError(404, `team '${teamId}' not found`);
+    const keys = await listApiKeys(db, teamId);
+    res.status(200).json(
+      keys.map((k) => ({
+        ...k,
+        createdAt: k.createdAt.toISOString(),
+        revokedAt: k.revokedAt ? k.revokedAt.toISOString() : null,
+      })),
+    );
   });
 
   // Nodes as the master's reconciler last saw them (up/down, last heartbeat): cluster readiness for `warren up`.

@@ -5,13 +5,14 @@ import express, { type NextFunction, type Request, type Response } from "express
 import type { Logger } from "../master/log.js";
 import type { Db } from "../store/db.js";
 import type { SecretKeyRing } from "../store/secret-box.js";
-import { teamForApiKey } from "../store/teams.js";
+import { identifyApiKey } from "../store/teams.js";
 import { adminRoutes } from "./admin.js";
 import { ArtifactService, artifactDownloadRoutes, artifactRoutes } from "./artifacts.js";
 import type { ArtifactConfig } from "./config.js";
 import { type ConsoleConfig, consoleRoutes, loadConsoleConfig } from "./console.js";
 import { ApiError, sendError } from "./errors.js";
 import { eventRoutes } from "./events.js";
+import { execPolicyInternalRoutes, execPolicyRoutes } from "./exec-policy.js";
 import { rejectUnsafeInput } from "./input-guard.js";
 import { internalRoutes } from "./internal.js";
 import type { ApiMetrics } from "./metrics.js";
@@ -110,6 +111,7 @@ export function createApp(deps: AppDeps): express.Express {
   app.use(adminRoutes(deps.db, deps.adminToken));
   app.use(internalRoutes(deps.master, deps.internalToken ?? ""));
   app.use(secretInternalRoutes({ db: deps.db, secretKeys: deps.secretKeys }, deps.internalToken ?? ""));
+  app.use(execPolicyInternalRoutes({ db: deps.db, master: deps.master }, deps.internalToken ?? ""));
   const artifacts = new ArtifactService({
     db: deps.db,
     master: deps.master,
@@ -129,15 +131,17 @@ export function createApp(deps: AppDeps): express.Express {
     if (PUBLIC.has(req.path)) return next();
     const key = req.get("X-API-KEY");
     if (!key) throw new ApiError(401, "Missing API key: set the X-API-KEY header");
-    const team = await teamForApiKey(deps.db, key);
-    if (!team) throw new ApiError(401, "Invalid API key");
-    res.locals.team = team;
+    const identity = await identifyApiKey(deps.db, key);
+    if (!identity) throw new ApiError(401, "Invalid API key");
+    res.locals.team = identity.team;
+    res.locals.apiKey = identity;
     next();
   });
   app.use(sandboxRoutes(deps));
   app.use(templateRoutes(templates));
   app.use(snapshotRoutes(deps));
   app.use(secretRoutes({ db: deps.db, secretKeys: deps.secretKeys }));
+  app.use(execPolicyRoutes({ db: deps.db, master: deps.master }));
   app.use(volumeRoutes(volumes));
   app.use(artifactRoutes(artifacts, deps.db));
   app.use(eventRoutes({ db: deps.db, pollMs: deps.ssePollMs ?? 250, streams: deps.streams }));

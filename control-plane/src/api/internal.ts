@@ -13,6 +13,13 @@ function sameToken(given: string, expected: string): boolean {
   return a.length === b.length && timingSafeEqual(a, b);
 }
 
+/** 401 unless the request carries the internal token (compared in constant time). */
+export function requireInternalToken(req: Request, internalToken: string): void {
+  if (!sameToken(req.get(INTERNAL_TOKEN_HEADER) ?? "", internalToken)) {
+    throw new ApiError(401, `missing or invalid ${INTERNAL_TOKEN_HEADER}`);
+  }
+}
+
 /**
  * Calls from Warren's own services, authenticated by a shared token (WARREN_INTERNAL_TOKEN); without a token
  * configured none of these paths exist.

@@ -1,4 +1,5 @@
 import { ARTIFACT_PATHS, ARTIFACT_SCHEMAS } from "./openapi-artifacts.js";
+import { EXEC_POLICY_PATHS, EXEC_POLICY_SCHEMAS } from "./openapi-exec-policy.js";
 import { SECRET_PATHS, SECRET_SCHEMAS } from "./openapi-secrets.js";
 import { TEMPLATE_PATHS, TEMPLATE_SCHEMAS } from "./openapi-templates.js";
 import { VOLUME_PATHS, VOLUME_SCHEMAS, VOLUME_SECURITY_SCHEMES } from "./openapi-volumes.js";
@@ -94,6 +95,10 @@ const schemas: Record<string, Schema> = {
       envdVersion: { type: "string" },
       metadata: stringMap,
       volumeMounts: { type: "array", items: { type: "object" } },
+      nodeID: {
+        type: ["string", "null"],
+        description: "Warren extra: the node the sandbox is placed on (null until placed)",
+      },
     },
   },
   SandboxDetail: {
@@ -166,6 +171,18 @@ const schemas: Record<string, Schema> = {
     type: "object",
     properties: { id: { type: "string" }, key: { type: "string" }, prefix: { type: "string" } },
   },
+  ApiKey: {
+    type: "object",
+    required: ["id", "name", "prefix", "createdAt", "revokedAt", "approver"],
+    properties: {
+      id: { type: "string" },
+      name: { type: "string" },
+      prefix: { type: "string", description: "the key's first 10 characters" },
+      createdAt: { type: "string", format: "date-time" },
+      revokedAt: { type: ["string", "null"], format: "date-time" },
+      approver: { type: "boolean", description: "may change the team's exec policy and approve its reviews" },
+    },
+  },
 };
 
 const listParams = [
@@ -230,7 +247,14 @@ export const OPENAPI_DOCUMENT = {
       AdminToken: { type: "apiKey", in: "header", name: "X-Admin-Token" },
       ...VOLUME_SECURITY_SCHEMES,
     },
-    schemas: { ...schemas, ...TEMPLATE_SCHEMAS, ...VOLUME_SCHEMAS, ...SECRET_SCHEMAS, ...ARTIFACT_SCHEMAS },
+    schemas: {
+      ...schemas,
+      ...TEMPLATE_SCHEMAS,
+      ...VOLUME_SCHEMAS,
+      ...SECRET_SCHEMAS,
+      ...ARTIFACT_SCHEMAS,
+      ...EXEC_POLICY_SCHEMAS,
+    },
   },
   security: [{ ApiKeyAuth: [] }],
   paths: {
@@ -238,6 +262,7 @@ export const OPENAPI_DOCUMENT = {
     ...VOLUME_PATHS,
     ...SECRET_PATHS,
     ...ARTIFACT_PATHS,
+    ...EXEC_POLICY_PATHS,
     "/v2/sandboxes": {
       post: createOp("NewSandboxV2", "Create a sandbox"),
       get: {
@@ -469,6 +494,12 @@ export const OPENAPI_DOCUMENT = {
         security: [{ AdminToken: [] }],
         parameters: [{ name: "teamID", in: "path", required: true, schema: { type: "string" } }],
         responses: { 201: json(ref("CreatedApiKey")) },
+      },
+      get: {
+        summary: "List a team's API keys, revoked ones included, oldest first (never the key or its hash)",
+        security: [{ AdminToken: [] }],
+        parameters: [{ name: "teamID", in: "path", required: true, schema: { type: "string" } }],
+        responses: { 200: json({ type: "array", items: ref("ApiKey") }), 404: error("Unknown team") },
       },
     },
     "/warren/v1/admin/nodes": {

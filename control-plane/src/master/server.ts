@@ -9,6 +9,7 @@ import { cordonedNodeIds } from "../store/nodes.js";
 import type { MasterConfig } from "./config.js";
 import { Durability } from "./durability.js";
 import { evictExpired } from "./evictor.js";
+import { ExecPolicies } from "./exec-policies.js";
 import { connectKubernetes } from "./kubernetes/api.js";
 import { KubernetesNodeView } from "./kubernetes/cluster-view.js";
 import { NodeDrainer } from "./kubernetes/drain.js";
@@ -41,6 +42,7 @@ export class Master {
   readonly registry: NodeRegistry;
   readonly metrics: SandboxMetricsSampler;
   readonly builder: TemplateBuilder;
+  readonly execPolicies: ExecPolicies;
   private readonly loops: NodeJS.Timeout[] = [];
   private readonly leader: Leadership;
   /** Set in Kubernetes mode: pauses the sandboxes of draining nodes (leader only). */
@@ -98,6 +100,7 @@ export class Master {
       lifecycle: this.lifecycle,
       log,
     });
+    this.execPolicies = new ExecPolicies(db, redis, log);
     this.builder = new TemplateBuilder({
       db,
       registry: this.registry,
@@ -152,6 +155,7 @@ export class Master {
         master.snapshots,
         master.builder,
         new SandboxExport({ db, registry: master.registry, nodeAgent: options.nodeAgent, lifecycle: master.lifecycle }),
+        master.execPolicies,
       ),
       interceptors: [metrics.interceptor(log)],
     });
@@ -218,6 +222,7 @@ export class Master {
     this.every(this.config.reconcileIntervalMs, () => this.durability.pass());
     this.every(this.config.storeGcIntervalMs, () => this.snapshots.collectStore());
     this.every(this.config.reconcileIntervalMs, () => this.builder.failAbandoned());
+    this.every(this.config.reconcileIntervalMs, () => this.execPolicies.syncAll());
   }
 
   /** Runs `task` repeatedly, never overlapping itself. */

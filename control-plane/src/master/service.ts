@@ -1,6 +1,7 @@
 import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
 import { MasterService } from "@warren/proto/master/v1/master_pb";
 import { MasterError, toConnectError } from "./errors.js";
+import type { ExecPolicies } from "./exec-policies.js";
 import type { SandboxLifecycle } from "./lifecycle.js";
 import type { SandboxMetricsSampler } from "./metrics-sampler.js";
 import type { SandboxExport } from "./sandbox-export.js";
@@ -33,8 +34,16 @@ export function masterServiceImpl(
   snapshots: SnapshotService,
   builder: TemplateBuilder,
   exporter?: SandboxExport,
+  execPolicies?: ExecPolicies,
 ): ServiceImpl<typeof MasterService> {
   return {
+    setExecPolicy: (req) =>
+      guarded(async () => {
+        if (!execPolicies) throw new MasterError("unimplemented", "this master keeps no exec policies");
+        if (req.policyJson !== "") parseJsonObject(req.policyJson, "policy_json");
+        await execPolicies.set(req.teamId, req.policyJson);
+        return {};
+      }),
     async *exportSandboxPath(req, context) {
       if (!exporter)
         throw toConnectError(new MasterError("unimplemented", "this master does not export sandbox paths"));
@@ -186,8 +195,9 @@ export function masterRoutes(
   snapshots: SnapshotService,
   builder: TemplateBuilder,
   exporter?: SandboxExport,
+  execPolicies?: ExecPolicies,
 ): (router: ConnectRouter) => void {
   return (router) => {
-    router.service(MasterService, masterServiceImpl(lifecycle, metrics, snapshots, builder, exporter));
+    router.service(MasterService, masterServiceImpl(lifecycle, metrics, snapshots, builder, exporter, execPolicies));
   };
 }

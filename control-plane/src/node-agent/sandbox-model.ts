@@ -172,5 +172,6 @@ export function sandboxRoute(
     trafficTokenHash: labels.trafficTokenHash ?? "",
     autoResume: labels.autoResume === "1",
     maskRequestHost: labels.maskRequestHost ?? "",
+    ...(labels.defaultUser ? { defaultUser: labels.defaultUser } : {}),
   };
 }

@@ -363,6 +363,37 @@ CREATE INDEX artifacts_sandbox ON artifacts (team_id, sandbox_id, created_at);
 CREATE INDEX artifacts_digest ON artifacts (sha256);
 `,
   },
+  {
+    version: 11,
+    name: "exec policies (a team's rules for envd starts and file writes), their reviews, approver API keys",
+    sql: `
+-- The team's exec policy (JSON of @warren/proto/exec-policy ExecPolicy); NULL: none (E2B's behaviour). The master
+-- mirrors it into Redis for the proxies, which enforce it.
+ALTER TABLE teams ADD COLUMN exec_policy jsonb;
+-- A key that may change the exec policy and approve or reject reviews.
+ALTER TABLE api_keys ADD COLUMN approver boolean NOT NULL DEFAULT false;
+-- A request a 'review' rule held back. Approved, it may be used once, by the same request (same digest) in the
+-- same sandbox, before expires_at; a pending one past expires_at is expired.
+CREATE TABLE exec_approvals (
+  id text PRIMARY KEY,
+  team_id text NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+  sandbox_id text NOT NULL,
+  kind text NOT NULL CHECK (kind IN ('start', 'write', 'remove')),
+  request jsonb NOT NULL,
+  digest text NOT NULL,
+  rule text NOT NULL,
+  state text NOT NULL CHECK (state IN ('pending', 'approved', 'rejected', 'used')),
+  requested_at timestamptz NOT NULL DEFAULT now(),
+  expires_at timestamptz NOT NULL,
+  decided_by text,
+  decided_at timestamptz,
+  reason text,
+  used_at timestamptz
+);
+CREATE INDEX exec_approvals_team ON exec_approvals (team_id, requested_at DESC, id DESC);
+CREATE INDEX exec_approvals_pending ON exec_approvals (sandbox_id, digest) WHERE state = 'pending';
+`,
+  },
 ];
 
 const MIGRATION_LOCK = 0x5741_5252; // "WARR"

@@ -98,31 +98,73 @@ export async function listTeams(db: Queryable): Promise<Team[]> {
   return result.rows.map(toTeam);
 }
 
-export async function createApiKey(db: Queryable, teamId: string, name = ""): Promise<CreatedApiKey> {
+/** `approver`: the key may change the team's exec policy and approve or reject its reviews. */
+export async function createApiKey(db: Queryable, teamId: string, name = "", approver = false): Promise<CreatedApiKey> {
   const key = `e2b_${randomBytes(20).toString("hex")}`;
   const id = `key_${randomBytes(8).toString("hex")}`;
   const prefix = key.slice(0, 10);
-  await db.query("INSERT INTO api_keys (id, team_id, key_hash, key_prefix, name) VALUES ($1, $2, $3, $4, $5)", [
-    id,
-    teamId,
-    hashApiKey(key),
-    prefix,
-    name,
-  ]);
+  await db.query(
+    "INSERT INTO api_keys (id, team_id, key_hash, key_prefix, name, approver) VALUES ($1, $2, $3, $4, $5, $6)",
+    [id, teamId, hashApiKey(key), prefix, name, approver],
+  );
   return { id, teamId, key, prefix };
 }
 
-/** The team an API key belongs to, or undefined for an unknown or revoked key. */
-export async function teamForApiKey(db: Queryable, key: string): Promise<Team | undefined> {
-  const result = await db.query<TeamRow>(
-    `SELECT t.* FROM api_keys k JOIN teams t ON t.id = k.team_id
+/** Who a request's API key is: its team, the key's id and whether it is an approver. */
+export interface ApiKeyIdentity {
+  readonly team: Team;
+  readonly keyId: string;
+  readonly approver: boolean;
+}
+
+/** The identity of an API key, or undefined for an unknown or revoked key. */
+export async function identifyApiKey(db: Queryable, key: string): Promise<ApiKeyIdentity | undefined> {
+  const result = await db.query<TeamRow & { key_id: string; key_approver: boolean }>(
+    `SELECT t.*, k.id AS key_id, k.approver AS key_approver FROM api_keys k JOIN teams t ON t.id = k.team_id
      WHERE k.key_hash = $1 AND k.revoked_at IS NULL`,
     [hashApiKey(key)],
   );
-  return result.rows[0] ? toTeam(result.rows[0]) : undefined;
+  const row = result.rows[0];
+  return row ? { team: toTeam(row), keyId: row.key_id, approver: row.key_approver } : undefined;
 }
 
 export async function revokeApiKey(db: Queryable, keyId: string): Promise<boolean> {
   const result = await db.query("UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL", [keyId]);
   return (result.rowCount ?? 0) > 0;
+}
+
+/** An API key as the admin listing shows it: never the key or its hash. */
+export interface ApiKeyInfo {
+  readonly id: string;
+  readonly name: string;
+  /** The key's first characters (`e2b_…`), to tell keys apart. */
+  readonly prefix: string;
+  readonly createdAt: Date;
+  readonly revokedAt: Date | null;
+  /** May change the team's exec policy and approve or reject its reviews. */
+  readonly approver: boolean;
+}
+
+/** A team's API keys, revoked ones included, oldest first. */
+export async function listApiKeys(db: Queryable, teamId: string): Promise<ApiKeyInfo[]> {
+  const result = await db.query<{
+    id: string;
+    name: string;
+    key_prefix: string;
+    created_at: Date;
+    revoked_at: Date | null;
+    approver: boolean;
+  }>(
+    `SELECT id, name, key_prefix, created_at, revoked_at, approver FROM api_keys
+     WHERE team_id = $1 ORDER BY created_at, id`,
+    [teamId],
+  );
+  return result.rows.map((row) => ({
+    id: row.id,
+    name: row.name,
+    prefix: row.key_prefix,
+    createdAt: row.created_at,
+    revokedAt: row.revoked_at,
+    approver: row.approver,
+  }));
 }

@@ -67,11 +67,17 @@ export async function createTeam(config: CliConfig, name: string, out: Output): 
   return ExitCode.ok;
 }
 
-export async function createKey(config: CliConfig, teamId: string, name: string | undefined, out: Output) {
+export async function createKey(
+  config: CliConfig,
+  teamId: string,
+  name: string | undefined,
+  out: Output,
+  approver = false,
+) {
   const key = await admin<{ id: string; key: string; prefix: string }>(config, {
     method: "POST",
     path: `/warren/v1/admin/teams/${encodeURIComponent(teamId)}/api-keys`,
-    body: name ? { name } : {},
+    body: { ...(name ? { name } : {}), ...(approver ? { approver: true } : {}) },
     notFoundHint: NO_TEAM_HINT,
   });
   out.result({ teamId, ...key }, () => key.key);

@@ -3,6 +3,7 @@
 import { Command, CommanderError, InvalidArgumentError, Option } from "commander";
 import { SDK_VERSION } from "../config.js";
 import { cordonNode, createKey, createTeam, listNodes } from "./admin.js";
+import { decideApproval, execPolicy, listApprovals, showApproval } from "./approval.js";
 import { artifactUrl, deleteArtifacts, downloadArtifact, listArtifacts, publishArtifact } from "./artifact.js";
 import { down, status, up } from "./cluster.js";
 import { type CliConfig, connectionOpts, type GlobalFlags, resolveConfig } from "./config.js";
@@ -259,6 +260,46 @@ function artifactCommands(warren: Command, sandbox: Command): void {
     .action(run(({ config, out, args }) => deleteArtifacts(connectionOpts(config), args, out)));
 }
 
+function approvalCommands(warren: Command): void {
+  const approval = warren
+    .command("approval")
+    .description("commands and file operations the team's exec policy holds for review");
+  connected(approval.command("list").alias("ls"))
+    .description("list approvals, newest first")
+    .option("--state <state>", "pending, approved, rejected, used or expired")
+    .option("--sandbox <id>", "only this sandbox's")
+    .action(run(({ config, out, opts }) => listApprovals(connectionOpts(config), opts, out)));
+  connected(approval.command("show"))
+    .description("show what an approval is for")
+    .argument("<id>", "approval id")
+    .action(run(({ config, out, args }) => showApproval(connectionOpts(config), args[0] as string, out)));
+  for (const verdict of ["approve", "reject"] as const) {
+    connected(approval.command(verdict))
+      .description(`${verdict} a pending request (an approver API key)`)
+      .argument("<id>", "approval id")
+      .option("--reason <text>", "why, kept with the decision")
+      .action(
+        run(({ config, out, args, opts }) =>
+          decideApproval(connectionOpts(config), args[0] as string, verdict, opts, out),
+        ),
+      );
+  }
+  const policy = warren.command("exec-policy").description("the team's exec policy (allow, deny or review rules)");
+  connected(policy.command("get"))
+    .description("print the policy")
+    .action(run(({ config, out }) => execPolicy(connectionOpts(config), "get", undefined, out)));
+  connected(policy.command("set"))
+    .description("replace the policy with the JSON file's (an approver API key)")
+    .argument(
+      "<file>",
+      "JSON: {rules: [{action, command?, asRoot?, paths?, ops?, name?}], default?, reviewTtlSeconds?}",
+    )
+    .action(run(({ config, out, args }) => execPolicy(connectionOpts(config), "set", args[0] as string, out)));
+  connected(policy.command("clear"))
+    .description("remove the policy (an approver API key)")
+    .action(run(({ config, out }) => execPolicy(connectionOpts(config), "clear", undefined, out)));
+}
+
 function snapshotCommands(warren: Command): void {
   const snapshot = warren.command("snapshot").description("snapshots (`warren sandbox snapshot ID` takes one)");
   connected(snapshot.command("list").alias("ls"))
@@ -347,7 +388,8 @@ function adminCommands(warren: Command): void {
     .description("create an API key for a team")
     .requiredOption("--team <id>", "team id")
     .option("--name <name>", "a name for the key")
-    .action(run(({ config, out, opts }) => createKey(config, opts.team, opts.name, out)));
+    .option("--approver", "the key may change the exec policy and approve or reject held-back requests")
+    .action(run(({ config, out, opts }) => createKey(config, opts.team, opts.name, out, opts.approver === true)));
 }
 
 export function warrenProgram(): Command {
@@ -364,6 +406,7 @@ export function warrenProgram(): Command {
   sandboxCommands(warren);
   snapshotCommands(warren);
   templateCommands(warren);
+  approvalCommands(warren);
   adminCommands(warren);
   warren.exitOverride();
   for (const cmd of allCommands(warren)) cmd.exitOverride();
