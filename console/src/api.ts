@@ -23,6 +23,8 @@ export interface ListedSandbox {
   readonly diskSizeMB: number;
   readonly envdVersion: string;
   readonly metadata: Record<string, string>;
+  /** Warren extra: the node it is placed on (null until placed; absent from an api older than the field). */
+  readonly nodeID?: string | null;
 }
 
 export interface SandboxDetail extends ListedSandbox {
@@ -118,6 +120,30 @@ export interface Team {
   readonly egressMode: string;
 }
 
+/** A team's API key as the admin listing shows it (never the key itself). */
+export interface ApiKeyInfo {
+  readonly id: string;
+  readonly name: string;
+  readonly prefix: string;
+  readonly createdAt: string;
+  readonly revokedAt: string | null;
+  /** May change the team's exec policy and approve its reviews (absent from an api older than the field). */
+  readonly approver?: boolean;
+}
+
+/** E2B `SnapshotInfo` as `GET /snapshots` lists it, plus Warren's memory and size. */
+export interface SnapshotInfo {
+  /** The reference sandboxes are created from, like a template id (`<namespace>/<name>:default` or `<id>:default`). */
+  readonly snapshotID: string;
+  readonly names: string[];
+  /** The sandbox it was taken from (it may be gone since). */
+  readonly sandboxID: string;
+  readonly createdAt: string;
+  /** Processes and memory kept (false: files only, sandboxes from it boot fresh). */
+  readonly memory?: boolean;
+  readonly sizeBytes?: number;
+}
+
 export interface CreatedKey {
   readonly id: string;
   readonly key: string;
@@ -150,6 +176,14 @@ export class WarrenApi {
   ) {}
 
   async request<T>(method: string, path: string, body?: unknown, signal?: AbortSignal): Promise<T> {
+    const res = await this.send(method, path, body, signal);
+    if (res.status === 204) return undefined as T;
+    const text = await res.text();
+    return (text ? JSON.parse(text) : undefined) as T;
+  }
+
+  /** The api's answer when it is a success (2xx), else its message as an ApiError. */
+  private async send(method: string, path: string, body?: unknown, signal?: AbortSignal): Promise<Response> {
     const headers: Record<string, string> = { ...authHeaders(this.credential), Accept: "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     let res: Response;
@@ -165,9 +199,7 @@ export class WarrenApi {
       throw new ApiError(0, `the api did not answer ${method} ${path}: ${(error as Error).message}`);
     }
     if (!res.ok) throw await errorOf(res);
-    if (res.status === 204) return undefined as T;
-    const text = await res.text();
-    return (text ? JSON.parse(text) : undefined) as T;
+    return res;
   }
 
   listSandboxes(): Promise<ListedSandbox[]> {
@@ -204,12 +236,28 @@ export class WarrenApi {
   metrics(id: string): Promise<MetricSample[]> {
     return this.request("GET", `/sandboxes/${encodeURIComponent(id)}/metrics`);
   }
-  logs(id: string): Promise<{ logs: LogEntry[] }> {
-    return this.request("GET", `/v2/sandboxes/${encodeURIComponent(id)}/logs?limit=1000&direction=forward`);
+  /** The newest 1000 entries, oldest first. */
+  async logs(id: string): Promise<{ logs: LogEntry[] }> {
+    const page = await this.request<{ logs: LogEntry[] }>(
+      "GET",
+      `/v2/sandboxes/${encodeURIComponent(id)}/logs?limit=1000&direction=backward`,
+    );
+    return { logs: page.logs.reverse() };
   }
   events(id: string | undefined, cursor: string, limit: number): Promise<{ events: LedgerEvent[]; cursor: string }> {
     const scope = id ? `/warren/v1/sandboxes/${encodeURIComponent(id)}/events` : "/warren/v1/events";
     return this.request("GET", `${scope}?cursor=${encodeURIComponent(cursor)}&limit=${limit}`);
+  }
+
+  /** One page of the team's snapshots, newest first; `nextToken` when more remain. */
+  async listSnapshots(nextToken?: string): Promise<{ snapshots: SnapshotInfo[]; nextToken: string | undefined }> {
+    const query = nextToken ? `&nextToken=${encodeURIComponent(nextToken)}` : "";
+    const res = await this.send("GET", `/snapshots?limit=100${query}`);
+    return { snapshots: (await res.json()) as SnapshotInfo[], nextToken: res.headers.get("X-Next-Token") ?? undefined };
+  }
+  /** E2B's deleteSnapshot: the snapshot's reference through the templates path. */
+  deleteSnapshot(snapshotID: string): Promise<void> {
+    return this.request("DELETE", `/templates/${encodeURIComponent(snapshotID)}`);
   }
 
   listTemplates(): Promise<Template[]> {
@@ -252,6 +300,9 @@ export class WarrenApi {
   }
   createKey(teamID: string, name: string): Promise<CreatedKey> {
     return this.request("POST", `/warren/v1/admin/teams/${encodeURIComponent(teamID)}/api-keys`, { name });
+  }
+  listKeys(teamID: string): Promise<ApiKeyInfo[]> {
+    return this.request("GET", `/warren/v1/admin/teams/${encodeURIComponent(teamID)}/api-keys`);
   }
   revokeKey(keyID: string): Promise<void> {
     return this.request("DELETE", `/warren/v1/admin/api-keys/${encodeURIComponent(keyID)}`);

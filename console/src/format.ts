@@ -38,9 +38,15 @@ export function parentPath(path: string): string {
   return slash <= 0 ? "/" : trimmed.slice(0, slash);
 }
 
-/** Does a sandbox match the free-text search (id, template, alias, metadata keys and values)? */
+/** Does a sandbox match the free-text search (id, template, alias, node, metadata keys and values)? */
 export function matchesSearch(
-  sandbox: { sandboxID: string; templateID: string; alias?: string; metadata: Record<string, string> },
+  sandbox: {
+    sandboxID: string;
+    templateID: string;
+    alias?: string;
+    nodeID?: string | null;
+    metadata: Record<string, string>;
+  },
   query: string,
 ): boolean {
   const q = query.trim().toLowerCase();
@@ -49,6 +55,7 @@ export function matchesSearch(
     sandbox.sandboxID,
     sandbox.templateID,
     sandbox.alias ?? "",
+    sandbox.nodeID ?? "",
     ...Object.entries(sandbox.metadata ?? {}).map(([k, v]) => `${k}=${v}`),
   ];
   return q.split(/\s+/).every((term) => haystack.some((h) => h.toLowerCase().includes(term)));

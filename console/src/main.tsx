@@ -17,6 +17,7 @@ function Nav(props: { credential: Credential; path: string; onSignOut: () => voi
     props.credential.kind === "apiKey"
       ? [
           ["/sandboxes", "Sandboxes"],
+          ["/snapshots", "Snapshots"],
           ["/templates", "Templates"],
         ]
       : [
@@ -56,6 +57,13 @@ function LazySandboxPage(props: {
   return SandboxPage ? <SandboxPage {...props} /> : <Loading what="the sandbox page" />;
 }
 
+const loadSnapshotsPage = () => import("./pages/snapshots.js").then((m) => m.SnapshotsPage);
+
+function LazySnapshotsPage(props: { api: WarrenApi }) {
+  const SnapshotsPage = useLazy(loadSnapshotsPage);
+  return SnapshotsPage ? <SnapshotsPage {...props} /> : <Loading what="the snapshots page" />;
+}
+
 function Redirect(props: { to: string }) {
   useEffect(() => navigate(props.to, true), [props.to]);
   return null;
@@ -79,6 +87,7 @@ function Routes(props: { api: WarrenApi; settings: ConsoleSettings; path: string
         />
       );
     }
+    if (match("/snapshots", path)) return <LazySnapshotsPage api={api} />;
     if (match("/templates", path)) return <TemplatesPage api={api} />;
     const template = match("/templates/:id", path);
     if (template) return <TemplatePage api={api} templateId={template.id!} />;
@@ -88,7 +97,9 @@ function Routes(props: { api: WarrenApi; settings: ConsoleSettings; path: string
   }
   return (
     <Empty title="Nothing here.">
-      {admin ? "The admin token opens nodes and teams; sign in with an API key for sandboxes and templates." : ""}{" "}
+      {admin
+        ? "The admin token opens nodes and teams; sign in with an API key for sandboxes, snapshots and templates."
+        : ""}{" "}
       <Link href="/">Home</Link>
     </Empty>
   );

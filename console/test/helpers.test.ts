@@ -32,12 +32,14 @@ describe("console helpers", () => {
     );
   });
 
-  it("searches id, template and metadata, every term must match", () => {
+  it("searches id, template, node and metadata, every term must match", () => {
     const s = { sandboxID: "i1abc", templateID: "base", metadata: { owner: "ann", env: "prod" } };
     expect(matchesSearch(s, "")).toBe(true);
     expect(matchesSearch(s, "owner=ann")).toBe(true);
     expect(matchesSearch(s, "base prod")).toBe(true);
     expect(matchesSearch(s, "base staging")).toBe(false);
+    expect(matchesSearch({ ...s, nodeID: "node-b1" }, "node-b1 ann")).toBe(true);
+    expect(matchesSearch({ ...s, nodeID: null }, "node-b1")).toBe(false);
   });
 
   it("formats durations and walks POSIX paths", () => {

@@ -121,6 +121,8 @@ describe("api REST surface", () => {
     const info = await env.request("GET", `/sandboxes/${sandbox.sandboxID}`, { apiKey: keyA });
     const { startedAt, endAt } = info.body as { startedAt: string; endAt: string };
     expect(Date.parse(endAt) - Date.parse(startedAt)).toBeLessThan(20_000);
+    // Warren's extra nodeID names the node it runs on, in the detail and in the list alike.
+    expect(info.body).toMatchObject({ nodeID: "node-a" });
     const noTimeout = await env.request("POST", `/sandboxes/${sandbox.sandboxID}/connect`, { apiKey: keyA, body: {} });
     expect(noTimeout.status).toBe(400);
     const connected = await env.request("POST", `/sandboxes/${sandbox.sandboxID}/connect`, {
@@ -130,7 +132,10 @@ describe("api REST surface", () => {
     expect(connected.status).toBe(200);
     expect((connected.body as Record<string, unknown>).envdAccessToken).toBe(sandbox.envdAccessToken);
     const v1list = await env.request("GET", "/sandboxes", { apiKey: keyA });
-    expect((v1list.body as { sandboxID: string }[]).map((s) => s.sandboxID)).toContain(sandbox.sandboxID);
+    const v1listed = (v1list.body as { sandboxID: string; nodeID: string }[]).find(
+      (s) => s.sandboxID === sandbox.sandboxID,
+    );
+    expect(v1listed).toMatchObject({ nodeID: "node-a" });
     await env.request("DELETE", `/sandboxes/${sandbox.sandboxID}`, { apiKey: keyA });
   });
 
@@ -461,6 +466,40 @@ describe("api REST surface", () => {
     expect(nodes).toEqual([expect.objectContaining({ id: "node-a", state: "up" })]);
   });
 
+  it("admin lists a team's API keys with prefix, created and revoked, never the key or its hash", async () => {
+    const admin = { "X-Admin-Token": env.adminToken };
+    const made = await env.request("POST", "/warren/v1/admin/teams", { body: { name: "keys-listed" }, headers: admin });
+    const { team, apiKey: first } = made.body as { team: { id: string }; apiKey: { id: string; key: string } };
+    const second = (
+      await env.request("POST", `/warren/v1/admin/teams/${team.id}/api-keys`, {
+        body: { name: "ci", approver: true },
+        headers: admin,
+      })
+    ).body as { id: string; key: string };
+    const denied = await env.request("GET", `/warren/v1/admin/teams/${team.id}/api-keys`);
+    expect(denied.status).toBe(401);
+    const asTeam = await env.request("GET", `/warren/v1/admin/teams/${team.id}/api-keys`, { apiKey: first.key });
+    expect(asTeam.status).toBe(401);
+    expect((await env.request("DELETE", `/warren/v1/admin/api-keys/${first.id}`, { headers: admin })).status).toBe(204);
+
+    const listed = await env.request("GET", `/warren/v1/admin/teams/${team.id}/api-keys`, { headers: admin });
+    expect(listed.status).toBe(200);
+    const keys = listed.body as Array<Record<string, unknown>>;
+    expect(keys.map((k) => k.id)).toEqual([first.id, second.id]);
+    expect(keys[0]).toMatchObject({ name: "default", prefix: first.key.slice(0, 10), approver: false });
+    expect(keys[0]?.revokedAt).toEqual(expect.stringMatching(/^\d{4}-\d\d-\d\dT/));
+    expect(keys[1]).toMatchObject({ name: "ci", prefix: second.key.slice(0, 10), revokedAt: null, approver: true });
+    expect(Date.parse(keys[1]?.createdAt as string)).toBeGreaterThan(Date.now() - 60_000);
+    for (const k of keys)
+      expect(Object.keys(k).sort()).toEqual(["approver", "createdAt", "id", "name", "prefix", "revokedAt"]);
+    for (const secret of [first.key, second.key, hashApiKey(first.key), hashApiKey(second.key)]) {
+      expect(listed.text).not.toContain(secret);
+    }
+    const unknown = await env.request("GET", "/warren/v1/admin/teams/team_nope/api-keys", { headers: admin });
+    expect(unknown.status).toBe(404);
+    expect(unknown.body).toMatchObject({ message: "team 'team_nope' not found" });
+  });
+
   it("serves its OpenAPI document covering E2B paths and Warren extras", async () => {
     const res = await env.request("GET", "/openapi.json");
     expect(res.status).toBe(200);
@@ -493,6 +532,7 @@ describe("api REST surface", () => {
       "/v2/sandboxes/{sandboxID}/logs",
       "/warren/v1/sandboxes/{sandboxID}/events/stream",
       "/warren/v1/admin/teams",
+      "/warren/v1/admin/teams/{teamID}/api-keys",
     ]) {
       expect(doc.paths, path).toHaveProperty([path]);
     }

@@ -128,11 +128,13 @@ describe("the web console in a browser against a whole cluster", () => {
       const row = page.locator(`tr[data-sandbox-id="${mine.sandboxId}"]`);
       await row.waitFor({ timeout: 30_000 });
       expect(await row.textContent()).toContain("owner=console-test");
+      // The node column: the api's nodeID (a Warren extra on E2B's listed sandbox), the cluster's only node.
+      expect(await row.getByTestId("sandbox-node").textContent()).toBe("node-ba");
       expect(await page.locator(`tr[data-sandbox-id="${foreign.sandboxId}"]`).count()).toBe(0);
       // Search narrows the list to what matches.
-      await page.getByPlaceholder("id, template, key=value").fill("owner=nobody");
+      await page.getByPlaceholder("id, template, node, key=value").fill("owner=nobody");
       await page.getByText("No sandbox matches the filters.").waitFor();
-      await page.getByPlaceholder("id, template, key=value").fill("owner=console");
+      await page.getByPlaceholder("id, template, node, key=value").fill("owner=console");
       await row.waitFor();
       await shot("sandboxes");
     } finally {
@@ -251,7 +253,57 @@ describe("the web console in a browser against a whole cluster", () => {
     const outcome = page.getByTestId("outcome");
     await page.getByRole("button", { name: "Snapshot" }).click();
     await expect.poll(() => outcome.textContent(), { timeout: 60_000 }).toMatch(/^Snapshot \S+ taken/);
+    expect(await page.getByTestId("sandbox-node").textContent()).toBe("node-ba");
   }, 90_000);
+
+  it("forks from the sandbox page into a running sandbox of the same team", async () => {
+    const outcome = page.getByTestId("outcome");
+    await page.getByRole("button", { name: "Fork" }).click();
+    await expect.poll(() => outcome.textContent(), { timeout: 90_000 }).toMatch(/^Forked into [a-z0-9]+$/);
+    const forkId = ((await outcome.textContent()) ?? "").split(" ")[2]!;
+    const listed = await Sandbox.list({ ...sdkOpts(env.apiKey), query: { state: ["running"] } }).nextItems();
+    expect(listed.map((s) => s.sandboxId)).toContain(forkId);
+    await shot("forked");
+    await Sandbox.kill(forkId, sdkOpts(env.apiKey));
+  }, 120_000);
+
+  it("lists a snapshot taken through the SDK without a reload, creates a sandbox from it and deletes it", async () => {
+    const sandbox = (globalThis as { consoleSandbox?: Sandbox }).consoleSandbox!;
+    await page.getByRole("link", { name: "Snapshots" }).click();
+    await page.getByRole("heading", { name: "Snapshots" }).waitFor();
+    // The one the page's Snapshot button took is already there.
+    await page.getByTestId("snapshot-table").waitFor({ timeout: 15_000 });
+    await expect.poll(() => page.getByTestId("snapshots-live").textContent(), { timeout: 15_000 }).toBe("Live");
+    const before = await page.locator("tr[data-snapshot-id]").count();
+    expect(before).toBeGreaterThanOrEqual(1);
+
+    const info = await sandbox.createSnapshot({ name: "console-sdk" });
+    const row = page.locator(`tr[data-snapshot-id="${info.snapshotId}"]`);
+    await row.waitFor({ timeout: 30_000 });
+    expect(await row.textContent()).toContain(sandbox.sandboxId);
+    expect(await page.locator("tr[data-snapshot-id]").count()).toBe(before + 1);
+    await shot("snapshots");
+
+    const outcome = page.getByTestId("outcome");
+    await row.getByRole("button", { name: "Create sandbox" }).click();
+    await expect.poll(() => outcome.textContent(), { timeout: 60_000 }).toMatch(/^Created sandbox [a-z0-9]+ from /);
+    const childId = ((await outcome.textContent()) ?? "").split(" ")[2]!;
+    expect(await outcome.textContent()).toBe(`Created sandbox ${childId} from ${info.snapshotId}`);
+    await page.getByTestId("snapshot-created-sandbox").getByRole("link", { name: childId }).waitFor();
+    const child = await Sandbox.connect(childId, sdkOpts(env.apiKey));
+    expect((await child.commands.run("echo from-snapshot")).stdout.trim()).toBe("from-snapshot");
+    await child.kill();
+
+    await row.getByRole("button", { name: "Delete" }).click();
+    await row.getByRole("button", { name: "Confirm delete" }).click();
+    await expect.poll(() => outcome.textContent(), { timeout: 30_000 }).toBe(`Deleted snapshot ${info.snapshotId}`);
+    await expect.poll(() => row.count()).toBe(0);
+    const left = await Sandbox.listSnapshots({ ...sdkOpts(env.apiKey), sandboxId: sandbox.sandboxId }).nextItems();
+    expect(left.map((s) => s.snapshotId)).not.toContain(info.snapshotId);
+    // Back to the sandbox's page for the tests that follow.
+    await page.locator(`tr[data-snapshot-id] a[href$="/sandboxes/${sandbox.sandboxId}"]`).first().click();
+    await page.getByTestId("sandbox-state").waitFor();
+  }, 180_000);
 
   it("shows a template's builds with their logs, adds and removes a tag, and deletes it", async () => {
     await Template.build(Template().fromTemplate("base").runCmd("echo console-build-step"), "console-tpl", {
@@ -326,6 +378,40 @@ describe("the web console in a browser against a whole cluster", () => {
     await expect.poll(() => page.locator(".secret").textContent()).toMatch(/e2b_[0-9a-f]{40}/);
     await page.getByText("console-made").first().waitFor();
     await shot("teams");
+  }, 60_000);
+
+  it("lists a team's API keys and revokes one with its Revoke button", async () => {
+    const team = page.locator("tr[data-team-id]", { hasText: "console-made" });
+    const teamId = (await team.getAttribute("data-team-id"))!;
+    await team.getByRole("button", { name: "Show API keys of console-made" }).click();
+    const keys = page.getByTestId(`keys-${teamId}`);
+    await keys.waitFor({ timeout: 15_000 });
+    // The team's first key, made with the team.
+    await expect.poll(() => keys.locator("tr[data-key-id]").count()).toBe(1);
+
+    // The box still shows the key the team was made with: the new one replaces it.
+    const shown = page.locator(".secret code").first();
+    const teamKey = await shown.textContent();
+    await team.getByRole("button", { name: "New API key" }).click();
+    await expect.poll(() => shown.textContent()).not.toBe(teamKey);
+    const secret = (await page.locator(".secret code").first().textContent())!;
+    const keyId = (await page.locator(".secret code").nth(1).textContent())!;
+    const keyRow = keys.locator(`tr[data-key-id="${keyId}"]`);
+    await keyRow.waitFor({ timeout: 15_000 });
+    expect(await keyRow.textContent()).toContain(secret.slice(0, 10));
+    expect(await keys.textContent()).not.toContain(secret);
+    expect(await keyRow.getByTestId("key-status").textContent()).toBe("active");
+    const works = await fetch(`${env.apiUrl}/v2/sandboxes`, { headers: { "X-API-Key": secret } });
+    expect(works.status).toBe(200);
+
+    await keyRow.getByRole("button", { name: "Revoke" }).click();
+    await keyRow.getByRole("button", { name: "Confirm revoke" }).click();
+    await expect.poll(() => keyRow.getByTestId("key-status").textContent(), { timeout: 15_000 }).toBe("revoked");
+    await expect.poll(() => page.getByTestId("outcome").textContent()).toBe(`Revoked ${keyId} (console-made)`);
+    expect(await keyRow.getByRole("button", { name: "Revoke" }).count()).toBe(0);
+    const refused = await fetch(`${env.apiUrl}/v2/sandboxes`, { headers: { "X-API-Key": secret } });
+    expect(refused.status).toBe(401);
+    await shot("team-keys");
   }, 60_000);
 
   it("never put the API key in a URL, and kept it in session storage only", async () => {

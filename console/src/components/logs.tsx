@@ -1,12 +1,18 @@
 import { useEffect, useMemo, useState } from "preact/hooks";
 import type { LogEntry, WarrenApi } from "../api.js";
 import { clockTime } from "../format.js";
+import { ledgerTail } from "../live-sandboxes.js";
+import { followEvents } from "../sse.js";
 import { Empty, ErrorBox, Loading } from "./common.js";
 
+/** envd's own lines are read from the sandbox's node on request (they are not in the ledger): re-read this often. */
 const FOLLOW_MS = 3000;
 const LEVELS = ["all", "debug", "info", "warn", "error"] as const;
 
-/** The sandbox's log (lifecycle events and envd's own lines), following while the box is ticked. */
+/**
+ * The sandbox's log (lifecycle events and envd's own lines), following while the box is ticked: every event of
+ * the sandbox's ledger (SSE) re-reads it at once, so lifecycle lines show live; envd's lines come with the timer.
+ */
 export function Logs(props: { api: WarrenApi; sandboxId: string }) {
   const { api, sandboxId } = props;
   const [entries, setEntries] = useState<LogEntry[]>();
@@ -18,21 +24,40 @@ export function Logs(props: { api: WarrenApi; sandboxId: string }) {
   useEffect(() => {
     let stopped = false;
     let timer: ReturnType<typeof setTimeout> | undefined;
+    // Reads may overlap (a ledger event during a timed read): only the newest one started may set the entries.
+    let started = 0;
+    let applied = 0;
     const load = async () => {
+      const mine = ++started;
+      clearTimeout(timer);
       try {
         const page = await api.logs(sandboxId);
-        if (stopped) return;
+        if (stopped || mine < applied) return;
+        applied = mine;
         setEntries(page.logs);
         setError(undefined);
       } catch (e) {
         if (!stopped) setError(e);
       }
-      if (!stopped && follow) timer = setTimeout(load, FOLLOW_MS);
+      if (!stopped && follow && mine === started) timer = setTimeout(load, FOLLOW_MS);
     };
-    void load();
+    let ledger: { stop: () => void } | undefined;
+    void (async () => {
+      // From the ledger's tail (read before the log): an event in between re-reads it, none replays old history.
+      const tail = follow ? await ledgerTail(api, sandboxId).catch(() => undefined) : undefined;
+      await load();
+      if (stopped || tail === undefined) return;
+      ledger = followEvents({
+        credential: api.credential,
+        path: `/warren/v1/sandboxes/${encodeURIComponent(sandboxId)}/events/stream`,
+        cursor: tail,
+        onEvent: () => void load(),
+      });
+    })();
     return () => {
       stopped = true;
       clearTimeout(timer);
+      ledger?.stop();
     };
   }, [api, sandboxId, follow]);
 

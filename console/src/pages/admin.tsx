@@ -1,5 +1,5 @@
 import { useState } from "preact/hooks";
-import type { CreatedKey, Team, WarrenApi } from "../api.js";
+import type { ApiKeyInfo, CreatedKey, Team, WarrenApi } from "../api.js";
 import { ConfirmButton, Empty, ErrorBox, Loading, OutcomeBar, useAction, useLoad } from "../components/common.js";
 import { shortDuration } from "../format.js";
 import { useNow } from "./sandboxes.js";
@@ -68,6 +68,77 @@ export function NodesPage(props: { api: WarrenApi }) {
   );
 }
 
+/** A team's keys (revoked ones too), each live one with its Revoke button. Never the key itself. */
+function TeamKeys(props: {
+  api: WarrenApi;
+  team: Team;
+  /** Bumped when a key is created elsewhere on the page, so the list reads it. */
+  version: number;
+  run: ReturnType<typeof useAction>["run"];
+}) {
+  const { api, team, run } = props;
+  const [keys, reload] = useLoad(() => api.listKeys(team.id), [api, team.id, props.version]);
+  if (keys.status === "loading") return <Loading what={`${team.name}'s API keys`} />;
+  if (keys.status === "error") return <ErrorBox error={keys.error} retry={reload} />;
+  if (keys.value.length === 0)
+    return <Empty title={`${team.name} has no API keys.`}>Create one with New API key.</Empty>;
+  return (
+    <table class="table subtable" data-testid={`keys-${team.id}`} aria-label={`API keys of ${team.name}`}>
+      <thead>
+        <tr>
+          <th scope="col">Key id</th>
+          <th scope="col">Name</th>
+          <th scope="col">Prefix</th>
+          <th scope="col">Created</th>
+          <th scope="col">Status</th>
+          <th scope="col">Actions</th>
+        </tr>
+      </thead>
+      <tbody>
+        {keys.value.map((k: ApiKeyInfo) => (
+          <tr key={k.id} data-key-id={k.id}>
+            <td class="mono">{k.id}</td>
+            <td>
+              {k.name || <span class="muted">(no name)</span>}
+              {k.approver ? (
+                <span class="chip" title="May change the team's exec policy and approve its reviews">
+                  approver
+                </span>
+              ) : null}
+            </td>
+            <td class="mono">{k.prefix}…</td>
+            <td>{new Date(k.createdAt).toLocaleString()}</td>
+            <td data-testid="key-status">
+              {k.revokedAt ? (
+                <span class="badge badge-revoked" title={new Date(k.revokedAt).toLocaleString()}>
+                  revoked
+                </span>
+              ) : (
+                <span class="badge badge-active">active</span>
+              )}
+            </td>
+            <td>
+              {k.revokedAt ? null : (
+                <ConfirmButton
+                  label="Revoke"
+                  confirm="Confirm revoke"
+                  onConfirm={() =>
+                    void run("Revoke", async () => {
+                      await api.revokeKey(k.id);
+                      reload();
+                      return `Revoked ${k.id} (${team.name})`;
+                    })
+                  }
+                />
+              )}
+            </td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
 // control-plane runtime/egress/policy.ts TEAM_EGRESS_MODES.
 const EGRESS_MODES = ["open", "closed", "forbidden"];
 
@@ -79,6 +150,8 @@ function TeamRow(props: {
   onKey: (k: CreatedKey) => void;
 }) {
   const { api, team: t, run } = props;
+  const [showKeys, setShowKeys] = useState(false);
+  const [keysVersion, setKeysVersion] = useState(0);
   const [limits, setLimits] = useState({
     maxConcurrentSandboxes: String(t.maxConcurrentSandboxes),
     maxLengthHours: String(t.maxLengthHours),
@@ -94,58 +167,78 @@ function TeamRow(props: {
     />
   );
   return (
-    <tr>
-      <td>
-        {t.name}
-        <div class="mono muted">{t.id}</div>
-      </td>
-      <td>{field("maxConcurrentSandboxes", "Concurrent sandboxes")}</td>
-      <td>{field("maxLengthHours", "Max hours")}</td>
-      <td>{field("maxCreatesPerMinute", "Creates per minute")}</td>
-      <td>
-        <select
-          aria-label={`Egress mode for ${t.name}`}
-          value={limits.egressMode}
-          onChange={(e) => setLimits({ ...limits, egressMode: e.currentTarget.value })}
-        >
-          {[...new Set([...EGRESS_MODES, t.egressMode])].map((m) => (
-            <option key={m} value={m}>
-              {m}
-            </option>
-          ))}
-        </select>
-      </td>
-      <td class="actions">
-        <button
-          type="button"
-          onClick={() =>
-            void run("Save limits", async () => {
-              await api.updateTeam(t.id, {
-                maxConcurrentSandboxes: Number(limits.maxConcurrentSandboxes),
-                maxLengthHours: Number(limits.maxLengthHours),
-                maxCreatesPerMinute: Number(limits.maxCreatesPerMinute),
-                egressMode: limits.egressMode,
-              });
-              props.onChange();
-              return `Saved ${t.name}'s limits`;
-            })
-          }
-        >
-          Save
-        </button>
-        <button
-          type="button"
-          onClick={() =>
-            void run("New key", async () => {
-              props.onKey(await api.createKey(t.id, "console"));
-              return `Created an API key for ${t.name}`;
-            })
-          }
-        >
-          New API key
-        </button>
-      </td>
-    </tr>
+    <>
+      <tr data-team-id={t.id}>
+        <td>
+          {t.name}
+          <div class="mono muted">{t.id}</div>
+        </td>
+        <td>{field("maxConcurrentSandboxes", "Concurrent sandboxes")}</td>
+        <td>{field("maxLengthHours", "Max hours")}</td>
+        <td>{field("maxCreatesPerMinute", "Creates per minute")}</td>
+        <td>
+          <select
+            aria-label={`Egress mode for ${t.name}`}
+            value={limits.egressMode}
+            onChange={(e) => setLimits({ ...limits, egressMode: e.currentTarget.value })}
+          >
+            {[...new Set([...EGRESS_MODES, t.egressMode])].map((m) => (
+              <option key={m} value={m}>
+                {m}
+              </option>
+            ))}
+          </select>
+        </td>
+        <td>
+          <div class="actions">
+            <button
+              type="button"
+              onClick={() =>
+                void run("Save limits", async () => {
+                  await api.updateTeam(t.id, {
+                    maxConcurrentSandboxes: Number(limits.maxConcurrentSandboxes),
+                    maxLengthHours: Number(limits.maxLengthHours),
+                    maxCreatesPerMinute: Number(limits.maxCreatesPerMinute),
+                    egressMode: limits.egressMode,
+                  });
+                  props.onChange();
+                  return `Saved ${t.name}'s limits`;
+                })
+              }
+            >
+              Save
+            </button>
+            <button
+              type="button"
+              onClick={() =>
+                void run("New key", async () => {
+                  props.onKey(await api.createKey(t.id, "console"));
+                  setKeysVersion((v) => v + 1);
+                  return `Created an API key for ${t.name}`;
+                })
+              }
+            >
+              New API key
+            </button>
+            <button
+              type="button"
+              aria-expanded={showKeys}
+              aria-label={`${showKeys ? "Hide" : "Show"} API keys of ${t.name}`}
+              onClick={() => setShowKeys(!showKeys)}
+            >
+              {showKeys ? "Hide keys" : "Keys"}
+            </button>
+          </div>
+        </td>
+      </tr>
+      {showKeys ? (
+        <tr class="expanded">
+          <td colSpan={6}>
+            <TeamKeys api={api} team={t} version={keysVersion} run={run} />
+          </td>
+        </tr>
+      ) : null}
+    </>
   );
 }
 
@@ -155,7 +248,6 @@ export function TeamsPage(props: { api: WarrenApi }) {
   const { outcome, run } = useAction();
   const [name, setName] = useState("");
   const [created, setCreated] = useState<CreatedKey>();
-  const [revokeId, setRevokeId] = useState("");
   return (
     <section aria-labelledby="teams-title">
       <header class="page-header">
@@ -184,26 +276,6 @@ export function TeamsPage(props: { api: WarrenApi }) {
           <button type="submit" class="primary" disabled={!name.trim()}>
             Create team
           </button>
-        </form>
-        <form class="inline" onSubmit={(e) => e.preventDefault()}>
-          <input
-            aria-label="API key id to revoke"
-            placeholder="key_…"
-            value={revokeId}
-            onInput={(e) => setRevokeId(e.currentTarget.value)}
-          />
-          <ConfirmButton
-            label="Revoke key"
-            confirm="Confirm revoke"
-            disabled={!revokeId.trim()}
-            onConfirm={() =>
-              void run("Revoke", async () => {
-                await api.revokeKey(revokeId.trim());
-                setRevokeId("");
-                return `Revoked ${revokeId.trim()}`;
-              })
-            }
-          />
         </form>
       </div>
       {created ? (

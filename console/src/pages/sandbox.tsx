@@ -91,6 +91,12 @@ export function SandboxPage(props: { api: WarrenApi; settings: ConsoleSettings; 
           <dd>{detail.alias ?? detail.templateID}</dd>
         </div>
         <div>
+          <dt>Node</dt>
+          <dd class="mono" data-testid="sandbox-node">
+            {detail.nodeID ?? "–"}
+          </dd>
+        </div>
+        <div>
           <dt>Started</dt>
           <dd>{new Date(detail.startedAt).toLocaleString()}</dd>
         </div>

@@ -56,7 +56,7 @@ export function SandboxesPage(props: { api: WarrenApi }) {
             type="search"
             ref={searchBox}
             aria-keyshortcuts="/"
-            placeholder="id, template, key=value"
+            placeholder="id, template, node, key=value"
             value={search}
             onInput={(e) => setSearch(e.currentTarget.value)}
           />
@@ -89,6 +89,7 @@ export function SandboxesPage(props: { api: WarrenApi }) {
               <th scope="col">Sandbox</th>
               <th scope="col">State</th>
               <th scope="col">Template</th>
+              <th scope="col">Node</th>
               <th scope="col">Metadata</th>
               <th scope="col">Age</th>
               <th scope="col">Ends in</th>
@@ -291,6 +292,9 @@ function SandboxRow(props: {
         <span class={`badge badge-${s.state}`}>{s.state}</span>
       </td>
       <td>{s.alias ?? s.templateID}</td>
+      <td class="mono" data-testid="sandbox-node">
+        {s.nodeID ?? "–"}
+      </td>
       <td>
         {Object.entries(s.metadata ?? {}).map(([k, v]) => (
           <span class="chip" key={k}>

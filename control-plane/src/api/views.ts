@@ -15,7 +15,7 @@ function network(row: SandboxRow): Record<string, unknown> | undefined {
   return copy;
 }
 
-/** E2B `ListedSandbox`. */
+/** E2B `ListedSandbox`, plus Warren's `nodeID`. */
 export function listedSandbox(row: SandboxRow): Record<string, unknown> {
   return {
     sandboxID: row.id,
@@ -30,6 +30,8 @@ export function listedSandbox(row: SandboxRow): Record<string, unknown> {
     diskSizeMB: row.diskSizeMB,
     envdVersion: row.envdVersion,
     metadata: row.metadata,
+    // Warren extra (SDKs ignore fields they do not know): the node it is placed on, null until placed.
+    nodeID: row.nodeId,
     // E2B echoes `{name, path}`; the volume id the nodes bind stays inside.
     volumeMounts: row.volumeMounts.map((m) => {
       const { name, path } = (m ?? {}) as { name?: unknown; path?: unknown };
