@@ -19,6 +19,7 @@ import { StartRequestSchema } from "@warren/proto/process/process_pb";
 import type { SandboxRoute } from "@warren/proto/redis";
 import busboy from "busboy";
 import type { Redis } from "ioredis";
+import { START_PATH } from "./secret-grants.js";
 
 /**
  * What the gate answers instead of forwarding: a Connect code (and the HTTP status of `/files`). When the gate
@@ -80,10 +81,7 @@ export class ControlPlaneExecDecider implements ExecDecider {
         signal: AbortSignal.timeout(10_000),
       });
     } catch (error) {
-      throw new ExecGateError(
-        "aborted",
-        `exec policy decision could not reach the api: ${(error as Error).message}`,
-      );
+      throw new ExecGateError("aborted", `exec policy decision could not reach the api: ${(error as Error).message}`);
     }
     const text = await response.text();
     let json: Record<string, unknown> = {};
@@ -136,7 +134,6 @@ export function execDeciderFromEnv(env: NodeJS.ProcessEnv): ControlPlaneExecDeci
 }
 
 /** envd's paths the gate reads: process starts and the file operations a path rule can cover. */
-export const START_PATH = "/process.Process/Start";
 const FILE_RPCS = new Set([
   "/filesystem.Filesystem/Remove",
   "/filesystem.Filesystem/Move",
@@ -269,14 +266,19 @@ export class ExecGate {
     const start = decode(StartRequestSchema, codec, body.subarray(5));
     const process = start.process;
     if (!process) throw new ExecGateError("invalid_argument", "start request has no process");
-    const presented = headers.approval ?? process.envs[APPROVAL_ENV];
+    const fromEnv = process.envs[APPROVAL_ENV];
+    const presented = headers.approval ?? fromEnv;
     delete process.envs[APPROVAL_ENV];
     const user = basicUser(headers.authorization) ?? route.defaultUser ?? "user";
     const decision = evaluateExecPolicy(policy, { kind: "start", cmd: process.cmd, args: process.args, user });
-    const encoded = encode(StartRequestSchema, codec, start);
-    const head = Buffer.alloc(5);
-    head.writeUInt32BE(encoded.length, 1);
-    const forwarded = Buffer.concat([head, encoded]);
+    // envd gets the client's own bytes unless the approval rode in the envs (then it is taken out).
+    let forwarded = body;
+    if (fromEnv !== undefined) {
+      const encoded = encode(StartRequestSchema, codec, start);
+      const head = Buffer.alloc(5);
+      head.writeUInt32BE(encoded.length, 1);
+      forwarded = Buffer.concat([head, encoded]);
+    }
     if (decision.action === "allow") return forwarded;
 
     const envNames = Object.keys(process.envs).sort();

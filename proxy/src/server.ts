@@ -10,9 +10,9 @@ import {
 import { createServer as createHttpsServer } from "node:https";
 import type { AddressInfo } from "node:net";
 import type { Duplex } from "node:stream";
-import { APPROVAL_HEADER, APPROVAL_ID_HEADER } from "@warren/proto/exec-policy";
 import type { RouteEvent, SandboxRoute } from "@warren/proto/redis";
 import type { ProxyConfig } from "./config.js";
+import { EnvdIntercept, type InterceptedKind, type Rewrite } from "./envd-intercept.js";
 import {
   type ProxyError,
   sendProxyError,
@@ -20,14 +20,7 @@ import {
   TRAFFIC_TOKEN_HEADER,
   writeSocketError,
 } from "./errors.js";
-import {
-  type ExecGate,
-  ExecGateError,
-  gatedRequest,
-  MAX_GUARDED_UPLOAD_BYTES,
-  MAX_RPC_BODY_BYTES,
-  readBody,
-} from "./exec-gate.js";
+import type { ExecGate } from "./exec-gate.js";
 import { Forwarder, type Upstream } from "./forward.js";
 import { SandboxConnections } from "./limits.js";
 import type { Logger } from "./log.js";
@@ -35,16 +28,7 @@ import type { ProxyMetrics } from "./metrics.js";
 import { AutoResume, type SandboxResumer } from "./resume.js";
 import type { RouteStore } from "./routes.js";
 import { controlOnlyPath, Router, type RouteTarget, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER } from "./routing.js";
-import {
-  connectStreamError,
-  findGrant,
-  readStartBody,
-  SECRET_GRANT_HEADER,
-  SecretGrantError,
-  type SecretGrantRedeemer,
-  START_PATH,
-  secretEnvHeader,
-} from "./secret-grants.js";
+import type { SecretGrantRedeemer } from "./secret-grants.js";
 
 export interface SandboxProxyDeps {
   readonly config: ProxyConfig;
@@ -76,6 +60,7 @@ export class SandboxProxy {
   private readonly forwarder: Forwarder;
   private readonly connections: SandboxConnections;
   private readonly autoResume: AutoResume | undefined;
+  private readonly envd: EnvdIntercept;
   private readonly unsubscribe: () => void;
   private requestCounter = 0;
   private draining = false;
@@ -97,6 +82,13 @@ export class SandboxProxy {
         )
       : undefined;
     this.unsubscribe = deps.routes.onEvent((event) => this.onRouteEvent(event));
+    this.envd = new EnvdIntercept({
+      envdPort: config.envdPort,
+      log,
+      metrics,
+      ...(deps.secretGrants ? { secretGrants: deps.secretGrants } : {}),
+      ...(deps.execGate ? { execGate: deps.execGate } : {}),
+    });
 
     const options = {
       // Streams may run for hours; idleness, not age, ends a connection.
@@ -194,15 +186,9 @@ export class SandboxProxy {
           this.answerHttp(req, res, admission.error, started);
           return;
         }
-        const gated =
-          this.deps.execGate && admission.route && target.port === this.deps.config.envdPort
-            ? gatedRequest(req.method, req.url)
-            : undefined;
-        if ((gated === "file-rpc" || gated === "files") && admission.route) {
-          this.forwardFileWrite(req, res, target, admission.upstream, admission.route, started, gated);
-        } else if (this.carriesStart(req, target)) {
-          this.forwardStart(req, res, target, admission.upstream, started, admission.route);
-        } else this.forwardHttp(req, res, target, admission.upstream, started);
+        const kind = this.envd.kindOf(req, target.port, admission.route);
+        if (kind) this.forwardIntercepted(kind, req, res, target, admission.upstream, admission.route, started);
+        else this.forwardHttp(req, res, target, admission.upstream, started);
       });
     this.guarded(target, drop, () => this.decide(req, target, answer));
   }
@@ -339,148 +325,24 @@ export class SandboxProxy {
     };
   }
 
-  private carriesStart(req: IncomingMessage, target: RouteTarget): boolean {
-    return (
-      target.port === this.deps.config.envdPort && req.method === "POST" && (req.url ?? "").split("?")[0] === START_PATH
-    );
-  }
-
-  /**
-   * envd's process.Start: a secret grant in its header or its envs is redeemed at the api, and the values go to envd
-   * in one header for this process only (envd/src/process/secrets.ts). The values are never logged here.
-   */
-  private forwardStart(
+  /** An envd request read before it goes on (envd-intercept.ts); refusals are answered there. */
+  private forwardIntercepted(
+    kind: InterceptedKind,
     req: IncomingMessage,
     res: ServerResponse,
     target: RouteTarget,
     upstream: Upstream,
+    route: SandboxRoute | undefined,
     started: number,
-    route?: SandboxRoute,
   ): void {
     const abort = new AbortController();
     res.once("close", () => abort.abort());
-    const prepare = async () => {
-      const read = await readStartBody(req);
-      const contentType = req.headers["content-type"] ?? "";
-      const found = findGrant(header(req.headers, SECRET_GRANT_HEADER), contentType, read);
-      // The policy first: a held-back or denied start must not use up the command's secret grant.
-      const body =
-        this.deps.execGate && route
-          ? await this.deps.execGate.checkStart(route, this.gateHeaders(req), contentType, found.body)
-          : found.body;
-      if (found.grant === undefined) return { headers: [] as [string, string][], body };
-      if (!this.deps.secretGrants) {
-        throw new SecretGrantError(
-          "failed_precondition",
-          "this proxy redeems no secret grants (PROXY_RESUME_URL unset)",
-        );
-      }
-      const env = await this.deps.secretGrants.redeem(target.sandboxId, found.grant, abort.signal);
-      return { headers: [secretEnvHeader(env)], body };
-    };
-    prepare().then(
+    this.envd.prepare(kind, req, res, target.sandboxId, route, abort.signal).then(
       (rewrite) => {
-        if (!res.destroyed) this.forwardHttp(req, res, target, upstream, started, rewrite);
+        if (rewrite !== null && !res.destroyed) this.forwardHttp(req, res, target, upstream, started, rewrite);
       },
-      (error: unknown) => {
-        if (res.destroyed) return;
-        if (error instanceof ExecGateError) {
-          this.answerGateError(req, res, target, error, "stream");
-          return;
-        }
-        const grantError =
-          error instanceof SecretGrantError
-            ? error
-            : new SecretGrantError("invalid_argument", `start request could not be read: ${(error as Error).message}`);
-        this.deps.log.warn("secret grant refused", { sandboxId: target.sandboxId, code: grantError.code });
-        this.deps.metrics.requests.inc({ kind: "http", status: "200" });
-        res.writeHead(200, { "Content-Type": streamContentType(req) });
-        res.end(connectStreamError(grantError.code, grantError.message));
-      },
+      (error: unknown) => this.failed(target, error),
     );
-  }
-
-  private gateHeaders(req: IncomingMessage) {
-    const authorization = header(req.headers, "authorization");
-    const approval = header(req.headers, APPROVAL_HEADER);
-    return { ...(authorization ? { authorization } : {}), ...(approval ? { approval } : {}) };
-  }
-
-  /**
-   * envd's file writes and removes under an exec policy that guards files: a unary file RPC's small body is read
-   * and decoded; `POST /files` is judged by its `path` query (streamed on untouched) or, for a multi-file form, by
-   * its parts' filenames (read whole, up to MAX_GUARDED_UPLOAD_BYTES).
-   */
-  private forwardFileWrite(
-    req: IncomingMessage,
-    res: ServerResponse,
-    target: RouteTarget,
-    upstream: Upstream,
-    route: SandboxRoute,
-    started: number,
-    kind: "file-rpc" | "files",
-  ): void {
-    const gate = this.deps.execGate as ExecGate;
-    const contentType = req.headers["content-type"] ?? "";
-    const url = req.url ?? "/";
-    const check = async (): Promise<Buffer | undefined> => {
-      if (kind === "file-rpc") {
-        const body = await readBody(req, MAX_RPC_BODY_BYTES);
-        await gate.checkFileRpc(route, this.gateHeaders(req), url, contentType, body);
-        return body;
-      }
-      return gate.checkUpload(route, this.gateHeaders(req), url, contentType, () =>
-        readBody(req, MAX_GUARDED_UPLOAD_BYTES),
-      );
-    };
-    check().then(
-      (body) => {
-        if (res.destroyed) return;
-        this.forwardHttp(req, res, target, upstream, started, body ? { headers: [], body } : undefined);
-      },
-      (error: unknown) => {
-        if (res.destroyed) return;
-        const gateError =
-          error instanceof ExecGateError
-            ? error
-            : new ExecGateError("invalid_argument", `request could not be read: ${(error as Error).message}`);
-        this.answerGateError(req, res, target, gateError, kind === "file-rpc" ? "unary" : "files");
-      },
-    );
-  }
-
-  /** The gate's refusal in the shape the client's protocol expects; a review's id also in a header. */
-  private answerGateError(
-    req: IncomingMessage,
-    res: ServerResponse,
-    target: RouteTarget,
-    error: ExecGateError,
-    shape: "stream" | "unary" | "files",
-  ): void {
-    this.deps.log.info("exec policy held a request back", {
-      sandboxId: target.sandboxId,
-      code: error.code,
-      ...(error.approvalId ? { approvalId: error.approvalId } : {}),
-    });
-    const approval = error.approvalId ? { [APPROVAL_ID_HEADER]: error.approvalId } : {};
-    if (shape === "stream") {
-      this.deps.metrics.requests.inc({ kind: "http", status: "200" });
-      res.writeHead(200, { "Content-Type": streamContentType(req), ...approval });
-      res.end(
-        connectStreamError(
-          error.code,
-          error.message,
-          error.approvalId ? { [APPROVAL_ID_HEADER]: [error.approvalId] } : undefined,
-        ),
-      );
-      return;
-    }
-    const status = error.httpStatus;
-    this.deps.metrics.requests.inc({ kind: "http", status: String(status) });
-    const body =
-      shape === "unary" ? { code: error.code, message: error.message } : { code: status, message: error.message };
-    res.writeHead(status, { "Content-Type": "application/json", ...approval });
-    res.end(JSON.stringify(body));
   }
 
   private forwardHttp(
@@ -489,7 +351,7 @@ export class SandboxProxy {
     target: RouteTarget,
     upstream: Upstream,
     started: number,
-    rewrite?: { readonly headers: readonly [string, string][]; readonly body: Buffer },
+    rewrite?: Rewrite,
   ): void {
     const { metrics, log, config } = this.deps;
     const connection = this.connections.open(upstream.sandboxId, upstream.exec, () => res.destroy());
@@ -661,15 +523,6 @@ export class SandboxProxy {
 export function relayVia(config: Pick<ProxyConfig, "relay" | "nodeId">, route: SandboxRoute): boolean {
   if (config.relay === "off") return false;
   return config.relay === "always" || route.node !== config.nodeId;
-}
-
-/**
- * A streaming call answered with only its end-of-stream error keeps the client's codec in its content type: the
- * end-stream message is JSON in both codecs, and a proto client refuses a JSON content type.
- */
-function streamContentType(req: IncomingMessage): string {
-  const type = (req.headers["content-type"] ?? "").split(";")[0]?.trim().toLowerCase();
-  return type === "application/connect+proto" ? "application/connect+proto" : "application/connect+json";
 }
 
 function header(headers: IncomingHttpHeaders, name: string): string | undefined {
