@@ -23,9 +23,6 @@ export const SANDBOX_PORT_HEADER = "e2b-sandbox-port";
 const SHARED_HOST_PREFIX = "sandbox.";
 const API_HOST_PREFIX = "api.";
 
-/** E2B sandbox ids are lowercase alphanumerics; a dash would be ambiguous in `<port>-<id>` hosts. */
-const SANDBOX_ID = /^[a-z0-9]+$/;
-
 export class Router {
   private readonly domains: ReadonlySet<string>;
   private readonly sharedHosts: ReadonlySet<string>;
@@ -106,8 +103,9 @@ function parsePort(text: string): number | undefined {
   return port >= 1 && port <= 65535 ? port : undefined;
 }
 
+/** The contract's rule (`@warren/proto/redis`): lowercase alphanumerics, so `<port>-<id>` hosts parse. */
 function validSandboxId(id: string): boolean {
-  return SANDBOX_ID.test(id) && isSandboxId(id);
+  return isSandboxId(id);
 }
 
 /**

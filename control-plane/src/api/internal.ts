@@ -1,6 +1,7 @@
 import { timingSafeEqual } from "node:crypto";
 import type { Client } from "@connectrpc/connect";
 import type { MasterService } from "@warren/proto/master/v1/master_pb";
+import { isSandboxId } from "@warren/proto/redis";
 import { type Request, type Response, Router } from "express";
 import { ApiError, badRequest, fromMasterError, sandboxNotFound } from "./errors.js";
 
@@ -36,7 +37,7 @@ export function internalRoutes(master: Client<typeof MasterService>, internalTok
       throw new ApiError(401, `missing or invalid ${INTERNAL_TOKEN_HEADER}`);
     }
     const id = String(req.params.sandboxID);
-    if (!/^[a-z0-9]{1,63}$/.test(id)) throw sandboxNotFound(id);
+    if (!isSandboxId(id)) throw sandboxNotFound(id);
     const obj = (req.body ?? {}) as Record<string, unknown>;
     const port = obj.port;
     if (typeof port !== "number" || !Number.isInteger(port) || port < 1 || port > 65535) {

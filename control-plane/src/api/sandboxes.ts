@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import type { Client } from "@connectrpc/connect";
 import type { MasterService, SandboxMetric } from "@warren/proto/master/v1/master_pb";
+import { isSandboxId } from "@warren/proto/redis";
 import { type Request, type Response, Router } from "express";
 import { asksForEgress } from "../runtime/egress/policy.js";
 import type { Db } from "../store/db.js";
@@ -35,7 +36,7 @@ export function team(res: Response): Team {
 
 export function sandboxId(req: Request): string {
   const id = req.params.sandboxID;
-  if (typeof id !== "string" || !/^[a-z0-9][a-z0-9-]{0,62}$/.test(id)) {
+  if (typeof id !== "string" || !isSandboxId(id)) {
     // An id that cannot exist is answered like an unknown one.
     throw sandboxNotFound(String(id));
   }
