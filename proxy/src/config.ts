@@ -1,5 +1,6 @@
 import { isIP } from "node:net";
 import { hostname as osHostname } from "node:os";
+import { ENVD_PORT } from "@warren/proto/ports";
 import { parseRedisPrefix } from "@warren/proto/redis";
 
 /**
@@ -113,7 +114,7 @@ export function loadConfig(env: Env, cpuCount = 1): ProxyConfig {
     routeCacheTtlMs: integer(env, "PROXY_ROUTE_CACHE_TTL_MS", 5000, 0, 3_600_000),
     routeCacheMax: integer(env, "PROXY_ROUTE_CACHE_MAX", 10_000, 1, 10_000_000),
     redisTimeoutMs: integer(env, "PROXY_REDIS_TIMEOUT_MS", 2000, 1, 60_000),
-    envdPort: integer(env, "PROXY_ENVD_PORT", 49983, 1, 65535),
+    envdPort: integer(env, "PROXY_ENVD_PORT", ENVD_PORT, 1, 65535),
     maxConnectionsPerSandbox: integer(env, "PROXY_MAX_CONNECTIONS_PER_SANDBOX", 1000, 0, 10_000_000),
     upstreamConnectRetries: integer(env, "PROXY_UPSTREAM_CONNECT_RETRIES", 3, 0, 100),
     upstreamConnectTimeoutMs: integer(env, "PROXY_UPSTREAM_CONNECT_TIMEOUT_MS", 5000, 1, 600_000),

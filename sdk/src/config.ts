@@ -1,8 +1,10 @@
 import { InvalidArgumentError } from "./errors.js";
 
 export const SDK_VERSION = "0.1.0";
-export const ENVD_PORT = 49983;
-export const CODE_GATEWAY_PORT = 49999;
+
+import { CODE_GATEWAY_PORT, ENVD_PORT } from "@warren/proto/ports";
+
+export { CODE_GATEWAY_PORT, ENVD_PORT };
 export const DEFAULT_REQUEST_TIMEOUT_MS = 60_000;
 
 /** How data-plane requests name their sandbox: by headers on one origin, or by a `<port>-<id>.<domain>` host. */

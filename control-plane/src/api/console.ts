@@ -1,6 +1,7 @@
 import { existsSync } from "node:fs";
 import { extname, join, resolve, sep } from "node:path";
 import { fileURLToPath } from "node:url";
+import { ENVD_PORT } from "@warren/proto/ports";
 import { type Request, type Response, Router } from "express";
 
 /** The web console's settings (env vars, validated at start like the rest of the api's config). */
@@ -29,7 +30,7 @@ export function parseSandboxUrlTemplate(raw: string): SandboxUrlTemplate {
   const problem = (why: string) => new Error(`WARREN_CONSOLE_SANDBOX_URL '${raw}' ${why}`);
   let url: URL;
   try {
-    url = new URL(raw.replaceAll("{port}", "49983").replaceAll("{sandboxID}", "x"));
+    url = new URL(raw.replaceAll("{port}", String(ENVD_PORT)).replaceAll("{sandboxID}", "x"));
   } catch {
     throw problem("is not a URL");
   }

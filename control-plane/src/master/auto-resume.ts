@@ -1,12 +1,11 @@
 import { timingSafeEqual } from "node:crypto";
+// envd's port: requests to it carry the envd access token (X-Access-Token).
+import { ENVD_PORT } from "@warren/proto/ports";
 import { getSandbox, type SandboxRow } from "../store/sandboxes.js";
 import { MasterError, notFound } from "./errors.js";
 import { DEFAULT_TIMEOUT_SECONDS, type LifecycleDeps } from "./lifecycle-deps.js";
 import type { PauseAndResume } from "./pause-resume.js";
 import { sha256Hex } from "./tokens.js";
-
-/** envd's port: requests to it carry the envd access token (X-Access-Token). */
-const ENVD_PORT = 49983;
 
 function sameToken(given: string, expected: string): boolean {
   const a = Buffer.from(given);

@@ -2,8 +2,9 @@ import { readFile } from "node:fs/promises";
 import { request } from "node:http";
 
 /** envd's port in every sandbox (E2B's), and the code gateway's in code templates. */
-export const ENVD_PORT = 49983;
-export const CODE_GATEWAY_PORT = 49999;
+import { CODE_GATEWAY_PORT, ENVD_PORT } from "@warren/proto/ports";
+
+export { CODE_GATEWAY_PORT, ENVD_PORT };
 
 /** GET /health on envd (or another port, e.g. the code gateway's) at a sandbox's address; true on any 2xx. */
 export function healthy(addr: string, timeoutMs: number, port = ENVD_PORT): Promise<boolean> {
