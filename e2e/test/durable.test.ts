@@ -1,4 +1,6 @@
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Sandbox } from "e2b";
@@ -58,7 +60,78 @@ function published(): string[] {
   }
 }
 
+/** Every blob of the embedded store whose content is not its name: half-written or stray files. */
+function brokenBlobs(store: string): string[] {
+  const dir = join(store, "blobs", "sha256");
+  let names: string[];
+  try {
+    names = readdirSync(dir);
+  } catch {
+    return [];
+  }
+  return names.filter(
+    (name) =>
+      createHash("sha256")
+        .update(readFileSync(join(dir, name)))
+        .digest("hex") !== name,
+  );
+}
+
 describe("durable state: paused sandboxes and snapshots outlive their node", () => {
+  it("a store that fails half way through a publish leaves the pause whole on its node; a later pass publishes it", async () => {
+    const sandbox = await Sandbox.create("base", { timeoutMs: 300_000 });
+    created.push(sandbox);
+    // Random bytes the store has no room for while the fault lasts: the publish fails part way through its copy.
+    const written = await sandbox.commands.run(
+      "head -c 12582912 /dev/urandom > /home/user/big.bin && sha256sum /home/user/big.bin | cut -d' ' -f1",
+    );
+    const digest = written.stdout.trim();
+    const store = join(dataDir, "store");
+    mkdirSync(store, { recursive: true });
+    const saved = mkdtempSync(join(dataDir, "store-saved-"));
+    execFileSync("cp", ["-a", `${store}/.`, saved]);
+    const usedKiB = Number(execFileSync("du", ["-sk", saved], { encoding: "utf8" }).split("\t")[0]);
+    const before = published();
+    execFileSync("mount", ["-t", "tmpfs", "-o", `size=${usedKiB + 4096}k`, "warren-store-fault", store]);
+    try {
+      execFileSync("cp", ["-a", `${saved}/.`, store]);
+      expect(await sandbox.pause()).toBe(true);
+      // Several leader passes (one a second here) try and fail.
+      await new Promise((resolve) => setTimeout(resolve, 10_000));
+      const res = await api("GET", `/sandboxes/${sandbox.sandboxId}`);
+      expect(res.body).toMatchObject({ state: "paused", durable: false });
+      expect(published()).toEqual(before);
+      expect(brokenBlobs(store)).toEqual([]);
+    } finally {
+      // A pass may be part way through another try: the store is busy until it has failed.
+      await waitFor(
+        "the faulty store to be unmounted",
+        async () => {
+          try {
+            execFileSync("umount", [store], { stdio: "ignore" });
+            return true;
+          } catch {
+            return undefined;
+          }
+        },
+        60_000,
+      );
+      rmSync(saved, { recursive: true, force: true });
+    }
+    await waitFor(
+      "the pause to be durable once the store has room again",
+      async () => {
+        const res = await api("GET", `/sandboxes/${sandbox.sandboxId}`);
+        return (res.body as { durable?: boolean }).durable === true ? true : undefined;
+      },
+      90_000,
+    );
+    expect(brokenBlobs(store)).toEqual([]);
+    const resumed = await Sandbox.connect(sandbox.sandboxId, { timeoutMs: 120_000 });
+    expect((await resumed.commands.run("sha256sum /home/user/big.bin | cut -d' ' -f1")).stdout.trim()).toBe(digest);
+    await resumed.kill();
+  }, 300_000);
+
   it("a paused sandbox resumes on another node after its node is gone; a snapshot is created there", async () => {
     // Everything starts on node-fa: node-fb is cordoned until node-fa is gone.
     expect(await cluster.cordon("node-fb", true)).toBe(204);
