@@ -1,4 +1,7 @@
+import type { ExecPolicy } from "@warren/proto/exec-policy";
 import { authHeaders, type Credential } from "./session.js";
+
+export type { ExecAction, ExecPolicy, ExecRule } from "@warren/proto/exec-policy";
 
 /** A failed api call: the HTTP status and the api's own message (E2B error bodies carry `message`). */
 export class ApiError extends Error {
@@ -144,6 +147,35 @@ export interface SnapshotInfo {
   readonly sizeBytes?: number;
 }
 
+export type ApprovalState = "pending" | "approved" | "rejected" | "used" | "expired";
+
+/** A request an exec policy's `review` rule held back (control-plane api/exec-policy.ts approvalView). */
+export interface ExecApproval {
+  readonly approvalID: string;
+  readonly sandboxID: string;
+  /** A process start, or an envd file write or remove. */
+  readonly kind: "start" | "write" | "remove";
+  readonly request: {
+    readonly commandLine?: string;
+    readonly cmd?: string;
+    readonly args?: string[];
+    readonly cwd?: string;
+    readonly user: string;
+    /** Names only, never values. */
+    readonly envNames?: string[];
+    readonly path?: string;
+  };
+  readonly rule: string;
+  readonly state: ApprovalState;
+  readonly requestedAt: string;
+  readonly expiresAt: string;
+  /** The approver key's id. */
+  readonly decidedBy: string | null;
+  readonly decidedAt: string | null;
+  readonly reason: string | null;
+  readonly usedAt: string | null;
+}
+
 export interface CreatedKey {
   readonly id: string;
   readonly key: string;
@@ -281,6 +313,34 @@ export class WarrenApi {
   buildLogs(templateID: string, buildID: string, cursor: number): Promise<{ logs: BuildLogEntry[] }> {
     const path = `/templates/${encodeURIComponent(templateID)}/builds/${encodeURIComponent(buildID)}/logs`;
     return this.request("GET", `${path}?cursor=${cursor}&limit=1000`);
+  }
+
+  /** The team's exec policy; null when it has none. */
+  async execPolicy(): Promise<ExecPolicy | null> {
+    return (await this.request<{ policy: ExecPolicy | null }>("GET", "/warren/v1/exec-policy")).policy;
+  }
+  /** Replaces the policy (an approver key): the api validates it (400 naming the field) and answers it back. */
+  async setExecPolicy(policy: unknown): Promise<ExecPolicy> {
+    return (await this.request<{ policy: ExecPolicy }>("PUT", "/warren/v1/exec-policy", policy)).policy;
+  }
+  clearExecPolicy(): Promise<void> {
+    return this.request("DELETE", "/warren/v1/exec-policy");
+  }
+  /** Newest first; `pending` lists only those still in time. */
+  approvals(query: { state?: ApprovalState; limit: number }): Promise<ExecApproval[]> {
+    const state = query.state ? `&state=${query.state}` : "";
+    return this.request("GET", `/warren/v1/exec-approvals?limit=${query.limit}${state}`);
+  }
+  decide(approvalID: string, verdict: "approve" | "reject", reason: string): Promise<ExecApproval> {
+    const body = reason ? { reason } : {};
+    return this.request("POST", `/warren/v1/exec-approvals/${encodeURIComponent(approvalID)}/${verdict}`, body);
+  }
+  /** Undefined when the signed-in key is an approver (`GET /warren/v1/me`), else why it cannot decide. */
+  async notApproverReason(): Promise<string | undefined> {
+    const me = await this.request<{ approver: boolean }>("GET", "/warren/v1/me");
+    return me.approver
+      ? undefined
+      : "deciding and changing the exec policy needs an approver API key (this key is not one)";
   }
 
   nodes(): Promise<ClusterNode[]> {

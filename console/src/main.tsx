@@ -4,7 +4,9 @@ import "./styles.css";
 import { render } from "preact";
 import { useEffect, useMemo, useState } from "preact/hooks";
 import { type ConsoleSettings, WarrenApi } from "./api.js";
+import { isPending } from "./approvals.js";
 import { Empty, ErrorBox, Link, Loading, useLazy } from "./components/common.js";
+import { type LiveApprovalsState, useLiveApprovals } from "./live-approvals.js";
 import { NodesPage, TeamsPage } from "./pages/admin.js";
 import { SandboxesPage } from "./pages/sandboxes.js";
 import { SignIn } from "./pages/sign-in.js";
@@ -12,13 +14,14 @@ import { TemplatePage, TemplatesPage } from "./pages/templates.js";
 import { match, navigate, usePath } from "./router.js";
 import { type Credential, clearCredential, loadCredential, saveCredential } from "./session.js";
 
-function Nav(props: { credential: Credential; path: string; onSignOut: () => void }) {
+function Nav(props: { credential: Credential; path: string; pending: number | undefined; onSignOut: () => void }) {
   const items =
     props.credential.kind === "apiKey"
       ? [
           ["/sandboxes", "Sandboxes"],
           ["/snapshots", "Snapshots"],
           ["/templates", "Templates"],
+          ["/approvals", "Approvals"],
         ]
       : [
           ["/nodes", "Nodes"],
@@ -33,6 +36,12 @@ function Nav(props: { credential: Credential; path: string; onSignOut: () => voi
         {items.map(([href, label]) => (
           <Link key={href} href={href!} current={props.path.startsWith(href!)}>
             {label}
+            {href === "/approvals" && props.pending ? (
+              <span class="nav-count" data-testid="pending-count" title="Requests waiting for a decision">
+                {props.pending}
+                <span class="visually-hidden"> pending</span>
+              </span>
+            ) : null}
           </Link>
         ))}
       </nav>
@@ -64,12 +73,19 @@ function LazySnapshotsPage(props: { api: WarrenApi }) {
   return SnapshotsPage ? <SnapshotsPage {...props} /> : <Loading what="the snapshots page" />;
 }
 
+const loadApprovalsPage = () => import("./pages/approvals.js").then((m) => m.ApprovalsPage);
+
+function LazyApprovalsPage(props: { api: WarrenApi; live: LiveApprovalsState }) {
+  const ApprovalsPage = useLazy(loadApprovalsPage);
+  return ApprovalsPage ? <ApprovalsPage {...props} /> : <Loading what="the approvals page" />;
+}
+
 function Redirect(props: { to: string }) {
   useEffect(() => navigate(props.to, true), [props.to]);
   return null;
 }
 
-function Routes(props: { api: WarrenApi; settings: ConsoleSettings; path: string }) {
+function Routes(props: { api: WarrenApi; settings: ConsoleSettings; path: string; approvals: LiveApprovalsState }) {
   const { api, path } = props;
   const admin = api.credential.kind === "admin";
   if (path === "/" || path === "") return <Redirect to={admin ? "/nodes" : "/sandboxes"} />;
@@ -88,6 +104,7 @@ function Routes(props: { api: WarrenApi; settings: ConsoleSettings; path: string
       );
     }
     if (match("/snapshots", path)) return <LazySnapshotsPage api={api} />;
+    if (match("/approvals", path)) return <LazyApprovalsPage api={api} live={props.approvals} />;
     if (match("/templates", path)) return <TemplatesPage api={api} />;
     const template = match("/templates/:id", path);
     if (template) return <TemplatePage api={api} templateId={template.id!} />;
@@ -98,7 +115,7 @@ function Routes(props: { api: WarrenApi; settings: ConsoleSettings; path: string
   return (
     <Empty title="Nothing here.">
       {admin
-        ? "The admin token opens nodes and teams; sign in with an API key for sandboxes, snapshots and templates."
+        ? "The admin token opens nodes and teams; sign in with an API key for sandboxes, snapshots, templates and approvals."
         : ""}{" "}
       <Link href="/">Home</Link>
     </Empty>
@@ -110,6 +127,9 @@ function App() {
   const [settings, setSettings] = useState<ConsoleSettings | { error: unknown }>();
   const path = usePath();
   const api = useMemo(() => (credential ? new WarrenApi(credential) : undefined), [credential]);
+  // One follower for the nav's pending count and the approvals page.
+  const approvals = useLiveApprovals(api);
+  const pending = approvals.lists?.pending.filter((a) => isPending(a, Date.now())).length;
 
   useEffect(() => {
     fetch("/console/settings.json")
@@ -135,6 +155,7 @@ function App() {
       <Nav
         credential={credential}
         path={path}
+        pending={pending}
         onSignOut={() => {
           clearCredential();
           setCredential(undefined);
@@ -146,7 +167,7 @@ function App() {
         ) : "error" in settings ? (
           <ErrorBox error={settings.error} />
         ) : (
-          <Routes api={api} settings={settings} path={path} />
+          <Routes api={api} settings={settings} path={path} approvals={approvals} />
         )}
       </main>
     </div>

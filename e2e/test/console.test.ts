@@ -354,6 +354,130 @@ describe("the web console in a browser against a whole cluster", () => {
     await shot("after-kill");
   }, 60_000);
 
+  it("holds a command for review, shows it live on the Approvals page, approves it there, and it runs once", async () => {
+    // The plain key sees the page, not the buttons: the api's 403 message says why.
+    await page.getByRole("link", { name: "Approvals" }).click();
+    await page.getByRole("heading", { name: "Approvals" }).waitFor();
+    await expect
+      .poll(() => page.getByTestId("not-approver").textContent(), { timeout: 15_000 })
+      .toContain("needs an approver API key");
+    await page.getByText("This team has no exec policy.").waitFor();
+    expect(await page.getByRole("button", { name: "Set a policy" }).count()).toBe(0);
+
+    const admin = (method: string, path: string, body?: unknown) =>
+      fetch(`${env.apiUrl}${path}`, {
+        method,
+        headers: { "X-Admin-Token": env.adminToken, "Content-Type": "application/json" },
+        ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+      }).then((res) => res.json() as Promise<unknown>);
+    const teams = (await admin("GET", "/warren/v1/admin/teams")) as { id: string; name: string }[];
+    const team = teams.find((t) => t.name.startsWith("local-"))!;
+    const approverKey = (
+      (await admin("POST", `/warren/v1/admin/teams/${team.id}/api-keys`, {
+        name: "console-approver",
+        approver: true,
+      })) as {
+        key: string;
+      }
+    ).key;
+    const clearPolicy = () =>
+      fetch(`${env.apiUrl}/warren/v1/exec-policy`, { method: "DELETE", headers: { "X-API-Key": approverKey } });
+
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.getByTestId("secret").fill(approverKey);
+    await page.getByRole("button", { name: "Sign in" }).click();
+    await page.getByRole("link", { name: "Approvals" }).click();
+    await page.getByRole("heading", { name: "Approvals" }).waitFor();
+    let sandbox: Sandbox | undefined;
+    try {
+      // The policy through the page's editor: the api's 400 names the field inline, then a valid one is saved.
+      await page.getByRole("button", { name: "Set a policy" }).click();
+      const editor = page.getByTestId("policy-json");
+      await editor.fill(JSON.stringify({ rules: [{ command: "rm -rf *", action: "maybe" }] }));
+      await page.getByRole("button", { name: "Save policy" }).click();
+      await expect.poll(() => page.getByTestId("policy-error").textContent()).toContain("rules[0].action");
+      await editor.fill(
+        JSON.stringify({
+          rules: [{ name: "console review", command: "rm -rf *", action: "review" }],
+          reviewTtlSeconds: 600,
+        }),
+      );
+      await page.getByRole("button", { name: "Save policy" }).click();
+      await expect.poll(() => page.getByTestId("outcome").textContent()).toBe("Saved the exec policy");
+      const rules = page.getByTestId("policy-rules");
+      await expect.poll(() => rules.textContent()).toContain("console review");
+      expect(await rules.textContent()).toContain('command "rm -rf *"');
+      await expect.poll(() => page.getByTestId("approvals-live").textContent(), { timeout: 15_000 }).toBe("Live");
+      await page.getByText("No request is waiting for a decision.").waitFor();
+
+      // The official SDK's command is held back; its error names the approval.
+      sandbox = await Sandbox.create("base", sdkOpts(env.apiKey));
+      await sandbox.commands.run("mkdir -p /tmp/victim && touch /tmp/victim/a");
+      const error = await sandbox.commands.run("rm -rf /tmp/victim").then(
+        () => undefined,
+        (e: Error) => e,
+      );
+      const id = /approval (apr_[0-9a-f]{20})/.exec(error?.message ?? "")?.[1];
+      expect(id, error?.message ?? "the command ran").toBeDefined();
+      expect(await sandbox.files.exists("/tmp/victim/a")).toBe(true);
+
+      // On the page without a reload (the ledger's exec.review_requested), with the nav's pending count.
+      const row = page.getByTestId("pending-approvals").locator(`tr[data-approval-id="${id}"]`);
+      await row.waitFor({ timeout: 15_000 });
+      const text = await row.textContent();
+      for (const part of ["rm -rf /tmp/victim", "/home/user", sandbox.sandboxId, "console review"]) {
+        expect(text).toContain(part);
+      }
+      await expect.poll(() => page.getByTestId("pending-count").textContent()).toBe("1 pending");
+      await shot("approvals-pending");
+
+      await row.getByLabel(`Reason for ${id}`).fill("cleanup is fine");
+      await row.getByRole("button", { name: "Approve" }).click();
+      await expect.poll(() => page.getByTestId("outcome").textContent()).toBe(`Approved ${id}`);
+      const decided = page.getByTestId("decided-approvals").locator(`tr[data-approval-id="${id}"]`);
+      await expect
+        .poll(() => decided.getByTestId("approval-state").textContent(), { timeout: 15_000 })
+        .toBe("approved");
+      expect(await decided.textContent()).toContain("cleanup is fine");
+      await expect.poll(() => page.getByTestId("pending-count").count()).toBe(0);
+
+      // Sent again with the id, it runs; the page follows it to used.
+      const ran = await sandbox.commands.run("rm -rf /tmp/victim", { envs: { WARREN_APPROVAL_ID: id! } });
+      expect(ran.exitCode).toBe(0);
+      expect(await sandbox.files.exists("/tmp/victim")).toBe(false);
+      await expect.poll(() => decided.getByTestId("approval-state").textContent(), { timeout: 15_000 }).toBe("used");
+      await shot("approvals");
+      await page.emulateMedia({ colorScheme: "dark" });
+      await shot("approvals-dark");
+      await page.emulateMedia({ colorScheme: "light" });
+
+      // The sandbox's timeline has the same story.
+      await decided.getByRole("link", { name: sandbox.sandboxId }).click();
+      const timeline = page.getByTestId("timeline");
+      await expect.poll(() => timeline.textContent(), { timeout: 15_000 }).toContain("exec.approval_used");
+      // Each exec event in one line: what was asked, under which rule, and the approver's reason.
+      const story = await timeline.textContent();
+      for (const part of [
+        "exec.review_requested",
+        "exec.approved",
+        'rule "console review"',
+        "reason: cleanup is fine",
+      ]) {
+        expect(story).toContain(part);
+      }
+      await shot("approvals-timeline");
+
+      await page.getByRole("link", { name: "Approvals" }).click();
+      await page.getByRole("button", { name: "Clear policy" }).click();
+      await page.getByRole("button", { name: "Confirm clear" }).click();
+      await page.getByText("This team has no exec policy.").waitFor({ timeout: 15_000 });
+      expect((await sandbox.commands.run("rm -rf /tmp/nothing-held")).exitCode).toBe(0);
+    } finally {
+      await clearPolicy();
+      await sandbox?.kill();
+    }
+  }, 120_000);
+
   it("shows nodes (cordon, uncordon) and teams (create, with its key shown once) to the admin token", async () => {
     await page.getByRole("button", { name: "Sign out" }).click();
     await page.getByLabel("The admin token (nodes, teams and keys)").check();

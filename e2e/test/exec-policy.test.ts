@@ -111,7 +111,11 @@ const sandboxExists = async (sandbox: Sandbox, path: string) =>
 
 describe("exec policy", () => {
   it("is set only with an approver key, validated field by field, and read back", async () => {
-    let res = await api("GET", "/warren/v1/exec-policy");
+    let res = await api("GET", "/warren/v1/me");
+    expect(await res.json()).toMatchObject({ approver: false, keyID: expect.stringMatching(/^key_/) });
+    res = await api("GET", "/warren/v1/me", undefined, approverKey);
+    expect(await res.json()).toMatchObject({ approver: true });
+    res = await api("GET", "/warren/v1/exec-policy");
     expect(await res.json()).toEqual({ policy: null });
     res = await api("PUT", "/warren/v1/exec-policy", POLICY);
     expect(res.status).toBe(403);

@@ -2,7 +2,33 @@ import { useEffect, useState } from "preact/hooks";
 import type { LedgerEvent, WarrenApi } from "../api.js";
 import { clockTime } from "../format.js";
 import { followEvents } from "../sse.js";
-import { Empty, ErrorBox, Loading } from "./common.js";
+import { Empty, ErrorBox, Link, Loading } from "./common.js";
+
+const str = (value: unknown): string | undefined => (typeof value === "string" && value ? value : undefined);
+
+/** An exec policy event (`exec.*`) in one line: what was asked, by whom, under which rule; its approval linked. */
+function ExecSummary(props: { data: Record<string, unknown> }) {
+  const { data } = props;
+  const kind = str(data.kind);
+  const asked = str(data.commandLine) ?? (kind && kind !== "start" ? `${kind} ${str(data.path) ?? ""}` : undefined);
+  const facts = [
+    str(data.rule) ? `rule "${data.rule}"` : undefined,
+    str(data.user) ? `as ${data.user}` : undefined,
+    str(data.cwd) ? `in ${data.cwd}` : undefined,
+    str(data.reason) ? `reason: ${data.reason}` : undefined,
+  ].filter(Boolean);
+  return (
+    <>
+      {asked ? <code class="exec-request">{asked}</code> : null}
+      {facts.length > 0 ? <span class="muted">{facts.join(" · ")}</span> : null}
+      {str(data.approvalId) ? (
+        <Link href="/approvals" class="mono">
+          {str(data.approvalId)!}
+        </Link>
+      ) : null}
+    </>
+  );
+}
 
 /** A sandbox's ledger: what is stored, then followed live from the last id (SSE). */
 export function Timeline(props: { api: WarrenApi; sandboxId: string }) {
@@ -64,7 +90,11 @@ export function Timeline(props: { api: WarrenApi; sandboxId: string }) {
                   {e.fromState ?? "–"} → {e.toState}
                 </span>
               ) : null}
-              {e.data && Object.keys(e.data).length > 0 ? <code class="data">{JSON.stringify(e.data)}</code> : null}
+              {e.data && e.type.startsWith("exec.") ? (
+                <ExecSummary data={e.data} />
+              ) : e.data && Object.keys(e.data).length > 0 ? (
+                <code class="data">{JSON.stringify(e.data)}</code>
+              ) : null}
             </li>
           ))}
         </ol>

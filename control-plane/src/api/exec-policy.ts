@@ -77,6 +77,17 @@ function approvalId(req: Request): string {
 export function execPolicyRoutes(deps: ExecPolicyRoutesDeps): Router {
   const router = Router();
 
+  // Who the request's key is: its team and whether it may decide (the console asks before it offers the buttons).
+  router.get("/warren/v1/me", (_req, res) => {
+    const identity = res.locals.apiKey as ApiKeyIdentity;
+    res.status(200).json({
+      teamID: identity.team.id,
+      teamName: identity.team.name,
+      keyID: identity.keyId,
+      approver: identity.approver,
+    });
+  });
+
   router.get("/warren/v1/exec-policy", async (_req, res) => {
     const result = await deps.db.query<{ policy: unknown }>("SELECT exec_policy AS policy FROM teams WHERE id = $1", [
       team(res).id,

@@ -76,6 +76,22 @@ const decide = (verdict: string) => ({
 });
 
 export const EXEC_POLICY_PATHS = {
+  "/warren/v1/me": {
+    get: {
+      summary: "The API key of the request: its team, its id and whether it is an approver",
+      responses: {
+        200: json({
+          type: "object",
+          properties: {
+            teamID: { type: "string" },
+            teamName: { type: "string" },
+            keyID: { type: "string" },
+            approver: { type: "boolean" },
+          },
+        }),
+      },
+    },
+  },
   "/warren/v1/exec-policy": {
     get: {
       summary: "The team's exec policy (null: none, every request allowed)",
