@@ -178,6 +178,8 @@ export const NO_TRACES: Traces = {
 
 /** Names of everything this agent tag currently has on the host (for "nothing left behind" checks). */
 export function hostFootprint(config: NodeAgentConfig): Record<string, string[]> {
+  // Ready disks are the node's own (sandbox-disks.ts), made ahead for creates like the network pool's slots.
+  const readyDisks = `${config.stateDir}/disks/ready/`;
   const list = (dir: string, prefix = "") =>
     existsSync(dir)
       ? readdirSync(dir)
@@ -190,10 +192,16 @@ export function hostFootprint(config: NodeAgentConfig): Record<string, string[]>
     netns: list("/run/netns", `warren-${config.instance}-`),
     veths: list("/sys/class/net", `wr-${config.instance}-`),
     crun: list(`${config.stateDir}/crun`, "warren-"),
+    // Loop devices of sandbox disks (sandbox-disks.ts) are freed when their mount goes.
+    loops: execFileSync("losetup", ["--list", "--noheadings", "--output", "BACK-FILE"], { encoding: "utf8" })
+      .split("\n")
+      .map((line) => line.trim())
+      .filter((file) => file.startsWith(`${config.stateDir}/`) && !file.startsWith(readyDisks))
+      .sort(),
     mounts: readFileSync("/proc/self/mountinfo", "utf8")
       .split("\n")
       .map((line) => line.split(" ")[4] ?? "")
-      .filter((point) => point.startsWith(`${config.stateDir}/`))
+      .filter((point) => point.startsWith(`${config.stateDir}/`) && !point.startsWith(readyDisks))
       .sort(),
     rules: execFileSync("iptables", ["-w", "-S"], { encoding: "utf8" })
       .split("\n")

@@ -130,7 +130,9 @@ describe("agent crash and restart", { timeout: 180_000 }, () => {
     sh(`ip netns add warren-tc-200 && ip link add wr-tc-200 type veth peer name wr-tc-200p netns warren-tc-200`);
     sh(`iptables -w -A WARREN-TC-IN -i wr-tc-200 -m comment --comment warren:tc:200 -j DROP`);
     sh(`for c in memory cpu cpuacct pids freezer; do mkdir -p /sys/fs/cgroup/$c/warren/tc/iorphan; done`);
-    sh(`mkdir -p ${deadDir}/iorphan/disk && mount -t tmpfs orphan ${deadDir}/iorphan/disk`);
+    sh(
+      `mkdir -p ${deadDir}/iorphan/disk && mkfs.ext4 -q ${deadDir}/iorphan/disk.img 64M && mount -o loop ${deadDir}/iorphan/disk.img ${deadDir}/iorphan/disk`,
+    );
     expect(hostFootprint(config).netns).toContain("warren-tc-200");
 
     agent = await startAgentProcess();
@@ -144,6 +146,7 @@ describe("agent crash and restart", { timeout: 180_000 }, () => {
     expect(swept.cgroups).not.toContain("iorphan");
     expect(swept.instances).not.toContain("iorphan");
     expect(swept.mounts.filter((point) => point.includes("iorphan"))).toEqual([]);
+    expect(swept.loops.filter((file) => file.includes("iorphan"))).toEqual([]);
     expect(list.sandboxes[0]?.exec).toBe(live.exec);
     // The adopted sandbox still works, with its files and its route.
     expect(await sandbox.files.read("/home/user/before-crash.txt")).toBe("still here");
@@ -167,6 +170,17 @@ describe("agent crash and restart", { timeout: 180_000 }, () => {
     agent.child.kill("SIGTERM");
     expect(await stopped).toBe(0);
     const after = hostFootprint(config);
-    expect(after).toEqual({ instances: [], cgroups: [], netns: [], veths: [], crun: [], mounts: [], rules: [] });
+    // The ready disks went with the agent.
+    expect(readFileSync("/proc/self/mountinfo", "utf8")).not.toContain(`${config.stateDir}/disks/`);
+    expect(after).toEqual({
+      instances: [],
+      cgroups: [],
+      netns: [],
+      veths: [],
+      crun: [],
+      loops: [],
+      mounts: [],
+      rules: [],
+    });
   });
 });

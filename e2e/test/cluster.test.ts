@@ -334,7 +334,8 @@ describe("faults", () => {
       return nodes.length === 2 && nodes.every((n) => n.state === "up") ? true : undefined;
     }, 90_000);
     await Promise.all([survivor, ...sandboxes].map((s) => s.kill().catch(() => false)));
-  });
+    // Its own waits (node down after the heartbeat's 15 s TTL, the agent's restart) add up past the default 30 s.
+  }, 240_000);
 
   it("after Redis restarts empty, node agents publish their routes again and sandboxes are reachable", async () => {
     const sandbox = await Sandbox.create();

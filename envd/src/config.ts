@@ -1,4 +1,5 @@
 import { parseArgs } from "node:util";
+import { ENVD_PORT } from "@warren/proto/ports";
 
 /** Everything envd reads from its command line and environment, parsed once at start. */
 export interface EnvdConfig {
@@ -34,9 +35,15 @@ export interface EnvdConfig {
    * envd must never publish the host's loopback services.
    */
   readonly exposeLoopback: boolean;
+  /**
+   * `--process-limit N`: RLIMIT_NPROC (soft and hard) of every process envd starts, so they stop forking at N
+   * processes and threads of their user while the sandbox's pids limit still leaves room for envd to start a
+   * command or `kill` (the driver passes the sandbox's pids limit minus a reserve). Unset: no limit of envd's own.
+   */
+  readonly processLimit: number | undefined;
 }
 
-const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback]
+const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback] [--process-limit N]
 environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000), ENVD_WARMUP (1)`;
 
 export class ConfigError extends Error {
@@ -55,7 +62,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
   }
   const { values } = parsed;
   return {
-    port: integer("--port", values.port ?? env.ENVD_PORT ?? "49983", 0, 65535),
+    port: integer("--port", values.port ?? env.ENVD_PORT ?? String(ENVD_PORT), 0, 65535),
     host: values.host ?? env.ENVD_HOST ?? "127.0.0.1",
     defaultUser: values["default-user"] ?? env.ENVD_DEFAULT_USER ?? "root",
     defaultWorkdir: values["default-workdir"] ?? env.ENVD_DEFAULT_WORKDIR,
@@ -72,6 +79,10 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
     envVars: { E2B_SANDBOX: "true" },
     warmup: env.ENVD_WARMUP !== "0",
     exposeLoopback: values["expose-loopback"] === true,
+    processLimit:
+      values["process-limit"] === undefined
+        ? undefined
+        : integer("--process-limit", values["process-limit"], 1, 4_194_304),
   };
 }
 
@@ -84,6 +95,7 @@ function parseFlags(argv: readonly string[]) {
       "default-user": { type: "string" },
       "default-workdir": { type: "string" },
       "expose-loopback": { type: "boolean" },
+      "process-limit": { type: "string" },
     },
     strict: true,
   });

@@ -38,8 +38,8 @@ import {
 import { SandboxQueue } from "./sandbox-queue.js";
 import { SnapshotPools } from "./snapshot-pools.js";
 import { type PublishedSnapshot, SnapshotStore } from "./snapshot-store.js";
-import { StartGate } from "./start-gate.js";
-import { WarmPool } from "./warm-pool.js";
+import { StartGate, StartQueueFull } from "./start-gate.js";
+import { WarmPool, type WarmPoolOptions } from "./warm-pool.js";
 
 /** How an image that cannot become a template base is answered. */
 const IMAGE_ERROR_CODES: Record<ImageErrorCode, AgentErrorCode> = {
@@ -74,7 +74,10 @@ export class NodeAgent {
   private readonly snapshotPools: SnapshotPools;
   private readonly checkpointTimers = new Map<string, NodeJS.Timeout>();
   private readonly pools = new Map<string, WarmPool>();
-  /** Cold starts run at most `maxConcurrentStarts` at once (claims from a warm pool never wait). */
+  /**
+   * Starts run at most `maxConcurrentStarts` at once, creates first in arrival order, pool refills on the slots
+   * no create waits for (claims from a warm pool never wait).
+   */
   private readonly startGate: StartGate;
   private readonly builds = new Map<string, Promise<BuiltTemplate>>();
   private heartbeatTimer: NodeJS.Timeout | undefined;
@@ -97,10 +100,14 @@ export class NodeAgent {
     private readonly log: Logger,
   ) {
     // Tests build configs by hand; an absent limit is the loader's default.
-    this.startGate = new StartGate(config.maxConcurrentStarts || Math.max(2, cpus().length * 2));
+    this.startGate = new StartGate(
+      config.maxConcurrentStarts || Math.max(2, cpus().length * 2),
+      config.poolRefill ?? 2,
+      config.maxQueuedStarts ?? 256,
+    );
     this.snapshots = new NodeSnapshots(driver, this.queue, (sandboxId) => this.requireSandbox(sandboxId), log);
     this.snapshotPools = new SnapshotPools(
-      config.poolSize ?? 0,
+      this.poolOptions(),
       config.templatePools ?? 4,
       async (templateId, snapshotId, resources) => {
         const template = this.templates.ready(templateId);
@@ -187,12 +194,27 @@ export class NodeAgent {
     return build;
   }
 
+  /** Every warm pool's sizing and refill settings (pool-sizing.ts, warm-pool.ts). */
+  private poolOptions(): WarmPoolOptions {
+    const floor = this.config.poolSize ?? 0;
+    return {
+      sizing: {
+        floor,
+        ceiling: Math.max(floor, this.config.poolMax ?? floor),
+        windowMs: this.config.poolWindowMs ?? 60_000,
+      },
+      refillConcurrency: this.config.poolRefill ?? 2,
+      schedule: (start) => this.startGate.runBackground(start),
+    };
+  }
+
   private startPool(template: BuiltTemplate): void {
     if (this.draining || this.pools.has(template.templateId)) return;
-    if (!this.config.poolTemplates.includes(template.templateId) || this.config.poolSize === 0) return;
+    const options = this.poolOptions();
+    if (!this.config.poolTemplates.includes(template.templateId) || options.sizing.floor === 0) return;
     const pool = new WarmPool(
       template.templateId,
-      this.config.poolSize,
+      options,
       // Pooled sandboxes get E2B's default policy (internet on) up front, so most claims change nothing.
       () =>
         this.driver.create({
@@ -213,7 +235,8 @@ export class NodeAgent {
     return this.pools.get(templateId);
   }
 
-  async create(input: CreateSandboxInput): Promise<SandboxPlacement> {
+  /** `signal`: the caller gave up (its deadline passed); a create still waiting for a start slot then leaves. */
+  async create(input: CreateSandboxInput, signal?: AbortSignal): Promise<SandboxPlacement> {
     if (this.draining) throw new AgentError("unavailable", "node agent is shutting down");
     if (!isSandboxId(input.sandboxId)) {
       throw new AgentError(
@@ -262,26 +285,39 @@ export class NodeAgent {
         resources.memoryMiB === defaults.memoryMiB &&
         resources.diskMiB === defaults.diskMiB;
       const fromPool = snapshot && input.warmPool === true && !input.command && volumes.length === 0;
-      let instance = poolable
-        ? this.pools.get(input.templateId)?.take()
+      const pool = poolable ? this.pools.get(input.templateId) : undefined;
+      let instance = pool
+        ? pool.take()
         : fromPool
           ? this.snapshotPools.take(snapshot.snapshotId, resources)
           : undefined;
-      const pooled = instance !== undefined;
+      let pooled = instance !== undefined;
       if (!instance) {
         try {
-          instance = await this.startGate.run(() =>
-            this.driver.create({
+          instance = await this.startGate.run(async () => {
+            // Shutting down while this create waited: it starts nothing a stopping agent would leave behind.
+            if (this.draining) throw new AgentError("unavailable", "node agent is shutting down");
+            // A refill that finished while this create waited for its turn serves it at once.
+            const ready = pool?.takeReady();
+            if (ready) {
+              pooled = true;
+              return ready;
+            }
+            return this.driver.create({
               template,
               resources,
               ...(input.command ? { command: input.command } : {}),
               ...(this.driver.setEgress ? { egress } : {}),
               ...(snapshot ? { snapshotId: snapshot.snapshotId } : {}),
               ...(volumes.length > 0 ? { volumes } : {}),
-            }),
-          );
+            });
+          }, signal);
         } catch (error) {
           if (error instanceof AgentError) throw error;
+          if (error instanceof StartQueueFull) throw new AgentError("resource_exhausted", error.message);
+          if (signal?.aborted) {
+            throw new AgentError("unavailable", `the create of '${input.sandboxId}' was abandoned by its caller`);
+          }
           throw new AgentError("internal", `sandbox '${input.sandboxId}' failed to start: ${(error as Error).message}`);
         }
       }
@@ -480,6 +516,7 @@ export class NodeAgent {
         trafficTokenHash: input.trafficTokenHash ?? "",
         autoResume: input.autoResume ? "1" : "0",
         maskRequestHost: input.maskRequestHost ?? "",
+        defaultUser: input.defaultUser || "user",
         metadata: JSON.stringify(input.metadata ?? {}),
       };
       instance = await this.driver.label(instance.instanceId, labels);
@@ -793,6 +830,10 @@ export class NodeAgent {
     for (const pool of this.pools.values()) await pool.close();
     await this.snapshotPools.closeAll();
     if (options.killAll) {
+      // Creates already starting finish first (those still waiting for a start slot give up on draining), so
+      // none is left running behind a stopped agent.
+      const until = Date.now() + 30_000;
+      while (this.creating.size > 0 && Date.now() < until) await new Promise((resolve) => setTimeout(resolve, 50));
       for (const id of [...this.sandboxes.keys()])
         await this.kill(id).catch((error) => this.log.error("kill failed", { sandboxId: id, error }));
       await this.routes.removeNode(this.config.nodeId).catch(() => undefined);
@@ -837,6 +878,11 @@ export class NodeAgent {
   }
 
   private async heartbeat(): Promise<void> {
+    if (!this.draining) {
+      // Pools whose demand faded give their extra sandboxes back.
+      for (const pool of this.pools.values()) void pool.trim();
+      void this.snapshotPools.trim();
+    }
     try {
       const info = this.info();
       const known = await this.routes.heartbeat({ ...info, updatedAt: Date.now() });

@@ -14,6 +14,10 @@ describe("node agent config", () => {
       templatesDir: "/var/lib/warren/templates",
       netCidr: "10.201.0.0/16",
       poolSize: 2,
+      poolMax: 16,
+      poolWindowMs: 60_000,
+      poolRefill: 2,
+      maxQueuedStarts: 256,
       poolTemplates: ["base"],
       uidBase: 100000,
     });
@@ -22,6 +26,10 @@ describe("node agent config", () => {
   it("rejects invalid values with a message naming the variable and the value", () => {
     expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "Bad Id" })).toThrow(/WARREN_NODE_ID 'Bad Id'/);
     expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_POOL_SIZE: "-1" })).toThrow(ConfigError);
+    expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_POOL_REFILL: "0" })).toThrow(/WARREN_POOL_REFILL/);
+    expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_POOL_WINDOW_MS: "10" })).toThrow(
+      /WARREN_POOL_WINDOW_MS/,
+    );
     expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_AGENT_LISTEN: "nope" })).toThrow(/host:port/);
     expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_INSTANCE: "toolong" })).toThrow(/WARREN_INSTANCE/);
     expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_UID_BASE: "0" })).toThrow(/WARREN_UID_BASE/);

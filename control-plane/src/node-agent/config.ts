@@ -22,13 +22,17 @@ import { parseStoreUrl, type SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_VOLUMES_DIR | /var/lib/warren/volumes | team volumes, `<dir>/<team>/<volume id>`: the same filesystem as the api's and every other node's (NFS or another shared filesystem with several nodes) |
  * | WARREN_INSTANCE | a | tag in netns/veth/cgroup/firewall names ([a-z0-9]{1,4}); one per agent on a host |
  * | WARREN_NET_CIDR | 10.201.0.0/16 | sandbox addresses, one /30 each |
- * | WARREN_POOL_SIZE | 2 | warm sandboxes kept per pooled template |
+ * | WARREN_POOL_SIZE | 2 | warm sandboxes kept per pooled template at least (the floor; demand grows a pool, pool-sizing.ts); 0: no warm pools |
+ * | WARREN_POOL_MAX | 16 | warm sandboxes kept per pooled template at most, however high the demand (the ceiling; below WARREN_POOL_SIZE: WARREN_POOL_SIZE) |
+ * | WARREN_POOL_WINDOW_MS | 60000 | demand window: a pool holds about as many sandboxes as were claimed from it over the last window |
+ * | WARREN_POOL_REFILL | 2 | pool refill starts run at once on the node (all pools together), on start slots no create waits for |
  * | WARREN_POOL_TEMPLATES | base | templates with a warm pool (comma-separated) |
- * | WARREN_TEMPLATE_POOLS | 4 | custom templates (their ready snapshots) with a warm pool of WARREN_POOL_SIZE on this node, the most recently used; 0: none |
+ * | WARREN_TEMPLATE_POOLS | 4 | custom templates (their ready snapshots) with a warm pool on this node (sized like the others), the most recently used; 0: none |
  * | WARREN_NET_POOL_SIZE | 4 | network namespaces kept ready |
  * | WARREN_PREBUILD_TEMPLATES | base | templates built at start (others are built on first request) |
  * | WARREN_MAX_SANDBOXES | 200 | sandboxes this node accepts |
  * | WARREN_MAX_CONCURRENT_STARTS | 2 × CPUs | cold starts run at once; more creates wait their turn (a burst does not starve every start past its ready deadline) |
+ * | WARREN_MAX_QUEUED_STARTS | 256 | creates that may wait for a start slot; past that the node refuses (the master tries another node, then answers 503) |
  * | WARREN_UID_BASE | 100000 | host uid of sandbox root (sandbox uids 0..65535 map to base..base+65535) |
  * | WARREN_NODE_BINARY | the running node | node binary bind-mounted into sandboxes |
  * | WARREN_ENVD_ROOT | this repository | directory with envd/, proto/, node_modules/ |
@@ -69,6 +73,10 @@ export interface NodeAgentConfig {
   readonly instance: string;
   readonly netCidr: string;
   readonly poolSize: number;
+  /** WARREN_POOL_MAX, WARREN_POOL_WINDOW_MS, WARREN_POOL_REFILL (warm-pool.ts); absent in hand-built test configs. */
+  readonly poolMax?: number;
+  readonly poolWindowMs?: number;
+  readonly poolRefill?: number;
   readonly poolTemplates: readonly string[];
   /** WARREN_TEMPLATE_POOLS: custom templates kept warm (most recently used). */
   readonly templatePools: number;
@@ -76,6 +84,8 @@ export interface NodeAgentConfig {
   readonly prebuildTemplates: readonly string[];
   readonly maxSandboxes: number;
   readonly maxConcurrentStarts: number;
+  /** WARREN_MAX_QUEUED_STARTS; absent in hand-built test configs. */
+  readonly maxQueuedStarts?: number;
   readonly uidBase: number;
   readonly nodeBinary: string;
   readonly envdRoot: string;
@@ -204,12 +214,16 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     instance,
     netCidr: env.WARREN_NET_CIDR ?? "10.201.0.0/16",
     poolSize: integer(env, "WARREN_POOL_SIZE", 2, 0, 100),
+    poolMax: integer(env, "WARREN_POOL_MAX", 16, 0, 1000),
+    poolWindowMs: integer(env, "WARREN_POOL_WINDOW_MS", 60_000, 1000, 24 * 3600_000),
+    poolRefill: integer(env, "WARREN_POOL_REFILL", 2, 1, 64),
     poolTemplates: list(env, "WARREN_POOL_TEMPLATES", "base"),
     templatePools: integer(env, "WARREN_TEMPLATE_POOLS", 4, 0, 100),
     netPoolSize: integer(env, "WARREN_NET_POOL_SIZE", 4, 0, 1000),
     prebuildTemplates: list(env, "WARREN_PREBUILD_TEMPLATES", "base"),
     maxSandboxes: integer(env, "WARREN_MAX_SANDBOXES", 200, 1, 16000),
     maxConcurrentStarts: integer(env, "WARREN_MAX_CONCURRENT_STARTS", Math.max(2, cpus().length * 2), 1, 1024),
+    maxQueuedStarts: integer(env, "WARREN_MAX_QUEUED_STARTS", 256, 0, 100_000),
     uidBase: integer(env, "WARREN_UID_BASE", 100000, 65536, 2 ** 31 - 65536),
     nodeBinary: env.WARREN_NODE_BINARY ?? process.execPath,
     envdRoot: env.WARREN_ENVD_ROOT ?? REPO_ROOT,

@@ -33,34 +33,38 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
     }
   };
   return {
-    create: (req) =>
+    create: (req, context) =>
       guard("Create", { sandboxId: req.sandboxId, templateId: req.templateId }, async () => {
-        const placement = await agent.create({
-          sandboxId: req.sandboxId,
-          teamId: req.teamId,
-          templateId: req.templateId,
-          resources: {
-            cpuCount: req.resources?.cpuCount ?? 0,
-            memoryMiB: req.resources?.memoryMb ?? 0,
-            diskMiB: req.resources?.diskSizeMb ?? 0,
+        const placement = await agent.create(
+          {
+            sandboxId: req.sandboxId,
+            teamId: req.teamId,
+            templateId: req.templateId,
+            resources: {
+              cpuCount: req.resources?.cpuCount ?? 0,
+              memoryMiB: req.resources?.memoryMb ?? 0,
+              diskMiB: req.resources?.diskSizeMb ?? 0,
+            },
+            envVars: req.envVars,
+            envdAccessToken: req.envdAccessToken,
+            trafficTokenHash: req.trafficTokenHash,
+            publicTraffic: req.publicTraffic,
+            autoResume: req.autoResume,
+            metadata: req.metadata,
+            defaultUser: req.defaultUser,
+            defaultWorkdir: req.defaultWorkdir,
+            maskRequestHost: req.maskRequestHost,
+            warmPool: req.warmPool,
+            ...(req.egress ? { egress: { allowOut: req.egress.allowOut, denyOut: req.egress.denyOut } } : {}),
+            ...(req.snapshotId ? { snapshotId: req.snapshotId } : {}),
+            ...(req.snapshotEnvdAccessToken ? { snapshotEnvdAccessToken: req.snapshotEnvdAccessToken } : {}),
+            ...(req.volumeMounts.length > 0
+              ? { volumeMounts: req.volumeMounts.map((m) => ({ volumeId: m.volumeId, path: m.path })) }
+              : {}),
           },
-          envVars: req.envVars,
-          envdAccessToken: req.envdAccessToken,
-          trafficTokenHash: req.trafficTokenHash,
-          publicTraffic: req.publicTraffic,
-          autoResume: req.autoResume,
-          metadata: req.metadata,
-          defaultUser: req.defaultUser,
-          defaultWorkdir: req.defaultWorkdir,
-          maskRequestHost: req.maskRequestHost,
-          warmPool: req.warmPool,
-          ...(req.egress ? { egress: { allowOut: req.egress.allowOut, denyOut: req.egress.denyOut } } : {}),
-          ...(req.snapshotId ? { snapshotId: req.snapshotId } : {}),
-          ...(req.snapshotEnvdAccessToken ? { snapshotEnvdAccessToken: req.snapshotEnvdAccessToken } : {}),
-          ...(req.volumeMounts.length > 0
-            ? { volumeMounts: req.volumeMounts.map((m) => ({ volumeId: m.volumeId, path: m.path })) }
-            : {}),
-        });
+          // The master's deadline passed (or it went away): a create still waiting for a start slot leaves.
+          context.signal,
+        );
         return create(CreateResponseSchema, {
           sandboxId: placement.sandboxId,
           exec: placement.exec,

@@ -1,6 +1,6 @@
 import type { Instance, SandboxResources } from "../runtime/driver.js";
 import type { Logger } from "./log.js";
-import { WarmPool } from "./warm-pool.js";
+import { WarmPool, type WarmPoolOptions } from "./warm-pool.js";
 
 interface SnapshotPool {
   readonly pool: WarmPool;
@@ -11,14 +11,15 @@ interface SnapshotPool {
 /**
  * Warm pools of custom templates: sandboxes started ahead from a template's snapshot (its files, and its
  * processes where the snapshot holds memory), claimed by creates from that snapshot with the same resources.
- * A pool appears at a template's first create on this node (that create starts cold) and the `max` most
- * recently used are kept; a deleted snapshot's pool goes with it.
+ * A pool appears at a template's first create on this node (that create starts cold, and counts as the pool's
+ * first demand), is sized by its demand like any warm pool (pool-sizing.ts), and the `max` most recently used
+ * are kept; a deleted snapshot's pool goes with it.
  */
 export class SnapshotPools {
   private readonly pools = new Map<string, SnapshotPool>();
 
   constructor(
-    private readonly size: number,
+    private readonly options: WarmPoolOptions,
     private readonly max: number,
     private readonly start: (templateId: string, snapshotId: string, resources: SandboxResources) => Promise<Instance>,
     private readonly discard: (instance: Instance) => Promise<void>,
@@ -35,7 +36,7 @@ export class SnapshotPools {
 
   /** Makes sure a pool of `snapshotId` exists (after a create from it), evicting the least recently used. */
   ensure(templateId: string, snapshotId: string, resources: SandboxResources): void {
-    if (this.size === 0 || this.max === 0) return;
+    if (this.options.sizing.floor === 0 || this.max === 0) return;
     const existing = this.pools.get(snapshotId);
     if (existing && sameResources(existing.resources, resources)) {
       existing.lastUsed = Date.now();
@@ -49,13 +50,13 @@ export class SnapshotPools {
     }
     const pool = new WarmPool(
       `${templateId}@${snapshotId}`,
-      this.size,
+      this.options,
       () => this.start(templateId, snapshotId, resources),
       this.discard,
       this.log,
     );
     this.pools.set(snapshotId, { pool, resources, lastUsed: Date.now() });
-    pool.refill();
+    pool.recordClaim();
   }
 
   /** Removes a snapshot's pool and its sandboxes. */
@@ -64,6 +65,11 @@ export class SnapshotPools {
     if (!entry) return;
     this.pools.delete(snapshotId);
     await entry.pool.close().catch((error) => this.log.warn("closing a template pool failed", { snapshotId, error }));
+  }
+
+  /** Gives back ready sandboxes above each pool's target (WarmPool.trim). */
+  async trim(): Promise<void> {
+    for (const entry of [...this.pools.values()]) await entry.pool.trim();
   }
 
   async closeAll(): Promise<void> {

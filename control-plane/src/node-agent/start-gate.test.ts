@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { StartGate } from "./start-gate.js";
+import { StartGate, StartQueueFull } from "./start-gate.js";
 
 describe("start gate", () => {
   it("runs at most `limit` starts at once, the rest in arrival order, and frees slots on failure", async () => {
@@ -23,6 +23,78 @@ describe("start gate", () => {
     expect(results.filter((r) => r.status === "rejected")).toHaveLength(1);
     expect(gate.queued).toBe(0);
     expect(await gate.run(async () => "free again")).toBe("free again");
+  });
+
+  it("runs background starts only on slots no create waits for, at most backgroundLimit at once", async () => {
+    const gate = new StartGate(3, 1);
+    const order: string[] = [];
+    let backgroundActive = 0;
+    let backgroundPeak = 0;
+    const job = (name: string, background: boolean, ms: number) =>
+      (background ? gate.runBackground.bind(gate) : gate.run.bind(gate))(async () => {
+        order.push(name);
+        if (background) backgroundPeak = Math.max(backgroundPeak, ++backgroundActive);
+        await new Promise((r) => setTimeout(r, ms));
+        if (background) backgroundActive--;
+      });
+    const jobs = [
+      job("refill a", true, 30),
+      job("refill b", true, 5),
+      job("create 1", false, 20),
+      job("create 2", false, 20),
+      job("create 3", false, 5),
+      job("refill c", true, 5),
+    ];
+    await Promise.all(jobs);
+    // refill a starts at once; refill b waits (one background at a time); creates 1 and 2 take the free slots,
+    // create 3 waits for one and goes before refills b and c, which wait until no create does.
+    expect(order.slice(0, 3)).toEqual(["refill a", "create 1", "create 2"]);
+    expect(order.indexOf("create 3")).toBeLessThan(order.indexOf("refill b"));
+    expect(order.indexOf("create 3")).toBeLessThan(order.indexOf("refill c"));
+    expect(backgroundPeak).toBe(1);
+  });
+
+  it("refuses a create past maxQueued waiting creates, and queues again once the queue drains", async () => {
+    const gate = new StartGate(1, 1, 2);
+    let release!: () => void;
+    const held = gate.run(
+      () =>
+        new Promise<void>((r) => {
+          release = r;
+        }),
+    );
+    const waiting = [gate.run(async () => 1), gate.run(async () => 2)];
+    await expect(gate.run(async () => 3)).rejects.toBeInstanceOf(StartQueueFull);
+    expect(gate.queued).toBe(2);
+    release();
+    await held;
+    expect(await Promise.all(waiting)).toEqual([1, 2]);
+    expect(await gate.run(async () => 4)).toBe(4);
+  });
+
+  it("a create whose caller gave up leaves the queue and never starts", async () => {
+    const gate = new StartGate(1);
+    let release!: () => void;
+    const held = gate.run(
+      () =>
+        new Promise<void>((r) => {
+          release = r;
+        }),
+    );
+    const abort = new AbortController();
+    let started = false;
+    const abandoned = gate.run(async () => {
+      started = true;
+    }, abort.signal);
+    const next = gate.run(async () => "next");
+    expect(gate.queued).toBe(2);
+    abort.abort(new Error("deadline passed"));
+    await expect(abandoned).rejects.toThrow(/deadline passed/);
+    expect(gate.queued).toBe(1);
+    release();
+    await held;
+    expect(await next).toBe("next");
+    expect(started).toBe(false);
   });
 
   it("refuses a limit below one", () => {

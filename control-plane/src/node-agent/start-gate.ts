@@ -1,31 +1,117 @@
 /**
- * A counting gate for cold sandbox starts. Starting a sandbox is CPU-bound (crun, mounts, envd's own start); a
- * burst of a hundred creates on a small node started all at once makes every one of them slow, past the ready
- * deadline, instead of most of them fast. Creates beyond the limit wait in order for a free slot.
+ * A counting gate for sandbox starts. Starting a sandbox is CPU-bound (crun, mounts, envd's own start); a burst
+ * of a hundred creates on a small node started all at once makes every one of them slow, past the ready
+ * deadline, instead of most of them fast. Creates beyond the limit wait in arrival order for a free slot.
+ *
+ * Warm-pool refills are background starts: at most `backgroundLimit` of them run at once, and one begins only
+ * while no create waits, so refills use the cores creates leave idle and never delay a create by more than the
+ * refills already running. The create queue is bounded: past `maxQueued` waiting creates the node refuses
+ * (StartQueueFull) instead of queueing work it could not start before its caller gives up; a create whose
+ * caller gave up while it waited (its signal aborted) leaves the queue and starts nothing.
  */
+export class StartQueueFull extends Error {
+  constructor(readonly queued: number) {
+    super(`node is busy: ${queued} creates already wait for a start slot`);
+    this.name = "StartQueueFull";
+  }
+}
+
+interface Waiter {
+  readonly resolve: () => void;
+  readonly background: boolean;
+}
+
 export class StartGate {
   private running = 0;
-  private readonly waiting: (() => void)[] = [];
+  private backgroundRunning = 0;
+  private readonly waiting: Waiter[] = [];
 
-  constructor(private readonly limit: number) {
+  constructor(
+    private readonly limit: number,
+    private readonly backgroundLimit = limit,
+    private readonly maxQueued = Number.POSITIVE_INFINITY,
+  ) {
     if (!Number.isInteger(limit) || limit < 1)
       throw new Error(`start gate limit must be a positive integer, got ${limit}`);
+    if (!Number.isInteger(backgroundLimit) || backgroundLimit < 0)
+      throw new Error(`start gate background limit must be a non-negative integer, got ${backgroundLimit}`);
   }
 
   /** Creates waiting for a slot now (metrics, tests). */
   get queued(): number {
-    return this.waiting.length;
+    return this.waiting.filter((w) => !w.background).length;
   }
 
-  async run<T>(start: () => Promise<T>): Promise<T> {
-    if (this.running >= this.limit) await new Promise<void>((resolve) => this.waiting.push(resolve));
-    else this.running++;
+  /** A create's start: waits its turn in arrival order (StartQueueFull past `maxQueued` waiting). */
+  run<T>(start: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+    return this.runAs(false, start, signal);
+  }
+
+  /** A refill's start: waits until a slot is free, fewer than `backgroundLimit` refills run, and no create waits. */
+  runBackground<T>(start: () => Promise<T>): Promise<T> {
+    return this.runAs(true, start);
+  }
+
+  private async runAs<T>(background: boolean, start: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+    signal?.throwIfAborted();
+    if (this.canStart(background)) this.take(background);
+    else {
+      if (!background && this.queued >= this.maxQueued) throw new StartQueueFull(this.queued);
+      // The slot is taken on our behalf by release() before it resolves us.
+      await new Promise<void>((resolve, reject) => {
+        const waiter: Waiter = {
+          resolve: () => {
+            signal?.removeEventListener("abort", abandon);
+            resolve();
+          },
+          background,
+        };
+        const abandon = () => {
+          const index = this.waiting.indexOf(waiter);
+          if (index < 0) return;
+          this.waiting.splice(index, 1);
+          reject(signal?.reason);
+        };
+        signal?.addEventListener("abort", abandon, { once: true });
+        this.waiting.push(waiter);
+      });
+    }
     try {
       return await start();
     } finally {
-      const next = this.waiting.shift();
-      if (next) next();
-      else this.running--;
+      this.release(background);
     }
+  }
+
+  private canStart(background: boolean): boolean {
+    if (this.running >= this.limit) return false;
+    if (!background) return true;
+    return this.backgroundRunning < this.backgroundLimit && this.queued === 0;
+  }
+
+  private take(background: boolean): void {
+    this.running++;
+    if (background) this.backgroundRunning++;
+  }
+
+  private release(background: boolean): void {
+    this.running--;
+    if (background) this.backgroundRunning--;
+    // Creates first, in arrival order; then refills, while their own limit allows.
+    for (;;) {
+      const index = this.waiting.findIndex((w) => !w.background);
+      const next = index >= 0 ? index : this.waiting.findIndex((w) => w.background);
+      const waiter = this.waiting[next];
+      if (!waiter || !this.canStartQueued(waiter.background)) return;
+      this.waiting.splice(next, 1);
+      this.take(waiter.background);
+      waiter.resolve();
+    }
+  }
+
+  /** canStart for a waiter already in the queue (a waiting create does not block itself). */
+  private canStartQueued(background: boolean): boolean {
+    if (this.running >= this.limit) return false;
+    return !background || this.backgroundRunning < this.backgroundLimit;
   }
 }

@@ -1,3 +1,4 @@
+import { existsSync } from "node:fs";
 import { Code, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import type { Process, ProcessInput, StartRequest, StreamInputRequest } from "@warren/proto/process/process_pb";
 import { Signal } from "@warren/proto/process/process_pb";
@@ -9,7 +10,7 @@ import { LEASE_HEADER, LeaseBook, parseLeaseMs } from "./leases.js";
 import { ManagedProcess } from "./managed-process.js";
 import { ProcessRegistry } from "./registry.js";
 import { SECRET_ENV_HEADER, SecretMask, secretEnvFromHeader } from "./secret-mask.js";
-import { planSpawn, ptySize } from "./spawn-plan.js";
+import { PRLIMIT, planSpawn, ptySize } from "./spawn-plan.js";
 import type { Subscription } from "./subscription.js";
 
 /** Request header (Warren extra): replay held output from this byte offset before live output. */
@@ -35,6 +36,7 @@ export function createProcessService(
   const registry = new ProcessRegistry(ctx.config.finishedRetentionMs);
   const leases = new LeaseBook(ctx.config.leaseGraceMs, ctx.log);
   const envdPath = ctx.config.processPath;
+  const processLimit = usableProcessLimit(ctx);
   let closing = false;
 
   const writeInput = async (target: ManagedProcess, input: ProcessInput | undefined) => {
@@ -119,7 +121,7 @@ export function createProcessService(
     const secretEnv = secretEnvFromHeader(handler.requestHeader.get(SECRET_ENV_HEADER));
     const leaseHeader = handler.requestHeader.get(LEASE_HEADER);
     const leaseMs = leaseHeader === null ? undefined : parseLeaseMs(leaseHeader, LEASE_HEADER);
-    const plan = await planSpawn(request, user, ctx.state, envdPath, secretEnv);
+    const plan = await planSpawn(request, user, ctx.state, envdPath, secretEnv, processLimit);
     registry.checkTagFree(request.tag);
     const started = await ManagedProcess.start(plan, {
       tag: request.tag,
@@ -214,4 +216,12 @@ function replayOffset(handler: HandlerContext): number | undefined {
 function signalName(signal: Signal): string {
   const name = Signal[signal] as string | undefined;
   return name === undefined ? String(signal) : `SIGNAL_${name}`;
+}
+
+/** The configured process limit where the sandbox has prlimit to set it (images without util-linux have none). */
+function usableProcessLimit(ctx: EnvdContext): number | undefined {
+  const limit = ctx.config.processLimit;
+  if (limit === undefined || existsSync(PRLIMIT)) return limit;
+  ctx.log.warn("no prlimit in this sandbox: processes start without the process limit", { limit });
+  return undefined;
 }

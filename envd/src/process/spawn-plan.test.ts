@@ -5,7 +5,7 @@ import { loadConfig } from "../config.js";
 import { EnvdError } from "../errors.js";
 import { SandboxState } from "../state.js";
 import type { SandboxUser } from "../users.js";
-import { planSpawn, SETPRIV } from "./spawn-plan.js";
+import { PRLIMIT, planSpawn, SETPRIV } from "./spawn-plan.js";
 
 const ROOT: SandboxUser = { name: "root", uid: 0, gid: 0, home: "/root", groups: [0] };
 const USER: SandboxUser = { name: "user", uid: 1001, gid: 1001, home: "/tmp", groups: [1001, 27] };
@@ -39,6 +39,15 @@ describe("planSpawn", () => {
     const asUser = await planSpawn(request({ process: { cmd: "sh", args: ["-c", "id"] } }), USER, state(), PATH);
     expect(asUser.file).toBe(SETPRIV);
     expect(asUser.args).toEqual(["--reuid=1001", "--regid=1001", "--init-groups", "--", asRoot.file, "-c", "id"]);
+  });
+
+  it("with a process limit, prlimit sets it (soft and hard) before setpriv drops to the user", async () => {
+    const plan = await planSpawn(request({ process: { cmd: "sh", args: ["-c", "id"] } }), USER, state(), PATH, {}, 896);
+    expect(plan.file).toBe(PRLIMIT);
+    expect(plan.args.slice(0, 3)).toEqual(["--nproc=896:896", "--", SETPRIV]);
+    const asRoot = await planSpawn(request({ process: { cmd: "sh" } }), ROOT, state(), PATH, {}, 896);
+    expect(asRoot.file).toBe(PRLIMIT);
+    expect(asRoot.args).toEqual(["--nproc=896:896", "--", plan.args.at(-3)]);
   });
 
   it("builds the environment from the user, then the sandbox, then the request, and nothing else", async () => {

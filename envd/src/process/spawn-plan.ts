@@ -9,6 +9,8 @@ import type { SandboxUser } from "../users.js";
 
 /** setpriv drops root to the user's uid, gid and supplementary groups, then execs the command. */
 export const SETPRIV = "/usr/bin/setpriv";
+/** prlimit sets the process limit (EnvdConfig.processLimit) on itself, then execs the rest. */
+export const PRLIMIT = "/usr/bin/prlimit";
 // A pty's window size is a pair of unsigned shorts (struct winsize).
 const MAX_PTY_SIDE = 0xffff;
 const DEFAULT_PTY_SIZE = { cols: 80, rows: 24 };
@@ -47,6 +49,7 @@ export async function planSpawn(
   state: SandboxState,
   envdPath: string,
   secretEnv: Readonly<Record<string, string>> = {},
+  processLimit?: number,
 ): Promise<SpawnPlan> {
   const config = request.process;
   if (!config) throw invalidArgument("start request must name a process (cmd, args, envs, cwd)");
@@ -60,8 +63,11 @@ export async function planSpawn(
   const env = { ...processEnv(user, state, config.envs, envdPath), ...secretEnv };
   const cwd = await workingDirectory(config.cwd, user, state);
   const argv = [await findExecutable(command, env.PATH ?? "", cwd), ...config.args];
-  const launch =
+  const asUser =
     user.uid === 0 ? argv : [SETPRIV, `--reuid=${user.uid}`, `--regid=${user.gid}`, "--init-groups", "--", ...argv];
+  // Set before the uid changes: the user cannot raise a hard limit (that needs CAP_SYS_RESOURCE on the host).
+  const launch =
+    processLimit === undefined ? asUser : [PRLIMIT, `--nproc=${processLimit}:${processLimit}`, "--", ...asUser];
   return {
     config,
     command,

@@ -26,6 +26,7 @@ import { unmountTree } from "./mounts.js";
 import { NetworkPool, type NetworkSlot } from "./network.js";
 import { PauseTiers } from "./pause-tiers.js";
 import { reconcileInstances } from "./reconcile.js";
+import { type DiskKind, SandboxDisks } from "./sandbox-disks.js";
 import { SandboxEgress } from "./sandbox-egress.js";
 
 /**
@@ -58,8 +59,10 @@ import { SandboxEgress } from "./sandbox-egress.js";
  * gateway in a session of its own (SANDBOX_INIT); CRIU checkpoints and restores that tree too, kernels and
  * their ZeroMQ IPC sockets included (e2e/test/code-interpreter.test.ts).
  *
- * Disk quota: the writable layer is a size-limited tmpfs (upper + work dirs of the overlay). Its pages are
- * charged to the sandbox's memory cgroup, so disk use also counts against the memory limit.
+ * Disk quota: the writable layer (upper + work dirs of the overlay) is an ext4 filesystem of the sandbox's disk
+ * size in a sparse image file on the node's disk, loop-mounted (sandbox-disks.ts): filling it is ENOSPC for the
+ * writer, and memory is charged only page cache for it. Where the start-up probe cannot loop-mount an image, it is
+ * a size-limited tmpfs, whose pages count against the memory limit.
  *
  * The parts: instance-container.ts (bundle, launcher, crun, ready wait), pause-tiers.ts (freezer, CRIU checkpoint,
  * stop, reboot), instance-snapshots.ts (layer + memory snapshots), sandbox-egress.ts (gateway and firewalls),
@@ -107,6 +110,7 @@ export class NamespaceDriver implements RuntimeDriver {
   private readonly egress: SandboxEgress;
   /** Keeps each sandbox's envd.log (PID 1's stdout/stderr, writable by the sandbox) under its cap. */
   private readonly logCap: LogCap;
+  private readonly disks: SandboxDisks;
 
   constructor(private readonly options: NamespaceDriverOptions) {
     this.cgroups = detectCgroupManager(`warren/${options.instance}`);
@@ -121,6 +125,7 @@ export class NamespaceDriver implements RuntimeDriver {
     this.crunRoot = join(options.stateDir, "crun");
     const { records, cgroups, network } = this;
     const { criu, uidBase, log } = options;
+    this.disks = new SandboxDisks(join(options.stateDir, "disks"), uidBase, log.child({ part: "disks" }));
     const containers = new InstanceContainers({
       instance: options.instance,
       crunRoot: this.crunRoot,
@@ -129,6 +134,7 @@ export class NamespaceDriver implements RuntimeDriver {
       nodeBinary: options.nodeBinary,
       envdRoot: options.envdRoot,
       readyTimeoutMs: options.readyTimeoutMs,
+      disks: this.disks,
     });
     const tiers = new PauseTiers({ records, containers, cgroups, network, criu, uidBase, log });
     const instances = this.instances;
@@ -157,6 +163,11 @@ export class NamespaceDriver implements RuntimeDriver {
     return this.cgroups.version;
   }
 
+  /** How writable layers are stored on this node (the start-up probe's choice; tests assert what the host has). */
+  get diskKind(): DiskKind {
+    return this.disks.kind;
+  }
+
   /** The directory of an instance's files and mounts (tests inspect it). */
   instanceDir(instanceId: string): string {
     return this.records.dir(instanceId);
@@ -174,6 +185,7 @@ export class NamespaceDriver implements RuntimeDriver {
     await this.network.start();
     await this.egress.start();
     await this.tiers.probe();
+    await this.disks.probe();
     this.logCap.start();
   }
 
@@ -320,7 +332,7 @@ export class NamespaceDriver implements RuntimeDriver {
   }
 
   async stats(instanceId: string): Promise<InstanceStats> {
-    this.require(instanceId);
+    const record = this.require(instanceId);
     const usage = await this.cgroups.open(instanceId).usage();
     const fs = await statfs(join(this.instanceDir(instanceId), "disk"));
     return {
@@ -331,7 +343,8 @@ export class NamespaceDriver implements RuntimeDriver {
       pidsLimit: usage.pidsLimit,
       oomKills: usage.oomKills,
       diskUsageBytes: (fs.blocks - fs.bfree) * fs.bsize,
-      diskLimitBytes: fs.blocks * fs.bsize,
+      // The size asked for: an ext4 disk's statfs leaves out its own metadata (inode tables, bitmaps).
+      diskLimitBytes: record.resources.diskMiB * 2 ** 20,
     };
   }
 
@@ -351,6 +364,7 @@ export class NamespaceDriver implements RuntimeDriver {
 
   async close(): Promise<void> {
     this.logCap.close();
+    await this.disks.close();
     await this.network.close();
     await this.egress.close();
   }

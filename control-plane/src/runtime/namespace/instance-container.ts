@@ -9,6 +9,7 @@ import { CODE_GATEWAY_PORT, ENVD_PORT, healthy, processStartTime } from "../sand
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import type { NetworkSlot } from "./network.js";
 import { sandboxSpec } from "./oci-spec.js";
+import { type DiskLaunch, MAKE_DISK, MAKE_LAYER_DIRS, type SandboxDisks } from "./sandbox-disks.js";
 
 /**
  * PID 1's child in code templates (`tini -g -- sh -c SANDBOX_INIT sandbox-init <envd command>`): starts the code
@@ -26,18 +27,40 @@ exec "$@"
 `;
 
 const ID_COUNT = 65536;
+
+/**
+ * The process limit (RLIMIT_NPROC) of everything envd starts: the sandbox's pids limit minus a reserve that only
+ * envd, tini and the code gateway can use, so a fork bomb stops short of the cgroup's limit and envd can still
+ * start a command (as root: the bomb's uid is at its limit) or signal the bomb. An eighth of the limit, 16 to 128.
+ */
+export function userProcessLimit(pidsMax: number): number {
+  const reserve = Math.min(128, Math.max(16, Math.round(pidsMax / 8)));
+  return Math.max(1, pidsMax - reserve);
+}
+
 /** Per-instance files bind-mounted into the sandbox. */
 export const RESOLV_CONF = "/etc/resolv.conf";
 export const BOOT_ID = "/proc/sys/kernel/random/boot_id";
 
-/** The writable layer (a size-limited tmpfs) and the overlay root over the template (and snapshot layers). */
+/**
+ * The writable layer and the overlay root over the template (and snapshot layers). The layer is an ext4 image of
+ * the sandbox's disk size (sandbox-disks.ts): a ready one moved into place (`--move` is refused under a shared
+ * parent mount: then bound and unmounted), or one made here from the formatted image; where the node cannot
+ * loop-mount, a size-limited tmpfs.
+ */
 const MOUNT_ROOT = `set -e
 D="$1"
 mkdir -p "$D/disk" "$D/rootfs"
-mount -t tmpfs -o "size=\${DISK_MIB}m,mode=0755,nodev" warren-disk "$D/disk"
-mkdir "$D/disk/upper" "$D/disk/work"
-chown "$UID_BASE:$UID_BASE" "$D/disk/upper"
-chmod 0755 "$D/disk/upper"
+if [ -n "$DISK_READY" ]; then
+  mount --move "$DISK_READY" "$D/disk" 2>/dev/null || { mount --bind "$DISK_READY" "$D/disk"; umount "$DISK_READY"; }
+else
+  IMG="$D/disk.img"
+  MNT="$D/disk"
+  if [ -n "$DISK_TEMPLATE" ]; then
+${MAKE_DISK}  else
+    mount -t tmpfs -o "size=\${DISK_MIB}m,mode=0755,nodev" warren-disk "$D/disk"
+  fi
+${MAKE_LAYER_DIRS}fi
 mount -t overlay -o "lowerdir=$LOWER,upperdir=$D/disk/upper,workdir=$D/disk/work" warren-root "$D/rootfs"
 `;
 
@@ -64,6 +87,8 @@ export interface InstanceContainersOptions {
   /** Directory holding envd/, proto/ and node_modules/ (the repository root), bind-mounted read-only. */
   readonly envdRoot: string;
   readonly readyTimeoutMs: number;
+  /** Where writable layers come from (an ext4 image per sandbox, or tmpfs). */
+  readonly disks: SandboxDisks;
 }
 
 /**
@@ -101,6 +126,8 @@ export class InstanceContainers {
       "user",
       // Ports sandbox processes listen on at loopback only are reachable through the proxy, as on E2B.
       "--expose-loopback",
+      "--process-limit",
+      String(userProcessLimit(record.resources.pidsMax)),
     ];
     const init = record.codeGateway ? ["/bin/sh", "-c", SANDBOX_INIT, "sandbox-init"] : [];
     const args = command ?? ["/usr/bin/tini", "-g", "--", ...init, ...envd];
@@ -137,8 +164,8 @@ export class InstanceContainers {
   }
 
   /** Mounts the instance's writable layer and root, then starts its container in the cgroups of `procsFiles`. */
-  launch(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
-    return this.startContainer(record, procsFiles, LAUNCHER);
+  async launch(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
+    return this.startContainer(record, procsFiles, LAUNCHER, await this.diskLaunch(record));
   }
 
   /** Starts the container again over the root that is still mounted (a reboot). */
@@ -147,19 +174,33 @@ export class InstanceContainers {
   }
 
   /** Mounts the writable layer and root only (a CRIU restore then brings the processes). */
-  mountRoot(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
-    return this.runLauncher(record, procsFiles, MOUNT_ROOT);
+  async mountRoot(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
+    return this.runLauncher(record, procsFiles, MOUNT_ROOT, await this.diskLaunch(record));
   }
 
-  private async startContainer(record: InstanceRecord, procsFiles: readonly string[], script: string): Promise<void> {
-    await this.runLauncher(record, procsFiles, script);
+  private diskLaunch(record: InstanceRecord): Promise<DiskLaunch> {
+    return this.options.disks.forInstance(this.options.records.dir(record.instanceId), record.resources.diskMiB);
+  }
+
+  private async startContainer(
+    record: InstanceRecord,
+    procsFiles: readonly string[],
+    script: string,
+    disk: DiskLaunch = {},
+  ): Promise<void> {
+    await this.runLauncher(record, procsFiles, script, disk);
     const pid = Number((await readFile(join(this.options.records.dir(record.instanceId), "pid"), "utf8")).trim());
     record.pid = pid;
     record.pidStartTime = await processStartTime(pid);
     await this.options.records.persist(record);
   }
 
-  private async runLauncher(record: InstanceRecord, procsFiles: readonly string[], script: string): Promise<void> {
+  private async runLauncher(
+    record: InstanceRecord,
+    procsFiles: readonly string[],
+    script: string,
+    disk: DiskLaunch = {},
+  ): Promise<void> {
     const dir = this.options.records.dir(record.instanceId);
     const logFile = await open(join(dir, "envd.log"), "a");
     try {
@@ -168,6 +209,7 @@ export class InstanceContainers {
           env: {
             PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             DISK_MIB: String(record.resources.diskMiB),
+            ...disk,
             UID_BASE: String(this.options.uidBase),
             LOWER: [...(record.layers ?? []), record.lowerDir].join(":"),
             CGROUP_PROCS: procsFiles.join(" "),
@@ -185,6 +227,7 @@ export class InstanceContainers {
       }
     } finally {
       await logFile.close();
+      await this.options.disks.launched(disk);
     }
   }
 

@@ -1,0 +1,91 @@
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
+import { Sandbox } from "e2b";
+import { Redis } from "ioredis";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { LocalCluster } from "../src/cluster.js";
+import { waitFor } from "../src/services.js";
+
+// A burst of creates larger than the warm pool (issue 20): the pool (floor 2) serves the first ones, the rest
+// wait their turn for one of two start slots (WARREN_MAX_CONCURRENT_STARTS=2) instead of failing, and the pool
+// then follows the demand it saw: it refills above its floor. A long demand window keeps that target from fading
+// while the refills run on a loaded machine.
+const BURST = 12;
+const dataDir = mkdtempSync(join(tmpdir(), "warren-pool-burst-"));
+const cluster = new LocalCluster({
+  dataDir,
+  nodeAgents: 1,
+  poolSize: 2,
+  instancePrefix: "ip",
+  nodeCidr: () => "10.241.0.0/22",
+  env: {
+    WARREN_MAX_CONCURRENT_STARTS: "2",
+    WARREN_POOL_WINDOW_MS: "600000",
+    WARREN_HEARTBEAT_MS: "500",
+  },
+});
+
+beforeAll(async () => {
+  const env = await cluster.start();
+  Object.assign(process.env, {
+    E2B_API_URL: env.E2B_API_URL,
+    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+    E2B_API_KEY: env.E2B_API_KEY,
+  });
+}, 900_000);
+
+afterAll(async () => {
+  await cluster.stop();
+  if (!process.env.WARREN_E2E_KEEP) rmSync(dataDir, { recursive: true, force: true });
+}, 120_000);
+
+/** The node's `base` pool's ready count, from its heartbeat. */
+async function readyInPool(): Promise<number> {
+  const redis = new Redis(cluster.redisUrl, { maxRetriesPerRequest: 1 });
+  try {
+    const [node] = await redis.smembers(NODES_SET_KEY);
+    const pools = node ? await redis.hget(nodeKey(node), "pools") : null;
+    return pools ? ((JSON.parse(pools) as Record<string, number>).base ?? 0) : 0;
+  } finally {
+    redis.disconnect();
+  }
+}
+
+/** The node agent's "sandbox created" log lines of these sandboxes, pooled or not. */
+function createdLines(ids: ReadonlySet<string>): { sandboxId: string; pooled: boolean }[] {
+  const log = readFileSync(join(dataDir, "logs", "node-agent-ipa.log"), "utf8");
+  return log
+    .split("\n")
+    .filter((line) => line.includes('"sandbox created"'))
+    .map((line) => JSON.parse(line) as { sandboxId: string; pooled: boolean })
+    .filter((line) => ids.has(line.sandboxId));
+}
+
+describe("a burst of creates larger than the warm pool", () => {
+  it("all succeed (the rest wait their turn for a start), and the pool then refills above its floor", async () => {
+    await waitFor("the warm pool at its floor", async () => ((await readyInPool()) >= 2 ? true : undefined), 120_000);
+    const sandboxes = await Promise.all(Array.from({ length: BURST }, () => Sandbox.create()));
+    try {
+      const ids = new Set(sandboxes.map((s) => s.sandboxId));
+      expect(ids.size).toBe(BURST);
+      const outputs = await Promise.all(sandboxes.map((s) => s.commands.run("echo $((6 * 7))")));
+      expect(outputs.map((o) => o.stdout.trim())).toEqual(Array(BURST).fill("42"));
+
+      const created = createdLines(ids);
+      expect(created).toHaveLength(BURST);
+      // The burst was larger than the pool: some creates started their own sandbox after waiting for a slot.
+      expect(created.filter((c) => !c.pooled).length).toBeGreaterThan(0);
+
+      // Twelve claims in the window: the pool's target is 12, above the floor of 2.
+      await waitFor(
+        "the pool refilled above its floor",
+        async () => ((await readyInPool()) > 2 ? true : undefined),
+        300_000,
+      );
+    } finally {
+      await Promise.all(sandboxes.map((s) => s.kill().catch(() => false)));
+    }
+  }, 600_000);
+});
