@@ -40,6 +40,8 @@ function agentEnv(): Record<string, string> {
     WARREN_INSTANCE: config.instance,
     WARREN_NET_CIDR: config.netCidr,
     WARREN_POOL_SIZE: String(SETUP.poolSize),
+    // The pool stays at its floor: the footprint below counts exactly one warm sandbox (demand would grow it).
+    WARREN_POOL_MAX: String(SETUP.poolSize),
     WARREN_NET_POOL_SIZE: String(SETUP.netPoolSize),
     WARREN_PREBUILD_TEMPLATES: "base",
     WARREN_HEARTBEAT_MS: "500",
@@ -93,7 +95,7 @@ afterAll(async () => {
   await purgeAgent(config);
   await redis.del(routeKey("restartlive"), routeKey("restartdead"));
   redis.disconnect();
-}, 120_000);
+}, 240_000);
 
 describe("agent crash and restart", { timeout: 180_000 }, () => {
   it("after kill -9 and a restart, live sandboxes are re-adopted, dead ones removed, and nothing is left behind", async () => {

@@ -35,6 +35,7 @@ describe("schema migrations", () => {
     expect(tables?.rows.map((r) => r.table_name)).toEqual([
       "api_keys",
       "artifacts",
+      "exec_approvals",
       "nodes",
       "sandbox_events",
       "sandbox_metrics",

@@ -214,7 +214,8 @@ describe("warren sandbox snapshot / fork and warren snapshot", () => {
     const json = await warren(["snapshot", "delete", info.snapshotId, "--json"], env());
     expect(JSON.parse(json.stdout)).toEqual({ snapshotId: info.snapshotId, deleted: true });
     expect((await warren(["sandbox", "kill", childId, ...forks], env())).code).toBe(0);
-  });
+    // Fifteen CLI processes, two snapshots, a create and a fork of two.
+  }, 180_000);
 
   it("fork --json lists each fork; snapshot or fork of an unknown sandbox exits 6", async () => {
     const id = await createSandbox();
@@ -284,13 +285,16 @@ describe("configuration and errors", () => {
       ["template", "tags"],
       ["team", "create"],
       ["key", "create"],
+      ...["list", "show", "approve", "reject"].map((c) => ["approval", c]),
+      ...["get", "set", "clear"].map((c) => ["exec-policy", c]),
     ];
     for (const command of commands) {
       const res = await warren([...command, "--help"], env());
       expect(res.code, command.join(" ")).toBe(0);
       expect(res.stdout).toContain(`Usage: warren ${command.join(" ")}`.trimEnd());
     }
-  });
+    // One CLI process per command, ~1 s each on a loaded 2-core machine.
+  }, 180_000);
 
   // `warren template ...` is tested in cli-template.test.ts (request shaping) and template-cluster.test.ts.
 });

@@ -7,6 +7,7 @@ import { createDb, type Db } from "../store/db.js";
 import { migrate } from "../store/migrations.js";
 import { cordonedNodeIds } from "../store/nodes.js";
 import type { MasterConfig } from "./config.js";
+import { CrashWatch } from "./crash-watch.js";
 import { Durability } from "./durability.js";
 import { evictExpired } from "./evictor.js";
 import { ExecPolicies } from "./exec-policies.js";
@@ -43,6 +44,7 @@ export class Master {
   readonly metrics: SandboxMetricsSampler;
   readonly builder: TemplateBuilder;
   readonly execPolicies: ExecPolicies;
+  private readonly crashWatch: CrashWatch;
   private readonly loops: NodeJS.Timeout[] = [];
   private readonly leader: Leadership;
   /** Set in Kubernetes mode: pauses the sandboxes of draining nodes (leader only). */
@@ -101,6 +103,14 @@ export class Master {
       log,
     });
     this.execPolicies = new ExecPolicies(db, redis, log);
+    this.crashWatch = new CrashWatch({
+      db,
+      registry: this.registry,
+      lifecycle: this.lifecycle,
+      log,
+      redisUrl: config.redisUrl,
+      keyPrefix: config.redisKeyPrefix,
+    });
     this.builder = new TemplateBuilder({
       db,
       registry: this.registry,
@@ -210,6 +220,7 @@ export class Master {
   private startLeaderLoops(): void {
     const drainer = this.drainer;
     if (drainer) this.every(this.config.reconcileIntervalMs, () => drainer.pass());
+    this.crashWatch.start();
     this.every(this.config.evictIntervalMs, () => evictExpired(this.db, this.lifecycle, this.log));
     if (this.config.metricsIntervalMs > 0) this.every(this.config.metricsIntervalMs, () => this.metrics.recordAll());
     this.every(this.config.reconcileIntervalMs, () =>
@@ -243,6 +254,7 @@ export class Master {
 
   private stopLeaderLoops(): void {
     this.generation++;
+    this.crashWatch.stop();
     for (const timer of this.loops) clearTimeout(timer);
     this.loops.length = 0;
   }
@@ -258,6 +270,7 @@ export class Master {
     server?.closeIdleConnections();
     await this.builder.stop();
     await this.leader.stop();
+    this.crashWatch.stop();
     await this.kubernetes?.view.stop();
     // Leader tasks end on their own (node calls have timeouts); do not let one hold the shutdown long.
     await Promise.race([
