@@ -146,7 +146,9 @@ async function envdDeath(dataDir, redis) {
     if (route !== undefined) toRoute.push(route);
     await sandbox.kill().catch(() => undefined);
   }
-  console.log("\nenvd killed with SIGKILL from the host (polled every 20 ms; node watchdog 2 s, then the master hears the route deleted)");
+  console.log(
+    "\nenvd killed with SIGKILL from the host (polled every 20 ms; node watchdog 2 s, then the master hears the route deleted)",
+  );
   line("  → `sandbox.lost` in the ledger", toLedger.length ? spread(toLedger) : "never (60 s)");
   line("  → route removed from Redis", toRoute.length ? spread(toRoute) : "never (60 s)");
 }
