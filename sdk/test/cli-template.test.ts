@@ -1,4 +1,4 @@
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "vitest";
@@ -12,11 +12,13 @@ import { makeContext } from "./template/fixtures.js";
 
 let api: FakeTemplateApi;
 let ctx: string;
+// One data dir for the file's CLI runs (none of them keeps state there), removed at the end.
+const dataDir = mkdtempSync(join(tmpdir(), "warren-cli-tpl-data-"));
 const env = () =>
   cleanEnv({
     WARREN_API_URL: api.url,
     WARREN_API_KEY: "cli-key",
-    WARREN_DATA_DIR: mkdtempSync(join(tmpdir(), "warren-cli-tpl-data-")),
+    WARREN_DATA_DIR: dataDir,
   });
 
 beforeAll(async () => {
@@ -28,7 +30,10 @@ beforeAll(async () => {
   );
 });
 beforeEach(() => api.reset());
-afterAll(async () => api?.close());
+afterAll(async () => {
+  await api?.close();
+  rmSync(dataDir, { recursive: true, force: true });
+});
 
 const LISTED = {
   templateID: TEMPLATE_ID,
