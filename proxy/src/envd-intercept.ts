@@ -125,14 +125,13 @@ export class EnvdIntercept {
     if (!gate || !route) return undefined;
     const contentType = req.headers["content-type"] ?? "";
     const url = req.url ?? "/";
-    if (kind === "file-rpc") {
-      const body = await readBody(req, MAX_RPC_BODY_BYTES);
-      await gate.checkFileRpc(route, gateHeaders(req), url, contentType, body);
-      return { headers: [], body };
-    }
-    const body = await gate.checkUpload(route, gateHeaders(req), url, contentType, () =>
-      readBody(req, MAX_GUARDED_UPLOAD_BYTES),
-    );
+    // Without a policy that guards files neither reads the body: the request streams on untouched.
+    const body =
+      kind === "file-rpc"
+        ? await gate.checkFileRpc(route, gateHeaders(req), url, contentType, () => readBody(req, MAX_RPC_BODY_BYTES))
+        : await gate.checkUpload(route, gateHeaders(req), url, contentType, () =>
+            readBody(req, MAX_GUARDED_UPLOAD_BYTES),
+          );
     return body ? { headers: [], body } : undefined;
   }
 

@@ -308,10 +308,20 @@ export class ExecGate {
     return forwarded;
   }
 
-  /** Throws ExecGateError unless the policy lets every path of this file RPC through; the body goes on as it came. */
-  async checkFileRpc(route: SandboxRoute, headers: Headers, url: string, contentType: string, body: Buffer) {
+  /**
+   * Throws ExecGateError unless the policy lets every path of this file RPC through. The body is read only when a
+   * policy guards files (returned, to go on as it came); undefined: not read, forward the request as it is.
+   */
+  async checkFileRpc(
+    route: SandboxRoute,
+    headers: Headers,
+    url: string,
+    contentType: string,
+    readBody: () => Promise<Buffer>,
+  ): Promise<Buffer | undefined> {
     const policy = await this.policies.policyOf(route.team);
-    if (!policy || !policyGuardsFiles(policy)) return;
+    if (!policy || !policyGuardsFiles(policy)) return undefined;
+    const body = await readBody();
     const codec = codecOf(contentType, false);
     const user = basicUser(headers.authorization) ?? route.defaultUser ?? "user";
     const method = url.split("?")[0];
@@ -325,6 +335,7 @@ export class ExecGate {
       ops.push({ op: "write", path: decode(MakeDirRequestSchema, codec, body).path });
     }
     await this.checkPaths(route, policy, headers, user, ops);
+    return body;
   }
 
   /**

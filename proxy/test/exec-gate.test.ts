@@ -1,14 +1,17 @@
+import { randomBytes } from "node:crypto";
 import { create, toBinary, toJson } from "@bufbuild/protobuf";
-import { type ExecPolicy, parseExecPolicy } from "@warren/proto/exec-policy";
+import { EXEC_POLICIES_SYNCED_KEY, type ExecPolicy, execPolicyKey, parseExecPolicy } from "@warren/proto/exec-policy";
 import { StartRequestSchema } from "@warren/proto/process/process_pb";
 import type { SandboxRoute } from "@warren/proto/redis";
-import { describe, expect, it } from "vitest";
+import { Redis } from "ioredis";
+import { afterAll, describe, expect, it } from "vitest";
 import {
   basicUser,
   type ExecDecider,
   ExecGate,
   ExecGateError,
   type GateDecision,
+  RedisPolicySource,
   resolvePath,
 } from "../src/exec-gate.js";
 
@@ -153,12 +156,21 @@ describe("ExecGate file operations", () => {
     const { gate: g } = gate(policy);
     const body = Buffer.from(JSON.stringify({ source: "/tmp/a", destination: "/etc/a" }));
     await expect(
-      g.checkFileRpc(route, {}, "/filesystem.Filesystem/Move", "application/json", body),
+      g.checkFileRpc(route, {}, "/filesystem.Filesystem/Move", "application/json", async () => body),
     ).rejects.toMatchObject({ code: "permission_denied" });
     const fine = Buffer.from(JSON.stringify({ source: "/tmp/a", destination: "/tmp/b" }));
     await expect(
-      g.checkFileRpc(route, {}, "/filesystem.Filesystem/Move", "application/json", fine),
-    ).resolves.toBeUndefined();
+      g.checkFileRpc(route, {}, "/filesystem.Filesystem/Move", "application/json", async () => fine),
+    ).resolves.toBe(fine);
+    // No policy: the body is never read.
+    const open = gate(undefined).gate;
+    let read = false;
+    const unread = await open.checkFileRpc(route, {}, "/filesystem.Filesystem/Remove", "application/json", async () => {
+      read = true;
+      return fine;
+    });
+    expect(unread).toBeUndefined();
+    expect(read).toBe(false);
   });
 
   it("resolves paths as envd does and reads Basic users", () => {
@@ -167,5 +179,25 @@ describe("ExecGate file operations", () => {
     expect(resolvePath("/etc/../tmp", "user")).toBe("/tmp");
     expect(basicUser(`Basic ${Buffer.from("root:").toString("base64")}`)).toBe("root");
     expect(basicUser(undefined)).toBeUndefined();
+  });
+});
+
+describe("RedisPolicySource (the machine's Redis, a key prefix of its own)", () => {
+  const redis = new Redis("redis://127.0.0.1:6379", { keyPrefix: `test-exec-gate-${randomBytes(4).toString("hex")}:` });
+  const source = new RedisPolicySource(redis);
+  afterAll(async () => {
+    await redis.del(execPolicyKey("team_a"), EXEC_POLICIES_SYNCED_KEY);
+    redis.disconnect();
+  });
+
+  it("fails closed without the master's stamp, even when the team's policy is there", async () => {
+    await redis.set(execPolicyKey("team_a"), JSON.stringify(policy));
+    await expect(source.policyOf("team_a")).rejects.toMatchObject({
+      code: "aborted",
+      message: expect.stringMatching(/not loaded yet/),
+    });
+    await redis.set(EXEC_POLICIES_SYNCED_KEY, new Date().toISOString());
+    expect((await source.policyOf("team_a"))?.rules).toHaveLength(3);
+    expect(await source.policyOf("team_without_policy")).toBeUndefined();
   });
 });

@@ -1,4 +1,3 @@
-import { timingSafeEqual } from "node:crypto";
 import { type Request, type Response, Router } from "express";
 import type { Db } from "../store/db.js";
 import { getVisibleSandbox } from "../store/sandboxes.js";
@@ -15,7 +14,7 @@ import {
   updateSecret,
 } from "../store/secrets.js";
 import { ApiError, badRequest, sandboxNotFound } from "./errors.js";
-import { INTERNAL_TOKEN_HEADER } from "./internal.js";
+import { requireInternalToken } from "./internal.js";
 import { sandboxId, team } from "./sandboxes.js";
 
 export interface SecretRoutesDeps {
@@ -241,12 +240,6 @@ export function secretRoutes(deps: SecretRoutesDeps): Router {
   return router;
 }
 
-function sameToken(given: string, expected: string): boolean {
-  const a = Buffer.from(given);
-  const b = Buffer.from(expected);
-  return a.length === b.length && timingSafeEqual(a, b);
-}
-
 /**
  * `POST /warren/v1/internal/secret-grants/redeem` `{sandboxId, grant}` (the proxy, with WARREN_INTERNAL_TOKEN): 200
  * `{env}` once per grant; 403 for a grant that is unknown, used, expired or for another sandbox. The values are in
@@ -256,9 +249,7 @@ export function secretInternalRoutes(deps: SecretRoutesDeps, internalToken: stri
   const router = Router();
   if (!internalToken) return router;
   router.post("/warren/v1/internal/secret-grants/redeem", async (req: Request, res: Response) => {
-    if (!sameToken(req.get(INTERNAL_TOKEN_HEADER) ?? "", internalToken)) {
-      throw new ApiError(401, `missing or invalid ${INTERNAL_TOKEN_HEADER}`);
-    }
+    requireInternalToken(req, internalToken);
     const ring = keys(deps);
     const obj = objectBody(req.body);
     if (typeof obj.sandboxId !== "string" || typeof obj.grant !== "string" || obj.grant.length > 128) {

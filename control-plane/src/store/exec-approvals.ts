@@ -258,10 +258,12 @@ export async function redeemApproval(
     if (!row) return undefined;
     const approval = toApproval(row);
     if (approval.state !== "approved") {
-      const why =
-        approval.state === "pending"
-          ? "is still waiting for a decision"
-          : `was ${approval.state.replace("used", "used already")}`;
+      const why = {
+        pending: "is still waiting for a decision",
+        rejected: "was rejected",
+        used: "was used already",
+        expired: "was expired",
+      }[approval.state];
       throw new ApprovalStateError(approval, `approval ${row.id} ${why}`);
     }
     if (row.digest !== use.digest) {
