@@ -12,7 +12,6 @@ import { loadApiConfig } from "../../control-plane/src/api/config.js";
 import { loadMasterConfig } from "../../control-plane/src/master/config.js";
 import { loadNodeAgentConfig } from "../../control-plane/src/node-agent/config.js";
 import { loadConfig as loadProxyConfig } from "../../proxy/src/config.js";
-import { resumerFromEnv } from "../../proxy/src/control-plane-resumer.js";
 import { CHART_DIR, CHARTS_DIR, ensureHelm } from "./helm.js";
 import {
   componentContainer,
@@ -57,9 +56,8 @@ const COMPONENTS: readonly Component[] = [
   },
   {
     name: "proxy",
-    // main.ts reads two things from the environment: the config and the auto-resume client.
-    load: (env) => ({ ...loadProxyConfig(env, 4), resumer: resumerFromEnv(env) }),
-    sources: ["proxy/src/config.ts", "proxy/src/control-plane-resumer.ts"],
+    load: (env) => ({ ...loadProxyConfig(env, 4) }),
+    sources: ["proxy/src/config.ts"],
     required: {},
   },
   {

@@ -1,5 +1,6 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
+import { ENVD_ACCESS_TOKEN_HEADER, ENVD_ENVS_PATH } from "@warren/proto/envd-http";
 import { GatewayError, unauthorized } from "./errors.js";
 import type { Logger } from "./log.js";
 
@@ -65,8 +66,8 @@ export class AccessCheck {
     let lastError: unknown;
     for (let attempt = 0, timeoutMs = this.options.envdTimeoutMs; attempt < 3; attempt++, timeoutMs *= 2) {
       try {
-        const res = await fetch(`${this.options.envdUrl}/envs`, {
-          headers: token ? { "X-Access-Token": token } : {},
+        const res = await fetch(`${this.options.envdUrl}${ENVD_ENVS_PATH}`, {
+          headers: token ? { [ENVD_ACCESS_TOKEN_HEADER]: token } : {},
           signal: AbortSignal.timeout(timeoutMs),
         });
         await res.body?.cancel();

@@ -1,6 +1,10 @@
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { ConfigError, parseInteger as integer } from "@warren/platform/env";
+import { CODE_GATEWAY_PORT, ENVD_PORT } from "@warren/proto/ports";
+
+export { ConfigError };
 
 /** Everything the code gateway reads from its command line and environment, parsed once at start. */
 export interface GatewayConfig {
@@ -43,7 +47,7 @@ export interface GatewayConfig {
   readonly envdTimeoutMs: number;
 }
 
-const USAGE = `usage: warren-code-gateway [--port 49999] [--host 127.0.0.1]
+export const USAGE = `usage: warren-code-gateway [--port 49999] [--host 127.0.0.1]
 environment: CODE_GATEWAY_PORT, CODE_GATEWAY_HOST, CODE_GATEWAY_ACCESS_TOKEN (else ENVD_ACCESS_TOKEN),
   CODE_GATEWAY_ENVD_URL (http://127.0.0.1:49983), CODE_GATEWAY_DEFAULT_CWD (/home/user),
   CODE_GATEWAY_START_LANGUAGES (python,javascript), CODE_GATEWAY_PYTHON (/usr/bin/python3),
@@ -52,13 +56,6 @@ environment: CODE_GATEWAY_PORT, CODE_GATEWAY_HOST, CODE_GATEWAY_ACCESS_TOKEN (el
   CODE_GATEWAY_INTERRUPT_GRACE_MS (5000), CODE_GATEWAY_EXECUTION_TIMEOUT_MS (0 = none),
   CODE_GATEWAY_ENVD_TIMEOUT_MS (2000)`;
 
-export class ConfigError extends Error {
-  constructor(message: string) {
-    super(`${message}\n${USAGE}`);
-    this.name = "ConfigError";
-  }
-}
-
 export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): GatewayConfig {
   let values: ReturnType<typeof parseFlags>["values"];
   try {
@@ -66,7 +63,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Gat
   } catch (error) {
     throw new ConfigError((error as Error).message);
   }
-  const envdUrl = (env.CODE_GATEWAY_ENVD_URL ?? "http://127.0.0.1:49983").replace(/\/+$/, "");
+  const envdUrl = (env.CODE_GATEWAY_ENVD_URL ?? `http://127.0.0.1:${ENVD_PORT}`).replace(/\/+$/, "");
   try {
     new URL(envdUrl);
   } catch {
@@ -77,7 +74,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Gat
     .map((l) => l.trim())
     .filter((l) => l.length > 0);
   return {
-    port: integer("--port", values.port ?? env.CODE_GATEWAY_PORT ?? "49999", 0, 65535),
+    port: integer("--port", values.port ?? env.CODE_GATEWAY_PORT ?? String(CODE_GATEWAY_PORT), 0, 65535),
     host: values.host ?? env.CODE_GATEWAY_HOST ?? "127.0.0.1",
     accessToken: env.CODE_GATEWAY_ACCESS_TOKEN || env.ENVD_ACCESS_TOKEN || undefined,
     authFromEnvd: env.CODE_GATEWAY_AUTH === "envd",
@@ -118,12 +115,4 @@ function parseFlags(argv: readonly string[]) {
     options: { port: { type: "string" }, host: { type: "string" } },
     strict: true,
   });
-}
-
-function integer(name: string, text: string, min: number, max: number): number {
-  const value = Number(text);
-  if (!Number.isInteger(value) || value < min || value > max) {
-    throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${text}'`);
-  }
-  return value;
 }

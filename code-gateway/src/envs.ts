@@ -1,3 +1,4 @@
+import { ENVD_ACCESS_TOKEN_HEADER, ENVD_ENVS_PATH, parseEnvdEnvVars } from "@warren/proto/envd-http";
 import type { Logger } from "./log.js";
 
 /**
@@ -13,9 +14,12 @@ export class EnvdEnvironment {
 
   async fetch(accessToken: string | undefined): Promise<Record<string, string>> {
     const headers: Record<string, string> = {};
-    if (accessToken) headers["X-Access-Token"] = accessToken;
+    if (accessToken) headers[ENVD_ACCESS_TOKEN_HEADER] = accessToken;
     try {
-      const res = await fetch(`${this.envdUrl}/envs`, { headers, signal: AbortSignal.timeout(this.timeoutMs) });
+      const res = await fetch(`${this.envdUrl}${ENVD_ENVS_PATH}`, {
+        headers,
+        signal: AbortSignal.timeout(this.timeoutMs),
+      });
       if (!res.ok) {
         this.log.warn("envd refused GET /envs; sandbox-global env vars not applied", {
           envdUrl: this.envdUrl,
@@ -23,11 +27,7 @@ export class EnvdEnvironment {
         });
         return {};
       }
-      const body = (await res.json()) as unknown;
-      if (!body || typeof body !== "object" || Array.isArray(body)) return {};
-      const vars: Record<string, string> = {};
-      for (const [name, value] of Object.entries(body)) if (typeof value === "string") vars[name] = value;
-      return vars;
+      return parseEnvdEnvVars(await res.json());
     } catch (error) {
       this.log.warn("envd is not reachable; sandbox-global env vars not applied", {
         envdUrl: this.envdUrl,

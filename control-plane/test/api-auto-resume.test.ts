@@ -7,6 +7,7 @@ import { DATABASE_URL, type FakeNodeAgent, TestEnv } from "./api-harness.js";
 /** The proxy's auto-resume call: `POST /warren/v1/internal/sandboxes/{id}/resume` on the api → master. */
 describe("auto-resume on traffic (internal endpoint)", () => {
   const env = new TestEnv();
+  env.checkAnswersAgainstDocument = true;
   const internalToken = randomBytes(24).toString("hex");
   let internal: ApiServer;
   let node: FakeNodeAgent;

@@ -11,6 +11,7 @@ import { type FakeNodeAgent, TestEnv } from "./api-harness.js";
  */
 describe("api: mcp, snapshot mode and busy answers as E2B's SDKs send and read them", () => {
   const env = new TestEnv();
+  env.checkAnswersAgainstDocument = true;
   let apiKey: string;
   let node: FakeNodeAgent;
   /** The options each node snapshot was asked with. */

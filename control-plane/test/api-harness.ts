@@ -6,6 +6,7 @@ import { randomBytes } from "node:crypto";
 import { NODE_TTL_SECONDS, NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
 import { Redis } from "ioredis";
 import pg from "pg";
+import type { ApiConfig } from "../src/api/config.js";
 import { ApiServer } from "../src/api/server.js";
 import type { MasterConfig } from "../src/master/config.js";
 import { silentLogger } from "../src/master/log.js";
@@ -25,6 +26,7 @@ import type { EgressPolicy } from "../src/runtime/egress/policy.js";
 import { createDb, type Db } from "../src/store/db.js";
 import { migrate } from "../src/store/migrations.js";
 import { createApiKey, createTeam, type TeamLimits } from "../src/store/teams.js";
+import { expectDocumentedAnswer } from "./api-contract.js";
 
 export const DATABASE_URL = process.env.WARREN_TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
 export const REDIS_URL = process.env.WARREN_TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
@@ -165,6 +167,11 @@ export class TestEnv {
   readonly db: Db = createDb({ url: DATABASE_URL, schema: this.schema, max: 4 });
   readonly masters: Master[] = [];
   api!: ApiServer;
+  /**
+   * Whether `request` checks every answer against the OpenAPI document (api-contract.ts); the api's own tests
+   * turn it on, so a route whose answer drifts from the document fails them.
+   */
+  checkAnswersAgainstDocument = false;
 
   masterConfig(overrides: Partial<MasterConfig> = {}): MasterConfig {
     return {
@@ -205,7 +212,8 @@ export class TestEnv {
     return master;
   }
 
-  async start(overrides: Partial<MasterConfig> = {}): Promise<this> {
+  /** Starts a master and an api; `api` overrides the api's config (volumes, secrets, ...). */
+  async start(overrides: Partial<MasterConfig> = {}, api: Partial<ApiConfig> = {}): Promise<this> {
     const master = await this.startMaster(overrides);
     this.api = await ApiServer.start({
       config: {
@@ -215,7 +223,8 @@ export class TestEnv {
         schema: this.schema,
         masterUrl: master.url,
         adminToken: this.adminToken,
-      },
+        ...api,
+      } as ApiConfig,
       log: silentLogger,
       ssePollMs: 50,
     });
@@ -287,7 +296,9 @@ export class TestEnv {
     } catch {
       // not JSON
     }
-    return { status: res.status, headers: res.headers, body, text };
+    const answer = { status: res.status, headers: res.headers, body, text };
+    if (this.checkAnswersAgainstDocument) expectDocumentedAnswer(method, path, answer);
+    return answer;
   }
 
   async stop(): Promise<void> {

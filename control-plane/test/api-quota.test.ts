@@ -4,6 +4,7 @@ import { TestEnv } from "./api-harness.js";
 /** Per-team limits answered with 429 + Retry-After (integer seconds, as the SDK's retry expects). */
 describe("api quotas", () => {
   const env = new TestEnv();
+  env.checkAnswersAgainstDocument = true;
 
   beforeAll(async () => {
     await env.start();

@@ -5,6 +5,7 @@ import { eventually, TestEnv } from "./api-harness.js";
 /** The REST surface over plain HTTP: validation, E2B error bodies, status codes, tenancy, quotas, admin. */
 describe("api REST surface", () => {
   const env = new TestEnv();
+  env.checkAnswersAgainstDocument = true;
   let keyA: string;
   let keyB: string;
 

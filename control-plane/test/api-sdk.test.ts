@@ -5,6 +5,7 @@ import { TestEnv } from "./api-harness.js";
 /** The official e2b SDK (2.51.0) against the api, with node agents faked behind NodeAgentClient. */
 describe("e2b SDK against the api", () => {
   const env = new TestEnv();
+  env.checkAnswersAgainstDocument = true;
   let apiKey: string;
 
   beforeAll(async () => {

@@ -9,6 +9,7 @@ import { eventually, type FakeNodeAgent, TestEnv } from "./api-harness.js";
  */
 describe("api snapshots and fork", () => {
   const env = new TestEnv();
+  env.checkAnswersAgainstDocument = true;
   let keyA: string;
   let keyB: string;
   let nodeA: FakeNodeAgent;

@@ -74,8 +74,6 @@ describe("Connect node agent adapter", () => {
     publicTraffic: true,
     autoResume: false,
     metadata: { m: "v" },
-    network: null,
-    allowInternetAccess: null,
     egress: { allowOut: ["1.1.1.1", "*.example.com"], denyOut: ["0.0.0.0/0"] },
   });
 

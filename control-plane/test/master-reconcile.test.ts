@@ -135,8 +135,6 @@ describe("reconciliation", () => {
       publicTraffic: true,
       autoResume: false,
       metadata: {},
-      network: null,
-      allowInternetAccess: null,
     });
     // A sandbox that is ours and ended, on the same node, proves the reconciler has passed over this node.
     const id = await create();

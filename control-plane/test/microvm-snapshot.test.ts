@@ -5,7 +5,7 @@ import { initEnvd } from "../src/node-agent/envd-client.js";
 import { createLogger, type Logger, silentLogger } from "../src/node-agent/log.js";
 import type { Instance } from "../src/runtime/driver.js";
 import type { MicrovmDriver } from "../src/runtime/microvm/driver.js";
-import { saveMemory } from "../src/runtime/microvm/qemu.js";
+import { saveMemory } from "../src/runtime/microvm/qemu-migration.js";
 import { withQmp } from "../src/runtime/microvm/qmp.js";
 import { selectRuntime } from "../src/runtime/microvm/select.js";
 import { type BuiltTemplate, TemplateStore } from "../src/templates/store.js";

@@ -11,10 +11,10 @@ import { execFileSync, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { routeKey } from "@warren/proto/redis";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
-import { LocalCluster } from "../dist/cluster.js";
 
 const quick = process.argv.includes("--quick");
 const N = quick ? 3 : 5;

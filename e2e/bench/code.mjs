@@ -7,7 +7,7 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Sandbox } from "@e2b/code-interpreter";
-import { LocalCluster } from "../dist/cluster.js";
+import { LocalCluster } from "@warren/local";
 
 const quick = process.argv.includes("--quick");
 const TEMPLATES = "base,code-interpreter-v1";

@@ -10,8 +10,8 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { Sandbox } from "e2b";
-import { LocalCluster } from "../dist/cluster.js";
 
 const quick = process.argv.includes("--quick");
 const BIG_MB = quick ? 20 : 100;

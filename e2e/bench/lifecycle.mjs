@@ -6,9 +6,9 @@
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
-import { LocalCluster } from "../dist/cluster.js";
 import { checkpointTier } from "../dist/host-capabilities.js";
 
 const quick = process.argv.includes("--quick");

@@ -12,10 +12,10 @@
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
-import { LocalCluster } from "../dist/cluster.js";
 
 const quick = process.argv.includes("--quick");
 const extraEnv = {};

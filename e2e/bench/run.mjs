@@ -6,9 +6,9 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
 import { Sandbox } from "e2b";
-import { LocalCluster } from "../dist/cluster.js";
 
 const quick = process.argv.includes("--quick");
 const poolArg = process.argv.indexOf("--pool");

@@ -7,9 +7,9 @@
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { Sandbox, Template } from "e2b";
 import { Redis } from "ioredis";
-import { LocalCluster } from "../dist/cluster.js";
 import { startRegistry } from "../dist/registry.js";
 
 const quick = process.argv.includes("--quick");

@@ -103,7 +103,8 @@ for (const name of suiteNames) {
     fail(`${checkout} has no ${suite.packageDir}/tests (expected a checkout of ${name}'s repository)`);
   }
 }
-if (!existsSync(join(E2E_DIR, "dist/cluster.js"))) fail("e2e is not built: run `npm run build` first");
+if (!existsSync(join(E2E_DIR, "..", "local", "dist", "cluster.js")))
+  fail("Warren is not built: run `npm run build` first");
 
 const workDir = args["work-dir"] ?? mkdtempSync(join(tmpdir(), "warren-e2b-suites-"));
 mkdirSync(workDir, { recursive: true });
@@ -290,7 +291,7 @@ async function freeTlsPort(host) {
 
 /** One cluster per mode: plain HTTP for `url`, the proxy's TLS listener on its own loopback address for `domain`. */
 async function startCluster(mode) {
-  const { LocalCluster } = await import(join(E2E_DIR, "dist/cluster.js"));
+  const { LocalCluster } = await import("@warren/local");
   const dataDir = join(workDir, `cluster-${mode}`);
   rmSync(dataDir, { recursive: true, force: true });
   // Every template a selected suite starts sandboxes from is built and pooled before the first test.

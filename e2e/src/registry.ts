@@ -1,6 +1,6 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { freePort, type ManagedChild, startChild, waitFor } from "./services.js";
+import { freePort, type ManagedChild, startChild, waitFor } from "@warren/local/services";
 
 /**
  * A private OCI registry on loopback: Debian's `docker-registry` (the CNCF distribution registry), storing under

@@ -12,9 +12,9 @@ import {
 } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { type ArtifactInfo, Artifacts, Sandbox as WarrenSandbox } from "@warren/sdk";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../src/cluster.js";
 
 // Issue 24 part 3 through the whole cluster: a file or folder of a sandbox frozen into a tar or zip (the master runs
 // tar in the sandbox through its node agent; the api keeps the bytes by digest), recorded with its digest and a

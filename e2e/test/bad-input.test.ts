@@ -1,6 +1,7 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { type ClusterEnv, LocalCluster } from "@warren/local";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildCorpus, type CorpusTarget, runCorpus } from "../src/bad-input-corpus.js";
@@ -20,7 +21,6 @@ import {
   startOutcome,
   urlSafe,
 } from "../src/bad-input-properties.js";
-import { type ClusterEnv, LocalCluster } from "../src/cluster.js";
 
 // Issue 18's classes kept fixed: a corpus of bad requests against the real api, proxy, envd and code gateway of a
 // whole cluster. Every answer is the status that is right for the input (a client error, or E2B's own answer such

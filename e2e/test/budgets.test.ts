@@ -1,9 +1,9 @@
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { NotEnoughSpaceError, Sandbox } from "e2b";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../src/cluster.js";
 
 // Disk, memory and pids are separate budgets (issue 18), through the whole cluster (one namespace node agent),
 // driven by the official e2b SDK. The node's side of each sandbox (its cgroups, its disk image) is read on the

@@ -1,10 +1,10 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { CommandExitError, Sandbox, SandboxNotFoundError, TimeoutError } from "e2b";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../src/cluster.js";
 import { checkpointTier } from "../src/host-capabilities.js";
 
 // The whole cluster as separate processes (private PostgreSQL and Redis, master, api, two node

@@ -2,8 +2,8 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Sandbox, TimeoutError } from "@e2b/code-interpreter";
+import { LocalCluster } from "@warren/local";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../src/cluster.js";
 import { checkpointTier } from "../src/host-capabilities.js";
 
 const CHECKPOINT_AFTER_MS = 500;

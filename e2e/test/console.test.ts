@@ -2,11 +2,11 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { LocalCluster } from "@warren/local";
+import { freePort } from "@warren/local/services";
 import { Sandbox, Template } from "e2b";
 import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../src/cluster.js";
-import { freePort } from "../src/services.js";
 
 // The web console in a real browser (Debian's chromium, headless, driven by playwright-core) against a whole
 // cluster: api (serving /console) → master → node agent; the browser reaches envd through the proxy's host routing

@@ -3,10 +3,10 @@ import { createHash } from "node:crypto";
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { type ClusterEnv, LocalCluster } from "@warren/local";
+import { waitFor } from "@warren/local/services";
 import { Sandbox } from "e2b";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type ClusterEnv, LocalCluster } from "../src/cluster.js";
-import { waitFor } from "../src/services.js";
 
 // Durable state: a paused sandbox and a snapshot outlive their node. After a pause the leader captures the paused
 // sandbox and publishes it to the cluster's store (here the embedded OCI layout directory every node reads); once

@@ -1,12 +1,12 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { EXEC_POLICIES_SYNCED_KEY } from "@warren/proto/exec-policy";
 import { ApprovalRequiredError, ExecApprovals, ExecDeniedError, Sandbox as WarrenSandbox } from "@warren/sdk";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../src/cluster.js";
 
 // Issue 24 part 4 through the whole cluster: a team's exec policy (allow / deny / review rules on commands, root and
 // file paths) enforced by the proxy on envd's Start and file writes whichever SDK sends them; reviews approved or

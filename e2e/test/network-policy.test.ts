@@ -2,9 +2,9 @@ import { execFileSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { type ClusterEnv, LocalCluster } from "@warren/local";
 import { ALL_TRAFFIC, Sandbox } from "e2b";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type ClusterEnv, LocalCluster } from "../src/cluster.js";
 import { OutsideWorld, WORLD } from "../src/outside-world.js";
 
 // Sandbox egress policy through the whole cluster (api → master → node agent → the sandbox's own firewall and the

@@ -2,15 +2,15 @@ import { randomBytes } from "node:crypto";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
+import { freePort } from "@warren/local/services";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../src/cluster.js";
 import { checkpointTier } from "../src/host-capabilities.js";
-import { freePort } from "../src/services.js";
 
 // Pause, resume, connect, auto-pause and auto-resume through the whole cluster (one node agent), driven by the
-// official e2b SDK. The proxy's auto-resume calls the api's internal endpoint (PROXY_RESUME_URL/TOKEN).
+// official e2b SDK. The proxy's auto-resume calls the api's internal endpoint (PROXY_RESUME_URL, WARREN_INTERNAL_TOKEN).
 const dataDir = mkdtempSync(join(tmpdir(), "warren-pause-"));
 const internalToken = randomBytes(24).toString("hex");
 let apiPort = 0;
@@ -34,7 +34,6 @@ beforeAll(async () => {
       WARREN_CHECKPOINT_AFTER_MS: String(CHECKPOINT_AFTER_MS),
       WARREN_INTERNAL_TOKEN: internalToken,
       PROXY_RESUME_URL: `http://127.0.0.1:${apiPort}`,
-      PROXY_RESUME_TOKEN: internalToken,
     },
   });
   const env = await cluster.start();

@@ -1,12 +1,12 @@
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
+import { waitFor } from "@warren/local/services";
 import { NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../src/cluster.js";
-import { waitFor } from "../src/services.js";
 
 // A burst of creates larger than the warm pool (issue 20): the pool (floor 2) serves the first ones, the rest
 // wait their turn for one of two start slots (WARREN_MAX_CONCURRENT_STARTS=2) instead of failing, and the pool

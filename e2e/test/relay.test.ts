@@ -3,10 +3,10 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { connect, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../src/cluster.js";
 
 // The cross-node data path: the proxy runs with PROXY_RELAY=always, so every connection to a sandbox is a
 // CONNECT tunnel through the node agent's relay (route.nodeAddr), as for a proxy on another node. Proof that the

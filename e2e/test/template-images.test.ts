@@ -1,11 +1,11 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
+import type { ManagedChild } from "@warren/local/services";
 import { Sandbox, Template } from "e2b";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../src/cluster.js";
 import { pushBusyboxImage, startRegistry } from "../src/registry.js";
-import type { ManagedChild } from "../src/services.js";
 
 // Templates `fromImage`: an image the test makes (busybox, no glibc) pushed to registries on loopback (Debian's
 // docker-registry, one of them behind htpasswd), pulled by the node agent without Docker (skopeo, umoci), prepared

@@ -1,11 +1,11 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { type ClusterEnv, LocalCluster } from "@warren/local";
+import type { ManagedChild } from "@warren/local/services";
 import { Sandbox, Template } from "e2b";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type ClusterEnv, LocalCluster } from "../src/cluster.js";
 import { startRegistry } from "../src/registry.js";
-import type { ManagedChild } from "../src/services.js";
 
 // The template store with several nodes: two node agents publish to and pull from an OCI registry on loopback
 // (Debian's docker-registry). A template built on one node starts sandboxes on the other, which pulls it from the

@@ -1,11 +1,11 @@
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { type ClusterEnv, LocalCluster } from "@warren/local";
 import { Sandbox, Template, waitForPort } from "e2b";
 import { Redis } from "ioredis";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type ClusterEnv, LocalCluster } from "../src/cluster.js";
 import { checkpointTier } from "../src/host-capabilities.js";
 
 // Custom templates through the whole cluster, driven by the official e2b SDK's `Template` builder: E2B's build

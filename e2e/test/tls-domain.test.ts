@@ -5,9 +5,9 @@ import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { LocalCluster } from "@warren/local";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../src/cluster.js";
 import { makeTestCertificates } from "../src/test-ca.js";
 
 // E2B's own layout end to end: the official e2b SDK with only E2B_DOMAIN (no E2B_API_URL, no E2B_SANDBOX_URL)

@@ -1,9 +1,9 @@
 import { mkdtempSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { type ClusterEnv, LocalCluster } from "@warren/local";
 import { Sandbox, Volume, VolumeNotFoundError, VolumePathNotFoundError } from "e2b";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type ClusterEnv, LocalCluster } from "../src/cluster.js";
 
 // E2B volumes through the whole cluster with the official SDK: a team's persistent folder, its content API
 // (chrooted per call), and `volumeMounts` binding it into sandboxes (an idmapped bind: the same owners in every

@@ -1,5 +1,8 @@
 import { parseArgs } from "node:util";
+import { ConfigError, parseInteger as integer } from "@warren/platform/env";
 import { ENVD_PORT } from "@warren/proto/ports";
+
+export { ConfigError };
 
 /** Everything envd reads from its command line and environment, parsed once at start. */
 export interface EnvdConfig {
@@ -43,15 +46,8 @@ export interface EnvdConfig {
   readonly processLimit: number | undefined;
 }
 
-const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback] [--process-limit N]
+export const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback] [--process-limit N]
 environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000), ENVD_WARMUP (1)`;
-
-export class ConfigError extends Error {
-  constructor(message: string) {
-    super(`${message}\n${USAGE}`);
-    this.name = "ConfigError";
-  }
-}
 
 export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): EnvdConfig {
   let parsed: ReturnType<typeof parseFlags>;
@@ -99,12 +95,4 @@ function parseFlags(argv: readonly string[]) {
     },
     strict: true,
   });
-}
-
-function integer(name: string, text: string, min: number, max: number): number {
-  const value = Number(text);
-  if (!Number.isInteger(value) || value < min || value > max) {
-    throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${text}'`);
-  }
-  return value;
 }

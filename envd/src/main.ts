@@ -1,34 +1,18 @@
 #!/usr/bin/env node
-import { ConfigError, loadConfig } from "./config.js";
+import { runMain } from "@warren/platform/main";
+import { loadConfig, USAGE } from "./config.js";
 import { createLogger } from "./log.js";
 import { startEnvd } from "./server.js";
 
 const log = createLogger("envd");
 
-async function main(): Promise<void> {
-  const config = loadConfig(process.argv.slice(2), process.env);
-  // The token came in through the environment; processes envd starts must not inherit it.
-  delete process.env.ENVD_ACCESS_TOKEN;
-  const envd = await startEnvd(config, log);
-  const shutdown = (signal: string) => {
-    log.info("shutting down", { signal });
-    envd.close().then(
-      () => process.exit(0),
-      (error: unknown) => {
-        log.error("shutdown failed", { error: String(error) });
-        process.exit(1);
-      },
-    );
-  };
-  process.once("SIGTERM", () => shutdown("SIGTERM"));
-  process.once("SIGINT", () => shutdown("SIGINT"));
-}
-
-main().catch((error: unknown) => {
-  if (error instanceof ConfigError) {
-    process.stderr.write(`${error.message}\n`);
-    process.exit(2);
-  }
-  log.error("envd failed to start", { error: error instanceof Error ? error.message : String(error) });
-  process.exit(1);
-});
+runMain(
+  async () => {
+    const config = loadConfig(process.argv.slice(2), process.env);
+    // The token came in through the environment; processes envd starts must not inherit it.
+    delete process.env.ENVD_ACCESS_TOKEN;
+    const envd = await startEnvd(config, log);
+    return { stop: () => envd.close() };
+  },
+  { name: "warren-envd", log, usage: USAGE },
+);

@@ -1,6 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
+import { ENVD_ENVS_PATH } from "@warren/proto/envd-http";
 import { Filesystem } from "@warren/proto/filesystem/filesystem_pb";
 import { Process } from "@warren/proto/process/process_pb";
 import { secretsEqual } from "./auth.js";
@@ -83,7 +84,7 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
         return;
       }
     }
-    if (path === "/envs" && req.method === "GET") return sendJson(res, 200, context.state.envVars());
+    if (path === ENVD_ENVS_PATH && req.method === "GET") return sendJson(res, 200, context.state.envVars());
     if (path === "/metrics" && req.method === "GET") return sendJson(res, 200, await metrics.sample());
     if (path === "/files/compose" && req.method === "POST") return handleFilesCompose(req, res, context);
     if (path === LEASES_PATH || path?.startsWith(`${LEASES_PATH}/`)) {

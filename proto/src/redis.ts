@@ -4,7 +4,7 @@
  *
  * Keys
  *   warren:route:<sandboxId>   hash  SandboxRoute (fields below); written by the node agent that hosts the sandbox
- *   warren:node:<nodeId>       hash  NodeHeartbeat; expires unless the agent refreshes it (NODE_TTL_SECONDS)
+ *   warren:node:<nodeId>       hash  NodeHeartbeat (./heartbeat.ts); expires unless the agent refreshes it (NODE_TTL_SECONDS)
  *   warren:nodes               set   ids of every node that has sent a heartbeat
  * Channel
  *   warren:route-events        JSON RouteEvent on every route change; proxies drop cached routes on it
@@ -228,22 +228,5 @@ redis.call('PUBLISH', ARGV[1], ARGV[3])
 return 1
 `;
 
-/** Capacity a node agent reports in its heartbeat (hash at nodeKey). */
-export interface NodeHeartbeat {
-  readonly nodeId: string;
-  readonly addr: string;
-  readonly driver: string;
-  readonly cpuCount: number;
-  readonly memoryTotalBytes: number;
-  readonly memoryFreeBytes: number;
-  readonly sandboxes: number;
-  /** Template id → ready sandboxes waiting in the warm pool. */
-  readonly pools: Readonly<Record<string, number>>;
-  readonly templates: readonly string[];
-  /**
-   * Templates this node's driver may run at all, built or not (a template can require a driver); absent from
-   * older agents, which serve every template.
-   */
-  readonly servable?: readonly string[];
-  readonly updatedAt: number;
-}
+// The heartbeat hash at nodeKey: its type and codec live in ./heartbeat.ts, part of this contract.
+export { heartbeatFromHash, heartbeatToHash, type NodeHeartbeat } from "./heartbeat.js";

@@ -1,5 +1,15 @@
 import { isIP } from "node:net";
 import { hostname as osHostname } from "node:os";
+import {
+  booleanFromEnv as boolean,
+  ConfigError,
+  type Env,
+  INTERNAL_TOKEN,
+  integerFromEnv as integer,
+  REDIS_URL,
+  renamedEnv,
+  warnOnStderr,
+} from "@warren/platform/env";
 import { ENVD_PORT } from "@warren/proto/ports";
 import { parseRedisPrefix } from "@warren/proto/redis";
 
@@ -57,6 +67,12 @@ export interface ProxyConfig {
    * `<port>-<id>.<domain>`) is served by one listener with one wildcard certificate, as the chart's Ingress does.
    */
   readonly apiUpstream: { readonly host: string; readonly port: number } | undefined;
+  /**
+   * PROXY_RESUME_URL (the api's base URL) and WARREN_INTERNAL_TOKEN (the api's, ≥ 16 characters; PROXY_RESUME_TOKEN
+   * before), both or neither: the api's internal routes, for auto-resume, secret grants and exec decisions. Neither:
+   * no auto-resume (paused sandboxes answer 502), no secret grants, no exec policies enforced with approvals.
+   */
+  readonly internalApi: { readonly url: string; readonly token: string } | undefined;
   /** PROXY_TLS_CERT_FILE / PROXY_TLS_KEY_FILE (unset): PEM files (a wildcard cert for `*.<domain>`); both or neither. */
   readonly tls: { readonly certFile: string; readonly keyFile: string } | undefined;
   /** PROXY_WORKERS (1): processes sharing the listen port (node:cluster); "auto" = one per CPU. */
@@ -81,16 +97,13 @@ export interface ProxyConfig {
 
 export type RelayMode = "off" | "always" | "auto";
 
-export class ConfigError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = "ConfigError";
-  }
-}
+export { ConfigError };
 
-type Env = Readonly<Record<string, string | undefined>>;
-
-export function loadConfig(env: Env, cpuCount = 1): ProxyConfig {
+export function loadConfig(
+  env: Env,
+  cpuCount = 1,
+  warn: (message: string) => void = warnOnStderr("proxy"),
+): ProxyConfig {
   const certFile = env.PROXY_TLS_CERT_FILE || undefined;
   const keyFile = env.PROXY_TLS_KEY_FILE || undefined;
   if (Boolean(certFile) !== Boolean(keyFile)) {
@@ -109,7 +122,7 @@ export function loadConfig(env: Env, cpuCount = 1): ProxyConfig {
     port: integer(env, "PROXY_PORT", 3002, 0, 65535),
     domains: list(env.PROXY_DOMAINS).map((domain) => hostname("PROXY_DOMAINS", domain)),
     sharedHosts: list(env.PROXY_SHARED_HOSTS).map((host) => hostname("PROXY_SHARED_HOSTS", host)),
-    redisUrl: env.PROXY_REDIS_URL || "redis://127.0.0.1:6379",
+    redisUrl: renamedEnv(env, REDIS_URL, warn) || "redis://127.0.0.1:6379",
     redisPrefix: redisPrefix(env.WARREN_REDIS_PREFIX),
     routeCacheTtlMs: integer(env, "PROXY_ROUTE_CACHE_TTL_MS", 5000, 0, 3_600_000),
     routeCacheMax: integer(env, "PROXY_ROUTE_CACHE_MAX", 10_000, 1, 10_000_000),
@@ -128,6 +141,7 @@ export function loadConfig(env: Env, cpuCount = 1): ProxyConfig {
         ? undefined
         : integer({ PROXY_METRICS_PORT: metricsPortText }, "PROXY_METRICS_PORT", 0, 0, 65535),
     apiUpstream: apiUpstream(env.PROXY_API_URL),
+    internalApi: internalApi(env.PROXY_RESUME_URL, renamedEnv(env, INTERNAL_TOKEN, warn)),
     tls: certFile && keyFile ? { certFile, keyFile } : undefined,
     workers: workersText === "auto" ? Math.max(1, cpuCount) : integer(env, "PROXY_WORKERS", 1, 1, 256),
     accessLog: boolean(env, "PROXY_ACCESS_LOG", false),
@@ -153,6 +167,18 @@ function defaultNodeId(): string {
     .slice(0, 63);
 }
 
+function internalApi(url = "", token = ""): ProxyConfig["internalApi"] {
+  if (!url && !token) return undefined;
+  if (!url || !token) throw new ConfigError("PROXY_RESUME_URL and WARREN_INTERNAL_TOKEN must be set together");
+  if (token.length < 16) throw new ConfigError("WARREN_INTERNAL_TOKEN must be at least 16 characters");
+  try {
+    new URL(url);
+  } catch {
+    throw new ConfigError(`PROXY_RESUME_URL is not a URL: '${url}'`);
+  }
+  return { url, token };
+}
+
 function apiUpstream(text: string | undefined): ProxyConfig["apiUpstream"] {
   if (!text) return undefined;
   let url: URL;
@@ -174,24 +200,6 @@ function redisPrefix(text: string | undefined): string {
   } catch (error) {
     throw new ConfigError((error as Error).message);
   }
-}
-
-function integer(env: Env, name: string, fallback: number, min: number, max: number): number {
-  const text = env[name];
-  if (text === undefined || text === "") return fallback;
-  const value = Number(text);
-  if (!/^\d+$/.test(text) || value < min || value > max) {
-    throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${text}'`);
-  }
-  return value;
-}
-
-function boolean(env: Env, name: string, fallback: boolean): boolean {
-  const text = env[name];
-  if (text === undefined || text === "") return fallback;
-  if (/^(1|true|yes|on)$/i.test(text)) return true;
-  if (/^(0|false|no|off)$/i.test(text)) return false;
-  throw new ConfigError(`${name} must be true or false, got '${text}'`);
 }
 
 function list(text: string | undefined): string[] {

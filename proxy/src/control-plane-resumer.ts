@@ -6,7 +6,7 @@ const INTERNAL_TOKEN_HEADER = "X-Warren-Internal-Token";
 export interface ControlPlaneResumerOptions {
   /** The api's base URL (PROXY_RESUME_URL). */
   readonly url: string;
-  /** The api's WARREN_INTERNAL_TOKEN (PROXY_RESUME_TOKEN). */
+  /** The api's WARREN_INTERNAL_TOKEN. */
   readonly token: string;
 }
 
@@ -58,22 +58,4 @@ export class ControlPlaneResumer implements SandboxResumer {
         throw new Error(`resume call answered ${response.status}: ${message}`);
     }
   }
-}
-
-/**
- * The resumer the environment asks for: PROXY_RESUME_URL (the api's base URL) and PROXY_RESUME_TOKEN (the api's
- * WARREN_INTERNAL_TOKEN, ≥ 16 characters), both or neither. Neither: no auto-resume (paused sandboxes answer 502).
- */
-export function resumerFromEnv(env: NodeJS.ProcessEnv): ControlPlaneResumer | undefined {
-  const url = env.PROXY_RESUME_URL ?? "";
-  const token = env.PROXY_RESUME_TOKEN ?? "";
-  if (!url && !token) return undefined;
-  if (!url || !token) throw new Error("PROXY_RESUME_URL and PROXY_RESUME_TOKEN must be set together");
-  if (token.length < 16) throw new Error("PROXY_RESUME_TOKEN must be at least 16 characters");
-  try {
-    new URL(url);
-  } catch {
-    throw new Error(`PROXY_RESUME_URL is not a URL: '${url}'`);
-  }
-  return new ControlPlaneResumer({ url, token });
 }

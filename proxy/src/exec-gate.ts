@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import { Readable } from "node:stream";
 import { type DescMessage, fromBinary, fromJson, type MessageShape, toBinary, toJson } from "@bufbuild/protobuf";
+import { ENVD_FILES_PATH, ENVD_FILES_QUERY } from "@warren/proto/envd-http";
 import {
   APPROVAL_ENV,
   APPROVAL_HEADER,
@@ -126,20 +127,12 @@ export class ControlPlaneExecDecider implements ExecDecider {
   }
 }
 
-/** Decisions go to the same api as auto-resume, with the same URL and token (PROXY_RESUME_URL/TOKEN). */
-export function execDeciderFromEnv(env: NodeJS.ProcessEnv): ControlPlaneExecDecider | undefined {
-  const url = env.PROXY_RESUME_URL ?? "";
-  const token = env.PROXY_RESUME_TOKEN ?? "";
-  return url && token ? new ControlPlaneExecDecider(url, token) : undefined;
-}
-
 /** envd's paths the gate reads: process starts and the file operations a path rule can cover. */
 const FILE_RPCS = new Set([
   "/filesystem.Filesystem/Remove",
   "/filesystem.Filesystem/Move",
   "/filesystem.Filesystem/MakeDir",
 ]);
-const FILES_PATH = "/files";
 // Unary file RPC bodies are tiny; a multi-file upload is read whole only when a policy guards files.
 export const MAX_RPC_BODY_BYTES = 64 * 1024;
 export const MAX_GUARDED_UPLOAD_BYTES = 16 * 1024 * 1024;
@@ -153,7 +146,7 @@ export function gatedRequest(
   const path = (url ?? "").split("?")[0] ?? "";
   if (path === START_PATH) return "start";
   if (FILE_RPCS.has(path)) return "file-rpc";
-  if (path === FILES_PATH) return "files";
+  if (path === ENVD_FILES_PATH) return "files";
   return undefined;
 }
 
@@ -352,8 +345,9 @@ export class ExecGate {
     const policy = await this.policies.policyOf(route.team);
     if (!policy || !policyGuardsFiles(policy)) return undefined;
     const query = new URL(url, "http://envd").searchParams;
-    const user = query.get("username") || basicUser(headers.authorization) || route.defaultUser || "user";
-    const path = query.get("path");
+    const user =
+      query.get(ENVD_FILES_QUERY.username) || basicUser(headers.authorization) || route.defaultUser || "user";
+    const path = query.get(ENVD_FILES_QUERY.path);
     if (path) {
       await this.checkPaths(route, policy, headers, user, [{ op: "write", path }]);
       return undefined;

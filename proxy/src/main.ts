@@ -1,15 +1,15 @@
 #!/usr/bin/env node
 import cluster, { type Worker } from "node:cluster";
-import type { Server } from "node:http";
 import { availableParallelism } from "node:os";
+import { runMain, type Stoppable } from "@warren/platform/main";
 import { AggregatorRegistry } from "prom-client";
-import { type RunningProxy, startMetricsServer, startProxy } from "./app.js";
-import { ConfigError, loadConfig, type ProxyConfig } from "./config.js";
-import { type ControlPlaneResumer, resumerFromEnv } from "./control-plane-resumer.js";
-import { execDeciderFromEnv } from "./exec-gate.js";
-import { createLogger, type Logger } from "./log.js";
+import { startMetricsServer, startProxy } from "./app.js";
+import { loadConfig, type ProxyConfig } from "./config.js";
+import { ControlPlaneResumer } from "./control-plane-resumer.js";
+import { ControlPlaneExecDecider } from "./exec-gate.js";
+import { createLogger } from "./log.js";
 import { ProxyMetrics } from "./metrics.js";
-import { grantRedeemerFromEnv } from "./secret-grants.js";
+import { ControlPlaneGrantRedeemer } from "./secret-grants.js";
 
 const log = createLogger("proxy");
 
@@ -17,31 +17,29 @@ const log = createLogger("proxy");
  * One process, or with PROXY_WORKERS > 1 a primary that forks workers sharing the listen port
  * (node:cluster) and serves their summed metrics. SIGTERM/SIGINT drain gracefully.
  */
-async function main(): Promise<void> {
-  const config = loadConfig(process.env, availableParallelism());
-  if (config.workers > 1 && cluster.isPrimary) return runPrimary(config);
-  return runWorker(config, cluster.isWorker);
-}
+runMain(
+  async () => {
+    const config = loadConfig(process.env, availableParallelism());
+    if (config.workers > 1 && cluster.isPrimary) return startPrimary(config);
+    return startWorker(config, cluster.isWorker);
+  },
+  { name: "warren-proxy", log },
+);
 
-async function runWorker(config: ProxyConfig, isClusterWorker: boolean): Promise<void> {
-  // Auto-resume goes through the api (control-plane-resumer.ts) when PROXY_RESUME_URL/PROXY_RESUME_TOKEN are set;
-  // without them a paused sandbox answers 502 "The sandbox was not found", as E2B's does without auto-resume.
-  let resumer: ControlPlaneResumer | undefined;
-  try {
-    resumer = resumerFromEnv(process.env);
-  } catch (error) {
-    throw new ConfigError((error as Error).message);
-  }
+async function startWorker(config: ProxyConfig, isClusterWorker: boolean): Promise<Stoppable> {
+  // The api's internal routes (PROXY_RESUME_URL, WARREN_INTERNAL_TOKEN): auto-resume, secret grants, and exec policy
+  // decisions (deny records, reviews, approvals; the policies themselves come from Redis). Without them a paused
+  // sandbox answers 502 "The sandbox was not found", as E2B's does without auto-resume.
+  const api = config.internalApi;
+  const resumer = api ? new ControlPlaneResumer(api) : undefined;
+  const secretGrants = api ? new ControlPlaneGrantRedeemer(api.url, api.token) : undefined;
+  const execDecider = api ? new ControlPlaneExecDecider(api.url, api.token) : undefined;
   const metrics = new ProxyMetrics();
   if (isClusterWorker) {
     // Constructing one registers prom-client's listener that answers the primary's metric requests.
     new AggregatorRegistry();
     AggregatorRegistry.setRegistries([metrics.registry]);
   }
-  // Secret grants are redeemed at the same api, with the same URL and token.
-  const secretGrants = grantRedeemerFromEnv(process.env);
-  // So are exec policy decisions (deny records, reviews, approvals); the policies themselves come from Redis.
-  const execDecider = execDeciderFromEnv(process.env);
   const running = await startProxy(config, {
     log,
     metrics,
@@ -58,23 +56,17 @@ async function runWorker(config: ProxyConfig, isClusterWorker: boolean): Promise
           log,
         )
       : undefined;
-  onSignals((signal) => shutdownWorker(running, metricsServer, signal, log));
+  return {
+    stop: async () => {
+      log.info("draining", { open: running.proxy.openConnections });
+      await running.close();
+      metricsServer?.close();
+      log.info("stopped");
+    },
+  };
 }
 
-async function shutdownWorker(running: RunningProxy, metricsServer: Server | undefined, signal: string, log: Logger) {
-  log.info("draining", { signal, open: running.proxy.openConnections });
-  try {
-    await running.close();
-    metricsServer?.close();
-    log.info("stopped");
-    process.exit(0);
-  } catch (error) {
-    log.error("shutdown failed", { error: String(error) });
-    process.exit(1);
-  }
-}
-
-async function runPrimary(config: ProxyConfig): Promise<void> {
+async function startPrimary(config: ProxyConfig): Promise<Stoppable> {
   let stopping = false;
   const fork = (): Worker => {
     const worker = cluster.fork();
@@ -97,36 +89,16 @@ async function runPrimary(config: ProxyConfig): Promise<void> {
           log,
         )
       : undefined;
-  onSignals((signal) => {
-    stopping = true;
-    log.info("stopping workers", { signal });
-    const workers = Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined);
-    let left = workers.length;
-    const done = () => {
-      metricsServer?.close();
-      process.exit(0);
-    };
-    if (left === 0) done();
-    for (const worker of workers) {
-      worker.once("exit", () => {
-        left -= 1;
-        if (left === 0) done();
+  return {
+    // Each worker drains its own connections; the primary waits for all of them.
+    stop: (signal) => {
+      stopping = true;
+      const workers = Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined);
+      const exited = workers.map((worker) => new Promise<void>((resolve) => worker.once("exit", () => resolve())));
+      for (const worker of workers) worker.process.kill(signal);
+      return Promise.all(exited).then(() => {
+        metricsServer?.close();
       });
-      worker.process.kill("SIGTERM");
-    }
-  });
+    },
+  };
 }
-
-function onSignals(handler: (signal: string) => void): void {
-  process.once("SIGTERM", () => handler("SIGTERM"));
-  process.once("SIGINT", () => handler("SIGINT"));
-}
-
-main().catch((error: unknown) => {
-  if (error instanceof ConfigError) {
-    process.stderr.write(`warren-proxy: ${error.message}\n`);
-    process.exit(2);
-  }
-  log.error("proxy failed to start", { error: error instanceof Error ? error.message : String(error) });
-  process.exit(1);
-});

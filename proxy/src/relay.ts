@@ -1,4 +1,5 @@
 import { connect, type Socket } from "node:net";
+import { RELAY_ERROR_HEADER, RELAY_TOKEN_HEADER } from "@warren/proto/ports";
 
 /**
  * The proxy's side of the node agent relay (control-plane/src/node-agent/relay.ts): a sandbox address is
@@ -8,9 +9,8 @@ import { connect, type Socket } from "node:net";
  * connect would have had, so retries and 502 bodies are the same on both paths.
  */
 
-export const RELAY_TOKEN_HEADER = "Warren-Relay-Token";
 // The errno of the agent's failed dial of the sandbox port (ECONNREFUSED, ETIMEDOUT, ...).
-const RELAY_ERROR = /^warren-relay-error:[ \t]*([A-Z0-9_]+)[ \t]*\r?$/im;
+const RELAY_ERROR = new RegExp(`^${RELAY_ERROR_HEADER}:[ \\t]*([A-Z0-9_]+)[ \\t]*\\r?$`, "im");
 const MAX_RESPONSE_HEAD = 8192;
 
 export interface RelayTunnelTarget {

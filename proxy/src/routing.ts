@@ -1,4 +1,5 @@
 import { isIP } from "node:net";
+import { ENVD_INIT_PATH } from "@warren/proto/envd-http";
 import { isSandboxId } from "@warren/proto/redis";
 
 /** Which sandbox port a request is for, as E2B clients address it (E2B-PROTOCOL.md §2.4). */
@@ -113,7 +114,7 @@ function validSandboxId(id: string): boolean {
  * the decoded, cleaned path, so `/init/`, `//init` and `/files/../init` are refused too.
  */
 const CONTROL_ONLY_PATHS: ReadonlySet<string> = new Set([
-  "/init",
+  ENVD_INIT_PATH,
   "/freeze",
   "/unfreeze",
   "/collapse",

@@ -63,13 +63,6 @@ export class ControlPlaneGrantRedeemer implements SecretGrantRedeemer {
   }
 }
 
-/** The redeemer next to the resumer: both are the api's internal paths, reached with the same URL and token. */
-export function grantRedeemerFromEnv(env: NodeJS.ProcessEnv): ControlPlaneGrantRedeemer | undefined {
-  const url = env.PROXY_RESUME_URL ?? "";
-  const token = env.PROXY_RESUME_TOKEN ?? "";
-  return url && token ? new ControlPlaneGrantRedeemer(url, token) : undefined;
-}
-
 /** What the proxy changes in a Start request that carries a grant. */
 export interface StartRewrite {
   /** Added to the upstream request (the secret values). */

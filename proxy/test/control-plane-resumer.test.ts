@@ -1,7 +1,8 @@
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ControlPlaneResumer, resumerFromEnv } from "../src/control-plane-resumer.js";
+import { loadConfig } from "../src/config.js";
+import { ControlPlaneResumer } from "../src/control-plane-resumer.js";
 import { ResumeError } from "../src/resume.js";
 
 const TOKEN = "internal-token-0123456789";
@@ -67,11 +68,24 @@ describe("ControlPlaneResumer: the proxy's call to the api's internal resume end
     expect(String(error)).toMatch(/503/);
   });
 
-  it("is configured by PROXY_RESUME_URL and PROXY_RESUME_TOKEN together, or not at all", () => {
-    expect(resumerFromEnv({})).toBeUndefined();
-    expect(resumerFromEnv({ PROXY_RESUME_URL: url, PROXY_RESUME_TOKEN: TOKEN })).toBeInstanceOf(ControlPlaneResumer);
-    expect(() => resumerFromEnv({ PROXY_RESUME_URL: url })).toThrow(/together/);
-    expect(() => resumerFromEnv({ PROXY_RESUME_URL: url, PROXY_RESUME_TOKEN: "short" })).toThrow(/16/);
-    expect(() => resumerFromEnv({ PROXY_RESUME_URL: "not a url", PROXY_RESUME_TOKEN: TOKEN })).toThrow(/URL/);
+  it("is configured by PROXY_RESUME_URL and WARREN_INTERNAL_TOKEN together, or not at all", () => {
+    const quiet = () => undefined;
+    expect(loadConfig({}, 1, quiet).internalApi).toBeUndefined();
+    expect(loadConfig({ PROXY_RESUME_URL: url, WARREN_INTERNAL_TOKEN: TOKEN }, 1, quiet).internalApi).toEqual({
+      url,
+      token: TOKEN,
+    });
+    expect(() => loadConfig({ PROXY_RESUME_URL: url }, 1, quiet)).toThrow(/together/);
+    expect(() => loadConfig({ PROXY_RESUME_URL: url, WARREN_INTERNAL_TOKEN: "short" }, 1, quiet)).toThrow(/16/);
+    expect(() => loadConfig({ PROXY_RESUME_URL: "not a url", WARREN_INTERNAL_TOKEN: TOKEN }, 1, quiet)).toThrow(/URL/);
+  });
+
+  it("still reads the token under its old name, PROXY_RESUME_TOKEN, with a warning", () => {
+    const warnings: string[] = [];
+    const config = loadConfig({ PROXY_RESUME_URL: url, PROXY_RESUME_TOKEN: TOKEN }, 1, (m) => warnings.push(m));
+    expect(config.internalApi?.token).toBe(TOKEN);
+    expect(warnings).toEqual([
+      "PROXY_RESUME_TOKEN is deprecated and will stop working in the next release; set WARREN_INTERNAL_TOKEN instead",
+    ]);
   });
 });

@@ -46,14 +46,16 @@ export async function startTestProxy(
     PROXY_HOST: "127.0.0.1",
     PROXY_PORT: "0",
     PROXY_METRICS_PORT: "off",
-    PROXY_REDIS_URL: REDIS_URL,
+    WARREN_REDIS_URL: REDIS_URL,
     PROXY_UPSTREAM_CONNECT_RETRIES: "1",
     PROXY_DRAIN_TIMEOUT_MS: "5000",
     ...env,
   });
   let logs = "";
-  const log = createLogger("proxy", (line) => {
-    logs += line;
+  const log = createLogger("proxy", {
+    write: (line) => {
+      logs += line;
+    },
   });
   const running = await startProxy(config, {
     log,

@@ -1,8 +1,21 @@
+import type { ApiRequestBody, ApiSchema } from "@warren/proto/openapi";
 import { ApiClient, bodyCode, bodyMessage, newIdempotencyKey, requireString } from "./api.js";
 import type { ConnectionOpts } from "./config.js";
 import { InvalidArgumentError, SandboxError, SandboxNotFoundError } from "./errors.js";
 
-export type SandboxState = "running" | "paused";
+/*
+ * The wire types (bodies sent and answers read) are the api's OpenAPI document's (@warren/proto/openapi), imported
+ * as types only: they add nothing to the bundle. Answers are still read defensively (`Partial`): the server may be
+ * another E2B-compatible one, or an older Warren.
+ */
+type NewSandboxWire = ApiRequestBody<"/v2/sandboxes", "post">;
+type ConnectWire = ApiRequestBody<"/v2/sandboxes/{sandboxID}/connect", "post">;
+type SandboxWire = ApiSchema<"Sandbox">;
+type SandboxDetailWire = ApiSchema<"SandboxDetail">;
+type SandboxMetricWire = ApiSchema<"SandboxMetric">;
+type Writable<T> = { -readonly [K in keyof T]: T[K] };
+
+export type SandboxState = ApiSchema<"ListedSandbox">["state"];
 
 /** What the API returns for a created or connected sandbox: enough to reach its data plane. */
 export interface SandboxConnection {
@@ -18,12 +31,8 @@ export interface SandboxLifecycle {
   autoResume?: boolean;
 }
 
-export interface SandboxNetworkOpts {
-  allowOut?: string[];
-  denyOut?: string[];
-  allowPublicTraffic?: boolean;
-  maskRequestHost?: string;
-}
+/** E2B's SandboxNetworkConfig. */
+export type SandboxNetworkOpts = ApiSchema<"SandboxNetworkConfig">;
 
 export interface SandboxCreateOpts extends ConnectionOpts {
   template?: string;
@@ -65,8 +74,8 @@ export interface SandboxInfo {
   memoryMB: number;
   envdVersion: string;
   allowInternetAccess?: boolean;
-  network?: Record<string, unknown>;
-  lifecycle?: { onTimeout: "kill" | "pause"; autoResume: boolean };
+  network?: SandboxDetailWire["network"];
+  lifecycle?: SandboxDetailWire["lifecycle"];
   sandboxDomain?: string;
 }
 
@@ -89,8 +98,8 @@ export interface SandboxMetrics {
 }
 
 /** `POST /v2/sandboxes` body (NewSandboxV2), E2B's field names; undefined fields are left out. */
-export function createBody(template: string, opts: SandboxCreateOpts): Record<string, unknown> {
-  const body: Record<string, unknown> = { templateID: template };
+export function createBody(template: string, opts: SandboxCreateOpts): NewSandboxWire {
+  const body: Writable<NewSandboxWire> = { templateID: template };
   if (opts.timeoutMs !== undefined) body.timeout = Math.ceil(opts.timeoutMs / 1000);
   if (opts.metadata !== undefined) body.metadata = opts.metadata;
   if (opts.envs !== undefined) body.envVars = opts.envs;
@@ -118,7 +127,7 @@ export function createBody(template: string, opts: SandboxCreateOpts): Record<st
 
 export async function createSandbox(template: string, opts: SandboxCreateOpts): Promise<SandboxConnection> {
   const api = new ApiClient(opts);
-  const res = await api.request<Record<string, unknown>>({
+  const res = await api.request<Partial<SandboxWire>>({
     method: "POST",
     path: "/v2/sandboxes",
     body: createBody(template, opts),
@@ -130,13 +139,13 @@ export async function createSandbox(template: string, opts: SandboxCreateOpts): 
 }
 
 export async function connectSandbox(sandboxId: string, opts: SandboxConnectOpts): Promise<SandboxConnection> {
-  const body: Record<string, unknown> = {};
+  const body: Writable<NonNullable<ConnectWire>> = {};
   if (opts.timeoutMs !== undefined) body.timeout = Math.ceil(opts.timeoutMs / 1000);
   if (opts.onResume === "reboot") body.memory = false;
   else if (opts.onResume !== undefined && opts.onResume !== "restore") {
     throw new InvalidArgumentError(`onResume must be 'restore' or 'reboot', got '${String(opts.onResume)}'`);
   }
-  const res = await new ApiClient(opts).request<Record<string, unknown>>({
+  const res = await new ApiClient(opts).request<Partial<SandboxWire>>({
     method: "POST",
     path: `/v2/sandboxes/${encodeURIComponent(sandboxId)}/connect`,
     body,
@@ -150,7 +159,7 @@ export async function connectSandbox(sandboxId: string, opts: SandboxConnectOpts
 }
 
 /** The connection fields of a `Sandbox` response (create, connect, and each fork). */
-export function connectionFrom(body: Record<string, unknown>): SandboxConnection {
+export function connectionFrom(body: Partial<SandboxWire>): SandboxConnection {
   const connection: SandboxConnection = {
     sandboxId: requireString(body.sandboxID, "sandboxID"),
     envdVersion: requireString(body.envdVersion, "envdVersion"),
@@ -162,7 +171,7 @@ export function connectionFrom(body: Record<string, unknown>): SandboxConnection
 }
 
 export async function getSandboxInfo(sandboxId: string, opts: SandboxApiOpts = {}): Promise<SandboxInfo> {
-  const res = await new ApiClient(opts).request<Record<string, unknown>>({
+  const res = await new ApiClient(opts).request<Partial<SandboxDetailWire>>({
     method: "GET",
     path: `/sandboxes/${encodeURIComponent(sandboxId)}`,
     expect: [404],
@@ -174,11 +183,11 @@ export async function getSandboxInfo(sandboxId: string, opts: SandboxApiOpts = {
   return sandboxInfoFrom(res.body);
 }
 
-export function sandboxInfoFrom(body: Record<string, unknown>): SandboxInfo {
+export function sandboxInfoFrom(body: Partial<SandboxDetailWire>): SandboxInfo {
   const info: SandboxInfo = {
     sandboxId: String(body.sandboxID),
     templateId: String(body.templateID),
-    metadata: (body.metadata as Record<string, string> | undefined) ?? {},
+    metadata: { ...body.metadata },
     startedAt: new Date(String(body.startedAt)),
     endAt: new Date(String(body.endAt)),
     state: body.state as SandboxState,
@@ -188,11 +197,11 @@ export function sandboxInfoFrom(body: Record<string, unknown>): SandboxInfo {
   };
   if (typeof body.alias === "string") info.name = body.alias;
   if (typeof body.allowInternetAccess === "boolean") info.allowInternetAccess = body.allowInternetAccess;
-  if (typeof body.network === "object" && body.network !== null) info.network = body.network as Record<string, unknown>;
-  if (typeof body.lifecycle === "object" && body.lifecycle !== null) {
-    info.lifecycle = body.lifecycle as SandboxInfo["lifecycle"];
-  }
-  if (typeof body.domain === "string" && body.domain !== "") info.sandboxDomain = body.domain;
+  if (typeof body.network === "object" && body.network !== null) info.network = body.network;
+  if (typeof body.lifecycle === "object" && body.lifecycle !== null) info.lifecycle = body.lifecycle;
+  // Not in E2B's SandboxDetail, but some servers send the sandbox's domain with it.
+  const domain = (body as { domain?: unknown }).domain;
+  if (typeof domain === "string" && domain !== "") info.sandboxDomain = domain;
   return info;
 }
 
@@ -243,7 +252,7 @@ export async function getSandboxMetrics(
   sandboxId: string,
   opts: SandboxApiOpts & { start?: Date; end?: Date } = {},
 ): Promise<SandboxMetrics[]> {
-  const res = await new ApiClient(opts).request<Array<Record<string, unknown>>>({
+  const res = await new ApiClient(opts).request<Array<Partial<SandboxMetricWire>>>({
     method: "GET",
     path: `/sandboxes/${encodeURIComponent(sandboxId)}/metrics`,
     query: {
@@ -288,7 +297,7 @@ export class SandboxPaginator {
   async nextItems(opts: SandboxApiOpts = {}): Promise<SandboxInfo[]> {
     if (!this._hasNext) throw new SandboxError("No more items to fetch");
     const query = this.opts.query ?? {};
-    const res = await new ApiClient({ ...this.opts, ...opts }).request<Array<Record<string, unknown>>>({
+    const res = await new ApiClient({ ...this.opts, ...opts }).request<Array<Partial<SandboxDetailWire>>>({
       method: "GET",
       path: "/v2/sandboxes",
       query: {

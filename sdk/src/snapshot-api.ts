@@ -1,7 +1,14 @@
+import type { ApiRequestBody, ApiSchema } from "@warren/proto/openapi";
 import { ApiClient, bodyCode, bodyMessage, requireString } from "./api.js";
 import type { ConnectionOpts } from "./config.js";
 import { forkError, SandboxError, SandboxNotFoundError } from "./errors.js";
 import { connectionFrom, type SandboxApiOpts, type SandboxConnection } from "./sandbox-api.js";
+
+/* Wire types from the api's OpenAPI document (type-only imports); answers are read defensively (`Partial`). */
+type SnapshotWire = ApiSchema<"SnapshotInfo">;
+type ForkWire = NonNullable<ApiRequestBody<"/sandboxes/{sandboxID}/fork", "post">>;
+type SnapshotRequestWire = NonNullable<ApiRequestBody<"/sandboxes/{sandboxID}/snapshots", "post">>;
+type Writable<T> = { -readonly [K in keyof T]: T[K] };
 
 export interface CreateSnapshotOpts extends SandboxApiOpts {
   /** A name for the snapshot; a name used again moves to the new snapshot. */
@@ -46,10 +53,11 @@ export interface SandboxForkOpts extends ConnectionOpts {
 
 /** `POST /sandboxes/{id}/snapshots`: captures the sandbox (it keeps running) as a snapshot. */
 export async function createSnapshot(sandboxId: string, opts: CreateSnapshotOpts = {}): Promise<SnapshotInfo> {
-  const res = await new ApiClient(opts).request<Record<string, unknown>>({
+  const body: SnapshotRequestWire = opts.name ? { name: opts.name } : {};
+  const res = await new ApiClient(opts).request<Partial<SnapshotWire>>({
     method: "POST",
     path: `/sandboxes/${encodeURIComponent(sandboxId)}/snapshots`,
-    body: opts.name ? { name: opts.name } : {},
+    body,
     expect: [404],
     requestTimeoutMs: opts.requestTimeoutMs,
     signal: opts.signal,
@@ -80,7 +88,7 @@ export async function forkSandbox(
   sandboxId: string,
   opts: SandboxForkOpts = {},
 ): Promise<Array<SandboxConnection | Error>> {
-  const body: Record<string, unknown> = {};
+  const body: Writable<ForkWire> = {};
   if (opts.count !== undefined) body.count = opts.count;
   if (opts.timeoutMs !== undefined) body.timeout = Math.ceil(opts.timeoutMs / 1000);
   const res = await new ApiClient(opts).request<unknown>({
@@ -98,19 +106,24 @@ export async function forkSandbox(
   return res.body.map(forkResultFrom);
 }
 
+/** Each entry of the answer: the document's ForkResult (a sandbox, or an error), read defensively. */
+type ForkResultWire = {
+  sandbox?: Partial<ApiSchema<"Sandbox">> | null;
+  error?: { code?: unknown; message?: unknown } | null;
+};
+
 function forkResultFrom(entry: unknown): SandboxConnection | Error {
-  const result = (typeof entry === "object" && entry !== null ? entry : {}) as Record<string, unknown>;
-  const sandbox = result.sandbox;
-  const error = result.error;
+  const result: ForkResultWire = typeof entry === "object" && entry !== null ? entry : {};
+  const { sandbox, error } = result;
   if (typeof error === "object" && error !== null) {
-    const { code, message } = error as { code?: unknown; message?: unknown };
+    const { code, message } = error;
     return forkError(typeof code === "number" ? code : 500, typeof message === "string" ? message : "");
   }
   if (typeof sandbox !== "object" || sandbox === null) return new SandboxError("Failed to start forked sandbox");
-  return connectionFrom(sandbox as Record<string, unknown>);
+  return connectionFrom(sandbox);
 }
 
-export function snapshotInfoFrom(body: Record<string, unknown>): SnapshotInfo {
+export function snapshotInfoFrom(body: Partial<SnapshotWire>): SnapshotInfo {
   const info: SnapshotInfo = {
     snapshotId: requireString(body.snapshotID, "snapshotID"),
     names: Array.isArray(body.names) ? body.names.map(String) : [],
@@ -141,7 +154,7 @@ export class SnapshotPaginator {
 
   async nextItems(opts: SandboxApiOpts = {}): Promise<SnapshotInfo[]> {
     if (!this._hasNext) throw new SandboxError("No more items to fetch");
-    const res = await new ApiClient({ ...this.opts, ...opts }).request<Array<Record<string, unknown>>>({
+    const res = await new ApiClient({ ...this.opts, ...opts }).request<Array<Partial<SnapshotWire>>>({
       method: "GET",
       path: "/snapshots",
       query: {

@@ -2,8 +2,8 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pty from "@lydell/node-pty";
+import { LocalCluster } from "@warren/local";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../../e2e/src/cluster.js";
 import { cleanEnv, eventually, startWarren, WARREN_CLI, warren } from "./cli-harness.js";
 
 // The CLI as a user runs it: a child process against a real single-node cluster, configured only by

@@ -123,7 +123,7 @@ describe("warren up in the foreground, and a failed start", () => {
   it("a cluster that cannot start exits 1 with the cause and a hint to the logs, and leaves no launcher", async () => {
     const res = await warren(
       ["up", "--detach", "--data-dir", failDir, "--api-port", "0", "--proxy-port", "0"],
-      { ...env, DATABASE_URL: "postgres://postgres@127.0.0.1:9/none" },
+      { ...env, WARREN_DATABASE_URL: "postgres://postgres@127.0.0.1:9/none" },
       180_000,
     );
     expect(res.code).toBe(1);

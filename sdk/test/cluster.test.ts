@@ -1,8 +1,8 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../../e2e/src/cluster.js";
 import { CommandExitError, Sandbox, SandboxNotFoundError, type SnapshotInfo } from "../src/index.js";
 
 // Warren's SDK against a whole Warren cluster (api, master, node agent, proxy as separate processes):

@@ -1,9 +1,9 @@
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
 import * as e2b from "e2b";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalCluster } from "../../e2e/src/cluster.js";
 import { BuildError, type LogEntry, Sandbox, Template, waitForFile } from "../src/index.js";
 import { cleanEnv, warren } from "./cli-harness.js";
 

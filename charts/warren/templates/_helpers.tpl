@@ -94,7 +94,7 @@ else a new random one. Dict {root, secret, key, given, length}.
 {{- end }}
 
 {{/*
-Env entries giving DATABASE_URL. In-cluster: the URL names no password and PGPASSWORD (read by the pg driver
+Env entries giving WARREN_DATABASE_URL. In-cluster: the URL names no password and PGPASSWORD (read by the pg driver
 when the URL has none) comes from the password Secret. External: the URL comes from a Secret.
 */}}
 {{- define "warren.databaseEnv" -}}
@@ -104,10 +104,10 @@ when the URL has none) comes from the password Secret. External: the URL comes f
     secretKeyRef:
       name: {{ include "warren.postgresql.secretName" . }}
       key: {{ include "warren.postgresql.secretKey" . }}
-- name: DATABASE_URL
+- name: WARREN_DATABASE_URL
   value: {{ printf "postgres://%s@%s:5432/%s" .Values.postgresql.auth.username (include "warren.componentName" (dict "root" . "component" "postgresql")) .Values.postgresql.auth.database | quote }}
 {{- else }}
-- name: DATABASE_URL
+- name: WARREN_DATABASE_URL
   valueFrom:
     secretKeyRef:
       name: {{ default (include "warren.componentName" (dict "root" . "component" "external-db")) .Values.externalDatabase.existingSecret }}
@@ -116,7 +116,7 @@ when the URL has none) comes from the password Secret. External: the URL comes f
 {{- end }}
 
 {{/*
-Env entries giving a Redis URL under the variable name `.name` (REDIS_URL, WARREN_REDIS_URL, PROXY_REDIS_URL).
+Env entries giving a Redis URL under the variable name `.name` (every component reads WARREN_REDIS_URL).
 In-cluster: REDIS_PASSWORD from the Secret, interpolated by Kubernetes into the URL. External: from a Secret.
 Dict {root, name}.
 */}}

@@ -1,8 +1,9 @@
 import { randomUUID } from "node:crypto";
 import type { Client } from "@connectrpc/connect";
+import type { Logger } from "@warren/platform/log";
 import type { MasterService } from "@warren/proto/master/v1/master_pb";
+import { OPENAPI_DOCUMENT } from "@warren/proto/openapi";
 import express, { type NextFunction, type Request, type Response } from "express";
-import type { Logger } from "../master/log.js";
 import type { Db } from "../store/db.js";
 import type { SecretKeyRing } from "../store/secret-box.js";
 import { identifyApiKey } from "../store/teams.js";
@@ -16,7 +17,6 @@ import { execPolicyInternalRoutes, execPolicyRoutes } from "./exec-policy.js";
 import { rejectUnsafeInput } from "./input-guard.js";
 import { internalRoutes } from "./internal.js";
 import type { ApiMetrics } from "./metrics.js";
-import { OPENAPI_DOCUMENT } from "./openapi.js";
 import { sandboxRoutes } from "./sandboxes.js";
 import { secretInternalRoutes, secretRoutes } from "./secrets.js";
 import { snapshotRoutes } from "./snapshots.js";

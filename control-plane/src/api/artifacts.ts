@@ -1,9 +1,10 @@
 import { createHmac, timingSafeEqual } from "node:crypto";
 import { posix } from "node:path";
 import { type Client, Code, ConnectError } from "@connectrpc/connect";
+import type { Logger } from "@warren/platform/log";
 import type { MasterService } from "@warren/proto/master/v1/master_pb";
+import type { ApiSchema } from "@warren/proto/openapi";
 import { type Request, type Response, Router } from "express";
-import type { Logger } from "../master/log.js";
 import {
   type ArtifactFormat,
   type ArtifactRow,
@@ -44,7 +45,7 @@ function artifactNotFound(id: string): ApiError {
 }
 
 /** The API's view of an artifact. */
-function artifactView(row: ArtifactRow) {
+function artifactView(row: ArtifactRow): ApiSchema<"Artifact"> {
   return {
     artifactID: row.id,
     sandboxID: row.sandboxId,

@@ -1,4 +1,5 @@
 import { createHmac } from "node:crypto";
+import { ConfigError, DATABASE_URL, integerFromEnv, renamedEnv, warnOnStderr } from "@warren/platform/env";
 import { parseSecretKeys, type SecretKeyRing } from "../store/secret-box.js";
 import { type ConsoleConfig, loadConsoleConfig } from "./console.js";
 
@@ -58,43 +59,42 @@ export interface ArtifactConfig {
   readonly urlKey: Buffer | undefined;
 }
 
+/** A count or size setting: a positive integer; unset or empty gives `fallback`. */
 function positiveInt(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
-  const raw = env[name];
-  if (raw === undefined || raw === "") return fallback;
-  const value = Number(raw);
-  if (!Number.isInteger(value) || value < 1) throw new Error(`${name} must be a positive integer, got '${raw}'`);
-  return value;
+  return integerFromEnv(env, name, fallback, 1, Number.MAX_SAFE_INTEGER);
 }
 
 function absoluteDir(env: NodeJS.ProcessEnv, name: string, fallback: string): string {
   const raw = env[name] || fallback;
-  if (!raw.startsWith("/")) throw new Error(`${name} must be an absolute path, got '${raw}'`);
+  if (!raw.startsWith("/")) throw new ConfigError(`${name} must be an absolute path, got '${raw}'`);
   return raw;
 }
 
 function artifactUrlKey(env: NodeJS.ProcessEnv, internalToken: string): Buffer | undefined {
   const given = env.WARREN_ARTIFACT_URL_KEY ?? "";
-  if (given !== "" && given.length < 32) throw new Error("WARREN_ARTIFACT_URL_KEY must be at least 32 characters");
+  if (given !== "" && given.length < 32)
+    throw new ConfigError("WARREN_ARTIFACT_URL_KEY must be at least 32 characters");
   // A derived key, so a signature never doubles as (or reveals anything of) the internal token itself.
   const secret = given || internalToken;
   return secret ? createHmac("sha256", secret).update("warren-artifact-download-url").digest() : undefined;
 }
 
-export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
-  const port = Number(env.WARREN_API_PORT ?? 3000);
-  if (!Number.isInteger(port) || port < 0 || port > 65535) {
-    throw new Error(`WARREN_API_PORT must be a port number, got '${env.WARREN_API_PORT}'`);
-  }
+export function loadApiConfig(
+  env: NodeJS.ProcessEnv = process.env,
+  warn: (message: string) => void = warnOnStderr("api"),
+): ApiConfig {
+  const port = integerFromEnv(env, "WARREN_API_PORT", 3000, 0, 65535);
   const adminToken = env.WARREN_ADMIN_TOKEN ?? "";
-  if (adminToken !== "" && adminToken.length < 16) throw new Error("WARREN_ADMIN_TOKEN must be at least 16 characters");
+  if (adminToken !== "" && adminToken.length < 16)
+    throw new ConfigError("WARREN_ADMIN_TOKEN must be at least 16 characters");
   const internalToken = env.WARREN_INTERNAL_TOKEN ?? "";
   if (internalToken !== "" && internalToken.length < 16) {
-    throw new Error("WARREN_INTERNAL_TOKEN must be at least 16 characters");
+    throw new ConfigError("WARREN_INTERNAL_TOKEN must be at least 16 characters");
   }
   return {
     port,
     host: env.WARREN_API_HOST || "127.0.0.1",
-    databaseUrl: env.DATABASE_URL || "postgres://postgres@127.0.0.1:5432/warren",
+    databaseUrl: renamedEnv(env, DATABASE_URL, warn) || "postgres://postgres@127.0.0.1:5432/warren",
     schema: env.WARREN_DB_SCHEMA || "warren",
     masterUrl: env.WARREN_MASTER_URL || "http://127.0.0.1:3100",
     adminToken,

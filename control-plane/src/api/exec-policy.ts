@@ -1,6 +1,8 @@
 import type { Client } from "@connectrpc/connect";
 import { DEFAULT_REVIEW_TTL_SECONDS, ExecPolicyError, parseExecPolicy } from "@warren/proto/exec-policy";
 import type { MasterService } from "@warren/proto/master/v1/master_pb";
+import { execPolicyToMessage } from "@warren/proto/master-requests";
+import type { ApiSchema } from "@warren/proto/openapi";
 import { type Request, type Response, Router } from "express";
 import type { Db } from "../store/db.js";
 import { sandboxBelongsToTeam } from "../store/events.js";
@@ -32,7 +34,7 @@ const STATES: readonly ApprovalState[] = ["pending", "approved", "rejected", "us
 const KINDS: readonly ApprovalKind[] = ["start", "write", "remove"];
 const MAX_REASON = 1024;
 
-function approvalView(approval: ExecApproval) {
+function approvalView(approval: ExecApproval): ApiSchema<"ExecApproval"> {
   return {
     approvalID: approval.id,
     sandboxID: approval.sandboxId,
@@ -105,7 +107,7 @@ export function execPolicyRoutes(deps: ExecPolicyRoutesDeps): Router {
       throw error;
     }
     try {
-      await deps.master.setExecPolicy({ teamId: team(res).id, policyJson: JSON.stringify(policy) });
+      await deps.master.setExecPolicy({ teamId: team(res).id, policy: execPolicyToMessage(policy) });
     } catch (error) {
       throw fromMasterError(error);
     }
@@ -115,7 +117,7 @@ export function execPolicyRoutes(deps: ExecPolicyRoutesDeps): Router {
   router.delete("/warren/v1/exec-policy", async (_req, res) => {
     requireApprover(res, "clearing the exec policy");
     try {
-      await deps.master.setExecPolicy({ teamId: team(res).id, policyJson: "" });
+      await deps.master.setExecPolicy({ teamId: team(res).id });
     } catch (error) {
       throw fromMasterError(error);
     }

@@ -1,22 +1,14 @@
-import { createLogger } from "../master/log.js";
+import { createLogger } from "@warren/platform/log";
+import { runMain } from "@warren/platform/main";
 import { loadApiConfig } from "./config.js";
 import { ApiServer } from "./server.js";
 
 const log = createLogger("api");
-const api = await ApiServer.start({ config: loadApiConfig(), log });
 
-let stopping = false;
-for (const signal of ["SIGTERM", "SIGINT"] as const) {
-  process.on(signal, () => {
-    if (stopping) return;
-    stopping = true;
-    log.info("stopping", { signal });
-    api.stop().then(
-      () => process.exit(0),
-      (error) => {
-        log.error("stop failed", { error });
-        process.exit(1);
-      },
-    );
-  });
-}
+runMain(
+  async () => {
+    const api = await ApiServer.start({ config: loadApiConfig(process.env, (message) => log.warn(message)), log });
+    return { stop: () => api.stop() };
+  },
+  { name: "warren-api", log },
+);

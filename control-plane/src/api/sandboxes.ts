@@ -1,6 +1,8 @@
 import { createHash } from "node:crypto";
 import type { Client } from "@connectrpc/connect";
 import type { MasterService, SandboxMetric } from "@warren/proto/master/v1/master_pb";
+import { networkConfigToMessage, volumeMountsToMessage } from "@warren/proto/master-requests";
+import type { ApiSchema } from "@warren/proto/openapi";
 import { isSandboxId } from "@warren/proto/redis";
 import { type Request, type Response, Router } from "express";
 import { asksForEgress } from "../runtime/egress/policy.js";
@@ -10,6 +12,7 @@ import { encodeCursor, getVisibleSandbox, listSandboxes } from "../store/sandbox
 import type { Team } from "../store/teams.js";
 import { ApiError, badRequest, fromMasterError, sandboxNotFound } from "./errors.js";
 import type { ApiMetrics } from "./metrics.js";
+import { parseRequestBody } from "./openapi-requests.js";
 import {
   body,
   type LogsQuery,
@@ -115,10 +118,10 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
             autoPauseMemory: parsed.autoPauseMemory,
             autoResume: parsed.autoResume,
           },
-          networkJson: parsed.network ? JSON.stringify(parsed.network) : "",
+          ...(parsed.network ? { network: networkConfigToMessage(parsed.network) } : {}),
           ...(parsed.allowInternetAccess !== undefined ? { allowInternetAccess: parsed.allowInternetAccess } : {}),
           mcpServers: parsed.mcpServers ?? [],
-          volumeMountsJson: volumeMounts.length > 0 ? JSON.stringify(volumeMounts) : "",
+          volumeMounts: volumeMountsToMessage(volumeMounts),
           idempotencyKey: idempotencyKey ?? "",
           requestHash,
         }),
@@ -203,7 +206,7 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
       deps.master.updateSandboxNetwork({
         teamId: team(res).id,
         sandboxId: id,
-        networkJson: JSON.stringify(parsed.network),
+        egress: { allowOut: [...parsed.network.allowOut], denyOut: [...parsed.network.denyOut] },
         ...(parsed.allowInternetAccess !== undefined ? { allowInternetAccess: parsed.allowInternetAccess } : {}),
       }),
     );
@@ -226,11 +229,7 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
 
   router.post("/sandboxes/:sandboxID/refreshes", async (req, res) => {
     const id = sandboxId(req);
-    const obj = body(req.body);
-    const duration = obj.duration ?? 60;
-    if (typeof duration !== "number" || !Number.isInteger(duration) || duration < 0 || duration > 3600) {
-      throw badRequest(`duration must be an integer from 0 to 3600, got ${JSON.stringify(duration)}`);
-    }
+    const duration = parseRequestBody("/sandboxes/{sandboxID}/refreshes", "post", req.body).duration ?? 60;
     await master(() =>
       deps.master.setSandboxTimeout({
         teamId: team(res).id,
@@ -326,7 +325,7 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
 }
 
 /** E2B's SandboxMetric JSON. */
-function metricView(m: SandboxMetric) {
+function metricView(m: SandboxMetric): ApiSchema<"SandboxMetric"> {
   const ms = Number(m.timestampMs);
   return {
     timestamp: new Date(ms).toISOString(),

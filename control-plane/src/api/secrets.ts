@@ -1,3 +1,4 @@
+import type { ApiSchema } from "@warren/proto/openapi";
 import { type Request, type Response, Router } from "express";
 import type { Db } from "../store/db.js";
 import { getVisibleSandbox } from "../store/sandboxes.js";
@@ -48,7 +49,7 @@ function secretNotFound(ref: string): ApiError {
 }
 
 /** E2B's `Secret` schema. */
-function secretView(secret: SecretInfo) {
+function secretView(secret: SecretInfo): ApiSchema<"Secret"> {
   return {
     secretID: secret.id,
     name: secret.name,

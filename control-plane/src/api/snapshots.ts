@@ -1,9 +1,11 @@
 import type { Client } from "@connectrpc/connect";
 import type { MasterService } from "@warren/proto/master/v1/master_pb";
+import type { ApiSchema } from "@warren/proto/openapi";
 import { type Request, type Response, Router } from "express";
 import type { Db } from "../store/db.js";
 import { listSnapshots, parseSnapshotRef, SNAPSHOT_NAME, snapshotRef, teamNamespace } from "../store/snapshots.js";
 import { ApiError, badRequest } from "./errors.js";
+import { parseRequestBody } from "./openapi-requests.js";
 import { master, sandboxId, team } from "./sandboxes.js";
 import { body, parseMemoryMode } from "./validate.js";
 import { sandboxResponse } from "./views.js";
@@ -11,14 +13,6 @@ import { sandboxResponse } from "./views.js";
 export interface SnapshotRoutesDeps {
   readonly db: Db;
   readonly master: Client<typeof MasterService>;
-}
-
-function optionalInt(value: unknown, field: string, min: number, max: number): number | undefined {
-  if (value === undefined || value === null) return undefined;
-  if (typeof value !== "number" || !Number.isInteger(value) || value < min || value > max) {
-    throw badRequest(`${field} must be an integer from ${min} to ${max}, got ${JSON.stringify(value)}`);
-  }
-  return value;
 }
 
 function queryString(value: unknown, name: string): string | undefined {
@@ -56,13 +50,14 @@ export function snapshotRoutes(deps: SnapshotRoutesDeps): Router {
     );
     const snapshot = result.snapshot;
     if (!snapshot) throw new ApiError(500, "master answered without a snapshot");
-    res.status(201).json({
+    const answer: ApiSchema<"SnapshotInfo"> = {
       snapshotID: snapshot.snapshotRef,
       names: snapshot.names,
       // Warren: whether processes and memory are in it (false: files only; sandboxes from it boot fresh).
       memory: snapshot.memory,
       sizeBytes: Number(snapshot.sizeBytes),
-    });
+    };
+    res.status(201).json(answer);
   });
 
   router.get("/snapshots", async (req: Request, res: Response) => {
@@ -95,14 +90,16 @@ export function snapshotRoutes(deps: SnapshotRoutesDeps): Router {
     }
     if (page.nextToken) res.setHeader("X-Next-Token", page.nextToken);
     res.status(200).json(
-      page.rows.map((row) => ({
-        snapshotID: snapshotRef(row, namespace),
-        names: row.name ? [snapshotRef(row, namespace)] : [],
-        sandboxID: row.sourceSandboxId,
-        createdAt: row.createdAt.toISOString(),
-        memory: row.memory,
-        sizeBytes: row.sizeBytes,
-      })),
+      page.rows.map(
+        (row): ApiSchema<"SnapshotInfo"> => ({
+          snapshotID: snapshotRef(row, namespace),
+          names: row.name ? [snapshotRef(row, namespace)] : [],
+          sandboxID: row.sourceSandboxId,
+          createdAt: row.createdAt.toISOString(),
+          memory: row.memory,
+          sizeBytes: row.sizeBytes,
+        }),
+      ),
     );
   });
 
@@ -118,9 +115,9 @@ export function snapshotRoutes(deps: SnapshotRoutesDeps): Router {
 
   router.post("/sandboxes/:sandboxID/fork", async (req: Request, res: Response) => {
     const id = sandboxId(req);
-    const parsed = body(req.body);
-    const count = optionalInt(parsed.count, "count", 1, 20) ?? 1;
-    const timeout = optionalInt(parsed.timeout, "timeout", 1, 31 * 24 * 3600) ?? 0;
+    const parsed = parseRequestBody("/sandboxes/{sandboxID}/fork", "post", req.body);
+    const count = parsed.count ?? 1;
+    const timeout = parsed.timeout ?? 0;
     const result = await master(() =>
       deps.master.forkSandbox({ teamId: team(res).id, sandboxId: id, count, timeoutSeconds: timeout }),
     );
@@ -128,10 +125,11 @@ export function snapshotRoutes(deps: SnapshotRoutesDeps): Router {
     res
       .status(201)
       .json(
-        result.results.map((r) =>
-          r.sandbox
-            ? { sandbox: sandboxResponse(r.sandbox) }
-            : { error: { code: r.errorCode, message: r.errorMessage } },
+        result.results.map(
+          (r): ApiSchema<"ForkResult"> =>
+            r.sandbox
+              ? { sandbox: sandboxResponse(r.sandbox) }
+              : { error: { code: r.errorCode, message: r.errorMessage } },
         ),
       );
   });

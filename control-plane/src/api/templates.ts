@@ -1,6 +1,7 @@
 import { createHash, randomBytes, randomUUID } from "node:crypto";
 import type { Client } from "@connectrpc/connect";
 import type { MasterService } from "@warren/proto/master/v1/master_pb";
+import type { ApiSchema } from "@warren/proto/openapi";
 import { type NextFunction, type Request, type Response, Router } from "express";
 import { type Db, withTransaction } from "../store/db.js";
 import { teamNamespace } from "../store/snapshots.js";
@@ -97,7 +98,7 @@ function resources(b: Record<string, unknown>): { cpuCount: number; memoryMB: nu
   return { cpuCount, memoryMB };
 }
 
-function logEntryView(entry: BuildLogEntry): Record<string, unknown> {
+function logEntryView(entry: BuildLogEntry): ApiSchema<"BuildLogEntry"> {
   return {
     timestamp: entry.timestamp.toISOString(),
     level: entry.level,
@@ -114,7 +115,7 @@ async function ownTemplate(db: Db, res: Response, ref: string): Promise<Template
   return resolved.template;
 }
 
-async function templateView(db: Db, t: TemplateRecord, namespace: string): Promise<Record<string, unknown>> {
+async function templateView(db: Db, t: TemplateRecord, namespace: string): Promise<ApiSchema<"Template">> {
   const builds = await listBuilds(db, t.id, 100);
   const defaultBuild = await resolveTag(db, t.id, DEFAULT_TAG);
   const latest = builds[0];
@@ -138,7 +139,7 @@ async function templateView(db: Db, t: TemplateRecord, namespace: string): Promi
   };
 }
 
-function buildView(b: BuildRecord): Record<string, unknown> {
+function buildView(b: BuildRecord): ApiSchema<"TemplateBuild"> {
   return {
     buildID: b.id,
     status: b.status,

@@ -1,3 +1,4 @@
+import type { ApiRequestBody, ApiSchema, paths } from "@warren/proto/openapi";
 import { EgressPolicyError, validateEgressPolicy } from "../runtime/egress/policy.js";
 import type { ListCursor } from "../store/sandboxes.js";
 import { decodeCursor } from "../store/sandboxes.js";
@@ -5,9 +6,19 @@ import { badRequest } from "./errors.js";
 import { inDateRange } from "./input-guard.js";
 import { parseVolumeMounts, type RequestedMount } from "./volume-mounts.js";
 
-/** Request bodies and queries parsed once at the edge into typed values; every refusal is a 400. */
+/**
+ * Request bodies and queries parsed once at the edge into typed values; every refusal is a 400. The wire types come
+ * from the OpenAPI document; the checks stay written out here where the answers' messages are part of the contract
+ * (tests assert them) or the rule is beyond a schema (POSIX names, NUL characters, dates, cursors).
+ */
 
 type Json = Record<string, unknown>;
+/** E2B's `NewSandboxV2`/`NewSandbox` body as the document types it. */
+type NewSandboxWire = ApiRequestBody<"/v2/sandboxes", "post">;
+type NetworkUpdateWire = ApiRequestBody<"/sandboxes/{sandboxID}/network", "put">;
+type ListQueryWire = NonNullable<paths["/v2/sandboxes"]["get"]["parameters"]["query"]>;
+type LogsQueryWire = NonNullable<paths["/v2/sandboxes/{sandboxID}/logs"]["get"]["parameters"]["query"]>;
+export type SandboxState = ApiSchema<"ListedSandbox">["state"];
 
 function isObject(value: unknown): value is Json {
   return typeof value === "object" && value !== null && !Array.isArray(value);
@@ -109,24 +120,26 @@ export function parseNetwork(value: unknown): Json | null {
 
 /** E2B's SandboxNetworkUpdateConfig (`PUT /sandboxes/{id}/network`): a full replacement, omitted = cleared. */
 export function parseNetworkUpdate(raw: unknown): {
-  network: { allowOut: string[]; denyOut: string[] };
-  allowInternetAccess: boolean | undefined;
+  network: Required<Pick<NetworkUpdateWire, "allowOut" | "denyOut">>;
+  allowInternetAccess: NetworkUpdateWire["allow_internet_access"];
 } {
   const obj = body(raw);
   refuseUnsupportedNetwork(obj, "network");
   return { network: egressLists(obj, "network"), allowInternetAccess: optionalBool(obj, "allow_internet_access") };
 }
 
+/** The create body with E2B's defaults applied (`NewSandboxV2`'s fields under the api's names). */
 export interface CreateSandboxBody {
-  readonly templateId: string;
+  readonly templateId: NewSandboxWire["templateID"];
   readonly timeoutSeconds: number;
-  readonly metadata: Record<string, string>;
-  readonly envVars: Record<string, string>;
+  readonly metadata: NonNullable<NewSandboxWire["metadata"]>;
+  readonly envVars: NonNullable<NewSandboxWire["envVars"]>;
   readonly autoPause: boolean;
   readonly autoPauseMemory: boolean;
   readonly autoResume: boolean;
+  /** E2B's SandboxNetworkConfig as sent (checked), with any fields the document does not name kept for the node. */
   readonly network: Json | null;
-  readonly allowInternetAccess: boolean | undefined;
+  readonly allowInternetAccess: NewSandboxWire["allow_internet_access"];
   /** E2B's `mcp` server names (the keys); null when the create did not ask for MCP. */
   readonly mcpServers: string[] | null;
   /** E2B `volumeMounts`, checked (names resolved per team when the create runs). */
@@ -236,11 +249,11 @@ export function parseTimeoutBody(raw: unknown): number {
 }
 
 export interface ListParams {
-  readonly states: ("running" | "paused")[];
+  readonly states: SandboxState[];
   readonly metadata: Record<string, string>;
   readonly startedAfter?: Date;
-  readonly template?: string;
-  readonly order: "asc" | "desc";
+  readonly template?: ListQueryWire["template"];
+  readonly order: NonNullable<ListQueryWire["order"]>;
   readonly limit: number;
   readonly cursor?: ListCursor;
 }
@@ -313,7 +326,7 @@ export function parseListQuery(query: Record<string, unknown>, version: 1 | 2): 
   }
   const template = single(query.template, "template");
   return {
-    states: states as ("running" | "paused")[],
+    states: states as SandboxState[],
     metadata: metadataRaw ? parseMetadataFilter(metadataRaw) : {},
     order,
     limit: version === 2 ? limit : 100,
@@ -327,8 +340,8 @@ export interface LogsQuery {
   readonly limit: number;
   /** Unix milliseconds: entries from (forward) or up to (backward) this time. */
   readonly cursorMs: number | undefined;
-  readonly direction: "forward" | "backward";
-  readonly level: "debug" | "info" | "warn" | "error" | undefined;
+  readonly direction: NonNullable<LogsQueryWire["direction"]>;
+  readonly level: LogsQueryWire["level"];
   readonly search: string | undefined;
 }
 

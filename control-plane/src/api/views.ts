@@ -1,10 +1,19 @@
+import type { ApiSchema } from "@warren/proto/openapi";
 import type { SandboxEvent } from "../store/events.js";
 import { publicState, type SandboxRow } from "../store/sandboxes.js";
 
 /** Deprecated by E2B but required in the schema; infra answers this constant. */
 const CLIENT_ID = "6532622b";
 
-function network(row: SandboxRow): Record<string, unknown> | undefined {
+/** The answers below are the document's schemas (proto/openapi/warren.yaml): a field the contract lacks fails tsc. */
+export type ListedSandboxView = ApiSchema<"ListedSandbox">;
+export type SandboxDetailView = ApiSchema<"SandboxDetail">;
+export type SandboxView = ApiSchema<"Sandbox">;
+export type SandboxEventView = ApiSchema<"SandboxEvent">;
+/** E2B `SandboxLogEntry`. */
+export type LogEntry = ApiSchema<"SandboxLogEntry">;
+
+function network(row: SandboxRow): SandboxDetailView["network"] {
   if (!row.network) return undefined;
   const copy: Record<string, unknown> = { ...row.network };
   const proxy = copy.egressProxy;
@@ -16,7 +25,7 @@ function network(row: SandboxRow): Record<string, unknown> | undefined {
 }
 
 /** E2B `ListedSandbox`, plus Warren's `nodeID`. */
-export function listedSandbox(row: SandboxRow): Record<string, unknown> {
+export function listedSandbox(row: SandboxRow): ListedSandboxView {
   return {
     sandboxID: row.id,
     templateID: row.sourceTemplateId ?? row.templateId,
@@ -34,14 +43,14 @@ export function listedSandbox(row: SandboxRow): Record<string, unknown> {
     nodeID: row.nodeId,
     // E2B echoes `{name, path}`; the volume id the nodes bind stays inside.
     volumeMounts: row.volumeMounts.map((m) => {
-      const { name, path } = (m ?? {}) as { name?: unknown; path?: unknown };
+      const { name, path } = (m ?? {}) as { name: string; path: string };
       return { name, path };
     }),
   };
 }
 
 /** E2B `SandboxDetail` (the envd access token is not repeated here; connect returns it). */
-export function sandboxDetail(row: SandboxRow): Record<string, unknown> {
+export function sandboxDetail(row: SandboxRow): SandboxDetailView {
   const net = network(row);
   return {
     ...listedSandbox(row),
@@ -66,7 +75,7 @@ export function sandboxResponse(s: {
   envdAccessToken: string;
   trafficAccessToken: string;
   domain: string;
-}): Record<string, unknown> {
+}): SandboxView {
   return {
     sandboxID: s.sandboxId,
     templateID: s.templateId,
@@ -80,7 +89,7 @@ export function sandboxResponse(s: {
 }
 
 /** A ledger event as Warren's API shows it. */
-export function eventView(event: SandboxEvent): Record<string, unknown> {
+export function eventView(event: SandboxEvent): SandboxEventView {
   return {
     id: event.id,
     sandboxID: event.sandboxId,
@@ -92,15 +101,6 @@ export function eventView(event: SandboxEvent): Record<string, unknown> {
   };
 }
 
-/** A ledger event as an E2B `SandboxLogEntry` (lifecycle logs). */
-/** E2B `SandboxLogEntry`. */
-export interface LogEntry {
-  readonly timestamp: string;
-  readonly level: string;
-  readonly message: string;
-  readonly fields: Record<string, string>;
-}
-
 /** A line of the sandbox's own log (envd), as the master relays it from the node. */
 export function envdLogEntry(line: {
   timestampMs: bigint;
@@ -110,12 +110,14 @@ export function envdLogEntry(line: {
 }): LogEntry {
   return {
     timestamp: new Date(Number(line.timestampMs)).toISOString(),
-    level: line.level,
+    // The node agent maps every envd line to these four levels (node-agent/sandbox-log.ts), as the document lists.
+    level: line.level as LogEntry["level"],
     message: line.message,
     fields: { source: "envd", ...line.fields },
   };
 }
 
+/** A ledger event as an E2B `SandboxLogEntry` (lifecycle logs). */
 export function logEntry(event: SandboxEvent): LogEntry {
   const fields: Record<string, string> = { source: "lifecycle", type: event.type };
   if (event.fromState) fields.fromState = event.fromState;

@@ -1,7 +1,7 @@
 import { mkdir, rm } from "node:fs/promises";
 import { join } from "node:path";
+import type { Logger } from "@warren/platform/log";
 import express, { type NextFunction, type Request, type Response, Router } from "express";
-import type { Logger } from "../master/log.js";
 import type { Db } from "../store/db.js";
 import type { Team } from "../store/teams.js";
 import {

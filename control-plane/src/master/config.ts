@@ -1,4 +1,5 @@
 import { hostname } from "node:os";
+import { ConfigError, DATABASE_URL, integerFromEnv, REDIS_URL, renamedEnv, warnOnStderr } from "@warren/platform/env";
 import type { TemplateBuildConfig } from "./templates/template-builder.js";
 
 /**
@@ -81,28 +82,19 @@ export interface MasterConfig {
   readonly kubernetes?: KubernetesConfig;
 }
 
-function int(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
+/** Intervals, timeouts, sizes and ratios: a positive number (fractions allowed); unset or empty gives `fallback`. */
+function positiveNumber(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
   const raw = env[name];
   if (raw === undefined || raw === "") return fallback;
   const value = Number(raw);
-  if (!Number.isFinite(value) || value <= 0) throw new Error(`${name} must be a positive number, got '${raw}'`);
-  return value;
-}
-
-/** A TCP port; 0 picks a free one (the listening URL is logged). */
-function port(raw: string | undefined, fallback: number): number {
-  if (raw === undefined || raw === "") return fallback;
-  const value = Number(raw);
-  if (!Number.isInteger(value) || value < 0 || value > 65535) {
-    throw new Error(`WARREN_MASTER_PORT must be a port number, got '${raw}'`);
-  }
+  if (!Number.isFinite(value) || value <= 0) throw new ConfigError(`${name} must be a positive number, got '${raw}'`);
   return value;
 }
 
 function syncCommit(raw: string | undefined): "on" | "off" {
   if (raw === undefined || raw === "" || raw === "off") return "off";
   if (raw === "on") return "on";
-  throw new Error(`WARREN_DB_SYNCHRONOUS_COMMIT must be on or off, got '${raw}'`);
+  throw new ConfigError(`WARREN_DB_SYNCHRONOUS_COMMIT must be on or off, got '${raw}'`);
 }
 
 const DEFAULT_DRAIN_TAINTS = ["warren.dev/drain", "ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted"];
@@ -113,24 +105,26 @@ function kubernetes(env: NodeJS.ProcessEnv, leaderIntervalMs: number): Kubernete
   const mode = env.WARREN_KUBERNETES || "off";
   if (mode === "off") return undefined;
   if (mode !== "in-cluster" && mode !== "kubeconfig") {
-    throw new Error(`WARREN_KUBERNETES must be off, in-cluster or kubeconfig, got '${mode}'`);
+    throw new ConfigError(`WARREN_KUBERNETES must be off, in-cluster or kubeconfig, got '${mode}'`);
   }
   const namespace = env.WARREN_KUBERNETES_NAMESPACE ?? "";
   if (!DNS_LABEL.test(namespace)) {
-    throw new Error(`WARREN_KUBERNETES_NAMESPACE must be a namespace name, got '${namespace}'`);
+    throw new ConfigError(`WARREN_KUBERNETES_NAMESPACE must be a namespace name, got '${namespace}'`);
   }
   const agentSelector = (env.WARREN_KUBERNETES_AGENT_SELECTOR ?? "").trim();
-  if (!agentSelector) throw new Error("WARREN_KUBERNETES_AGENT_SELECTOR must be set (the node agent pods' labels)");
+  if (!agentSelector)
+    throw new ConfigError("WARREN_KUBERNETES_AGENT_SELECTOR must be set (the node agent pods' labels)");
   const rawPort = env.WARREN_KUBERNETES_AGENT_PORT || "connect";
   const agentPort = /^\d+$/.test(rawPort) ? Number(rawPort) : rawPort;
   if (typeof agentPort === "number" && (agentPort < 1 || agentPort > 65535)) {
-    throw new Error(`WARREN_KUBERNETES_AGENT_PORT must be a port name or number, got '${rawPort}'`);
+    throw new ConfigError(`WARREN_KUBERNETES_AGENT_PORT must be a port name or number, got '${rawPort}'`);
   }
   const leaseName = env.WARREN_KUBERNETES_LEASE || "warren-master";
-  if (!DNS_SUBDOMAIN.test(leaseName)) throw new Error(`WARREN_KUBERNETES_LEASE is not a valid name: '${leaseName}'`);
-  const leaseSeconds = int(env, "WARREN_KUBERNETES_LEASE_SECONDS", 15);
+  if (!DNS_SUBDOMAIN.test(leaseName))
+    throw new ConfigError(`WARREN_KUBERNETES_LEASE is not a valid name: '${leaseName}'`);
+  const leaseSeconds = positiveNumber(env, "WARREN_KUBERNETES_LEASE_SECONDS", 15);
   if (!Number.isInteger(leaseSeconds) || leaseSeconds * 1000 < 3 * leaderIntervalMs) {
-    throw new Error(
+    throw new ConfigError(
       `WARREN_KUBERNETES_LEASE_SECONDS must be whole seconds ≥ 3 × WARREN_LEADER_INTERVAL_MS, got ${leaseSeconds}`,
     );
   }
@@ -150,36 +144,40 @@ function kubernetes(env: NodeJS.ProcessEnv, leaderIntervalMs: number): Kubernete
   };
 }
 
-export function loadMasterConfig(env: NodeJS.ProcessEnv = process.env): MasterConfig {
+export function loadMasterConfig(
+  env: NodeJS.ProcessEnv = process.env,
+  warn: (message: string) => void = warnOnStderr("master"),
+): MasterConfig {
   const tokenSecret = env.WARREN_TOKEN_SECRET ?? "";
-  if (tokenSecret.length < 16) throw new Error("WARREN_TOKEN_SECRET must be set (at least 16 characters)");
-  const leaderIntervalMs = int(env, "WARREN_LEADER_INTERVAL_MS", 2000);
+  if (tokenSecret.length < 16) throw new ConfigError("WARREN_TOKEN_SECRET must be set (at least 16 characters)");
+  const leaderIntervalMs = positiveNumber(env, "WARREN_LEADER_INTERVAL_MS", 2000);
   const kube = kubernetes(env, leaderIntervalMs);
   return {
-    port: port(env.WARREN_MASTER_PORT, 3100),
+    // 0 picks a free port (the listening URL is logged).
+    port: integerFromEnv(env, "WARREN_MASTER_PORT", 3100, 0, 65535),
     host: env.WARREN_MASTER_HOST || "127.0.0.1",
-    databaseUrl: env.DATABASE_URL || "postgres://postgres@127.0.0.1:5432/warren",
+    databaseUrl: renamedEnv(env, DATABASE_URL, warn) || "postgres://postgres@127.0.0.1:5432/warren",
     schema: env.WARREN_DB_SCHEMA || "warren",
-    redisUrl: env.REDIS_URL || "redis://127.0.0.1:6379",
+    redisUrl: renamedEnv(env, REDIS_URL, warn) || "redis://127.0.0.1:6379",
     redisKeyPrefix: env.WARREN_REDIS_PREFIX ?? "",
     tokenSecret,
     domain: env.E2B_DOMAIN ?? "",
-    evictIntervalMs: int(env, "WARREN_EVICT_INTERVAL_MS", 1000),
-    metricsIntervalMs: int(env, "WARREN_METRICS_INTERVAL_MS", 5000),
-    reconcileIntervalMs: int(env, "WARREN_RECONCILE_INTERVAL_MS", 5000),
-    storeGcIntervalMs: int(env, "WARREN_STORE_GC_INTERVAL_MS", 300_000),
+    evictIntervalMs: positiveNumber(env, "WARREN_EVICT_INTERVAL_MS", 1000),
+    metricsIntervalMs: positiveNumber(env, "WARREN_METRICS_INTERVAL_MS", 5000),
+    reconcileIntervalMs: positiveNumber(env, "WARREN_RECONCILE_INTERVAL_MS", 5000),
+    storeGcIntervalMs: positiveNumber(env, "WARREN_STORE_GC_INTERVAL_MS", 300_000),
     leaderIntervalMs,
     synchronousCommit: syncCommit(env.WARREN_DB_SYNCHRONOUS_COMMIT),
-    startTimeoutMs: int(env, "WARREN_START_TIMEOUT_MS", 120_000),
-    nodeDownAfterMs: int(env, "WARREN_NODE_DOWN_AFTER_MS", 30_000),
-    placementAttempts: int(env, "WARREN_PLACEMENT_ATTEMPTS", 3),
-    memoryOvercommit: int(env, "WARREN_MEMORY_OVERCOMMIT", 4),
-    templateWaitMs: int(env, "WARREN_CREATE_TEMPLATE_WAIT_MS", 50_000),
+    startTimeoutMs: positiveNumber(env, "WARREN_START_TIMEOUT_MS", 120_000),
+    nodeDownAfterMs: positiveNumber(env, "WARREN_NODE_DOWN_AFTER_MS", 30_000),
+    placementAttempts: positiveNumber(env, "WARREN_PLACEMENT_ATTEMPTS", 3),
+    memoryOvercommit: positiveNumber(env, "WARREN_MEMORY_OVERCOMMIT", 4),
+    templateWaitMs: positiveNumber(env, "WARREN_CREATE_TEMPLATE_WAIT_MS", 50_000),
     builds: {
-      maxConcurrentPerNode: int(env, "WARREN_BUILD_CONCURRENCY", 2),
-      timeoutMs: int(env, "WARREN_BUILD_TIMEOUT_MS", 3_600_000),
-      diskMB: int(env, "WARREN_BUILD_DISK_MB", 8192),
-      sandboxDiskMB: int(env, "WARREN_TEMPLATE_DISK_MB", 2048),
+      maxConcurrentPerNode: positiveNumber(env, "WARREN_BUILD_CONCURRENCY", 2),
+      timeoutMs: positiveNumber(env, "WARREN_BUILD_TIMEOUT_MS", 3_600_000),
+      diskMB: positiveNumber(env, "WARREN_BUILD_DISK_MB", 8192),
+      sandboxDiskMB: positiveNumber(env, "WARREN_TEMPLATE_DISK_MB", 2048),
     },
     ...(kube ? { kubernetes: kube } : {}),
   };

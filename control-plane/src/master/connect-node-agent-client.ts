@@ -1,18 +1,17 @@
 import { type Client, Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
+import { NodeAgentService } from "@warren/proto/nodeagent/v1/node_agent_pb";
+import { type NodeAgentClient, type NodeAgentConnector, NodeAgentError } from "./node-agent-client.js";
 import {
-  type CreateResponse,
-  NodeAgentService,
-  SandboxState,
-  type SnapshotInfo,
-} from "@warren/proto/nodeagent/v1/node_agent_pb";
-import {
-  type NodeAgentClient,
-  type NodeAgentConnector,
-  NodeAgentError,
-  type SandboxPlacement,
-  type SnapshotOnNode,
-} from "./node-agent-client.js";
+  commandEventOf,
+  createRequestMessage,
+  importedImageOf,
+  logLinesOf,
+  placementOf,
+  sandboxesOnNode,
+  snapshotOnNode,
+  statsOf,
+} from "./node-agent-messages.js";
 
 /** Node agent refusals that mean "try another node"; everything else is a failure of this node. */
 function toNodeAgentError(error: unknown): NodeAgentError {
@@ -42,16 +41,6 @@ async function call<T>(fn: () => Promise<T>): Promise<T> {
   }
 }
 
-function placement(response: CreateResponse | undefined): SandboxPlacement {
-  if (!response) throw new NodeAgentError("failed", "node agent answered without a placement");
-  return {
-    exec: response.exec,
-    sandboxAddr: response.sandboxAddr,
-    envdUrl: response.envdUrl,
-    ...(response.envdVersion ? { envdVersion: response.envdVersion } : {}),
-  };
-}
-
 /** Upper bounds per call, so a hung node agent cannot hold a transition (or the master's shutdown) forever. */
 const TIMEOUT_MS = {
   create: 120_000,
@@ -77,35 +66,10 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
     call(async () => {
       // A template the node does not have is a refusal (another node may have it), not "no such sandbox".
       try {
-        const response = await this.client.create(
-          {
-            sandboxId: request.sandboxId,
-            teamId: request.teamId,
-            templateId: request.templateId,
-            resources: {
-              cpuCount: request.resources.cpuCount,
-              memoryMb: request.resources.memoryMB,
-              diskSizeMb: request.resources.diskSizeMB,
-            },
-            envVars: { ...request.envVars },
-            envdAccessToken: request.envdAccessToken,
-            trafficTokenHash: request.trafficTokenHash,
-            publicTraffic: request.publicTraffic,
-            autoResume: request.autoResume,
-            metadata: { ...request.metadata },
-            allowInternetAccess: request.allowInternetAccess ?? false,
-            egress: { allowOut: [...request.egress.allowOut], denyOut: [...request.egress.denyOut] },
-            snapshotId: request.snapshotId ?? "",
-            snapshotEnvdAccessToken: request.snapshotEnvdAccessToken ?? "",
-            maskRequestHost: request.maskRequestHost ?? "",
-            warmPool: request.warmPool === true,
-            defaultUser: request.defaultUser ?? "",
-            defaultWorkdir: request.defaultWorkdir ?? "",
-            volumeMounts: (request.volumeMounts ?? []).map((m) => ({ volumeId: m.volumeId, path: m.path })),
-          },
-          { timeoutMs: TIMEOUT_MS.create },
-        );
-        return placement(response);
+        const response = await this.client.create(createRequestMessage(request), {
+          timeoutMs: TIMEOUT_MS.create,
+        });
+        return placementOf(response);
       } catch (error) {
         const e = ConnectError.from(error);
         if (e.code === Code.NotFound) throw new ConnectError(e.rawMessage, Code.FailedPrecondition);
@@ -120,12 +84,7 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
 
   list: NodeAgentClient["list"] = () =>
     call(async () => {
-      const response = await this.client.list({}, { timeoutMs: TIMEOUT_MS.list });
-      return response.sandboxes.map((sandbox) => ({
-        sandboxId: sandbox.sandboxId,
-        exec: sandbox.exec,
-        state: sandbox.state === SandboxState.PAUSED ? ("paused" as const) : ("running" as const),
-      }));
+      return sandboxesOnNode(await this.client.list({}, { timeoutMs: TIMEOUT_MS.list }));
     });
 
   stats: NodeAgentClient["stats"] = (sandboxId, leases) =>
@@ -137,23 +96,7 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
         },
         { timeoutMs: TIMEOUT_MS.list },
       );
-      return {
-        memoryUsageBytes: Number(response.memoryUsageBytes),
-        memoryLimitBytes: Number(response.memoryLimitBytes),
-        cpuUsageUsec: Number(response.cpuUsageUsec),
-        diskUsageBytes: Number(response.diskUsageBytes),
-        diskLimitBytes: Number(response.diskLimitBytes),
-        oomKills: response.oomKills,
-        leaseEvents: response.leaseEvents.map((e) => ({
-          seq: Number(e.seq),
-          type: e.type,
-          pid: e.pid,
-          tag: e.tag,
-          ttlMs: Number(e.ttlMs),
-          signal: e.signal,
-          at: e.at,
-        })),
-      };
+      return statsOf(response);
     });
 
   pause: NodeAgentClient["pause"] = (sandboxId, memory) =>
@@ -173,18 +116,12 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
         },
         { timeoutMs: TIMEOUT_MS.resume },
       );
-      return placement(response.placement);
+      return placementOf(response.placement);
     });
 
   logs: NodeAgentClient["logs"] = (sandboxId, limit) =>
     call(async () => {
-      const response = await this.client.logs({ sandboxId, limit }, { timeoutMs: TIMEOUT_MS.list });
-      return response.lines.map((line) => ({
-        timestampMs: Number(line.timestampMs),
-        level: line.level,
-        message: line.message,
-        fields: { ...line.fields },
-      }));
+      return logLinesOf(await this.client.logs({ sandboxId, limit }, { timeoutMs: TIMEOUT_MS.list }));
     });
 
   updateEgress: NodeAgentClient["updateEgress"] = (sandboxId, egress) =>
@@ -201,7 +138,6 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
         { sandboxId, snapshotId, filesOnly: options?.filesOnly === true },
         { timeoutMs: TIMEOUT_MS.snapshot },
       );
-      if (!response.snapshot) throw new NodeAgentError("failed", "node agent answered without a snapshot");
       return snapshotOnNode(response.snapshot);
     });
 
@@ -221,12 +157,8 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
     return (async function* () {
       try {
         for await (const message of stream) {
-          const event = message.event;
-          if (event.case === "pid") yield { kind: "pid" as const, pid: event.value };
-          else if (event.case === "stdout" || event.case === "stderr") yield { kind: event.case, data: event.value };
-          else if (event.case === "exit") {
-            yield { kind: "exit" as const, exitCode: event.value.exitCode, status: event.value.status };
-          }
+          const event = commandEventOf(message);
+          if (event) yield event;
         }
       } catch (error) {
         throw toNodeAgentError(error);
@@ -257,7 +189,6 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
   pullSnapshot: NodeAgentClient["pullSnapshot"] = (snapshotId, digest) =>
     call(async () => {
       const response = await this.client.pullSnapshot({ snapshotId, digest }, { timeoutMs: TIMEOUT_MS.transfer });
-      if (!response.snapshot) throw new NodeAgentError("failed", "node agent answered without a snapshot");
       return snapshotOnNode(response.snapshot);
     });
 
@@ -267,16 +198,7 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
         { snapshotId, image, username: credentials?.username ?? "", password: credentials?.password ?? "" },
         { timeoutMs: TIMEOUT_MS.transfer },
       );
-      if (!response.snapshot) throw new NodeAgentError("failed", "node agent answered without a snapshot");
-      return {
-        snapshot: snapshotOnNode(response.snapshot),
-        resolved: response.resolved,
-        digest: response.digest,
-        env: [...response.env],
-        user: response.user,
-        workdir: response.workdir,
-        log: [...response.log],
-      };
+      return importedImageOf(response);
     });
 
   writeFile: NodeAgentClient["writeFile"] = (sandboxId, envdAccessToken, path, data) =>
@@ -292,26 +214,14 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
   importSnapshot: NodeAgentClient["importSnapshot"] = (snapshotId, sourceAddr) =>
     call(async () => {
       const response = await this.client.importSnapshot({ snapshotId, sourceAddr }, { timeoutMs: TIMEOUT_MS.snapshot });
-      if (!response.snapshot) throw new NodeAgentError("failed", "node agent answered without a snapshot");
       return snapshotOnNode(response.snapshot);
     });
 
   listSnapshots: NodeAgentClient["listSnapshots"] = () =>
     call(async () => {
       const response = await this.client.listSnapshots({}, { timeoutMs: TIMEOUT_MS.list });
-      return response.snapshots.map(snapshotOnNode);
+      return response.snapshots.map((info) => snapshotOnNode(info));
     });
-}
-
-function snapshotOnNode(info: SnapshotInfo): SnapshotOnNode {
-  return {
-    snapshotId: info.snapshotId,
-    templateId: info.templateId,
-    driver: info.driver,
-    memory: info.memory,
-    sizeBytes: Number(info.sizeBytes),
-    createdAt: new Date(Number(info.createdAt)),
-  };
 }
 
 /** One client per node address, created on first use. */

@@ -1,24 +1,16 @@
+import { runMain } from "@warren/platform/main";
 import { loadMasterConfig } from "./config.js";
 import { connectNodeAgents } from "./connect-node-agent-client.js";
 import { createLogger } from "./log.js";
 import { Master } from "./server.js";
 
 const log = createLogger("master");
-const config = loadMasterConfig();
-const master = await Master.start({ config, nodeAgent: connectNodeAgents(), log });
 
-let stopping = false;
-for (const signal of ["SIGTERM", "SIGINT"] as const) {
-  process.on(signal, () => {
-    if (stopping) return;
-    stopping = true;
-    log.info("stopping", { signal });
-    master.stop().then(
-      () => process.exit(0),
-      (error) => {
-        log.error("stop failed", { error });
-        process.exit(1);
-      },
-    );
-  });
-}
+runMain(
+  async () => {
+    const config = loadMasterConfig(process.env, (message) => log.warn(message));
+    const master = await Master.start({ config, nodeAgent: connectNodeAgents(), log });
+    return { stop: () => master.stop() };
+  },
+  { name: "warren-master", log },
+);

@@ -1,3 +1,4 @@
+import type { ResumeRequest, RunCommandRequest } from "@warren/proto/nodeagent/v1/node_agent_pb";
 import type { EgressPolicy } from "../runtime/egress/policy.js";
 
 /**
@@ -24,10 +25,7 @@ export interface CreateOnNodeRequest {
   readonly publicTraffic: boolean;
   readonly autoResume: boolean;
   readonly metadata: Readonly<Record<string, string>>;
-  /** E2B SandboxNetworkConfig as given at create (egress policy), or null. */
-  readonly network: Readonly<Record<string, unknown>> | null;
-  readonly allowInternetAccess: boolean | null;
-  /** The policy the node enforces (request + team mode). */
+  /** The policy the node enforces (E2B's network config and internet access folded in with the team's mode). */
   readonly egress: EgressPolicy;
   /** Start from this snapshot, which is on this node. */
   readonly snapshotId?: string;
@@ -44,16 +42,11 @@ export interface CreateOnNodeRequest {
   readonly volumeMounts?: readonly { readonly volumeId: string; readonly path: string }[];
 }
 
-/** A command for a sandbox's envd (RunCommand): `/bin/bash -l -c <command>` as `user` (empty: root). */
-export interface CommandOnNode {
-  readonly command: string;
-  readonly user: string;
-  /** Empty: the user's home. */
-  readonly cwd: string;
-  readonly env: Readonly<Record<string, string>>;
-  /** 0: no limit but the caller's signal. */
-  readonly timeoutMs: number;
-}
+/**
+ * A command for a sandbox's envd (RunCommand): `/bin/bash -l -c <command>` as `user` (empty: root), in `cwd`
+ * (empty: the user's home), `timeoutMs` 0: no limit but the caller's signal. The wire's fields as they are.
+ */
+export type CommandOnNode = Readonly<Pick<RunCommandRequest, "command" | "user" | "cwd" | "env" | "timeoutMs">>;
 
 export type CommandEventOnNode =
   | { readonly kind: "pid"; readonly pid: number }
@@ -131,14 +124,10 @@ export interface LeaseEventOnNode {
   readonly at: string;
 }
 
-export interface ResumeOnNodeRequest {
-  readonly sandboxId: string;
-  readonly teamId: string;
-  readonly envdAccessToken: string;
-  readonly envVars: Readonly<Record<string, string>>;
-  /** false: cold boot from the filesystem snapshot. */
-  readonly memory: boolean;
-}
+/** A Resume as the wire has it (`memory` false: cold boot from the filesystem snapshot). */
+export type ResumeOnNodeRequest = Readonly<
+  Pick<ResumeRequest, "sandboxId" | "teamId" | "envdAccessToken" | "envVars" | "memory">
+>;
 
 /**
  * Why a node agent said no. `refused` means "try another node" (no capacity, template missing, draining);

@@ -1,40 +1,5 @@
-import { crashKey, NODES_SET_KEY, type NodeHeartbeat, nodeKey } from "@warren/proto/redis";
+import { crashKey, heartbeatFromHash, NODES_SET_KEY, type NodeHeartbeat, nodeKey } from "@warren/proto/redis";
 import type { Redis } from "ioredis";
-
-function parseNumber(value: string | undefined): number {
-  const n = Number(value ?? 0);
-  return Number.isFinite(n) ? n : 0;
-}
-
-function parseJson<T>(value: string | undefined, fallback: T): T {
-  if (!value) return fallback;
-  try {
-    return JSON.parse(value) as T;
-  } catch {
-    return fallback;
-  }
-}
-
-/** Parses the heartbeat hash a node agent writes at warren:node:<id>; undefined when absent or incomplete. */
-export function heartbeatFromHash(nodeId: string, hash: Record<string, string>): NodeHeartbeat | undefined {
-  if (!hash.addr) return undefined;
-  const templates = hash.templates?.startsWith("[")
-    ? parseJson<string[]>(hash.templates, [])
-    : (hash.templates ?? "").split(",").filter(Boolean);
-  return {
-    nodeId: hash.nodeId || nodeId,
-    addr: hash.addr,
-    driver: hash.driver ?? "",
-    cpuCount: parseNumber(hash.cpuCount),
-    memoryTotalBytes: parseNumber(hash.memoryTotalBytes),
-    memoryFreeBytes: parseNumber(hash.memoryFreeBytes),
-    sandboxes: parseNumber(hash.sandboxes),
-    pools: parseJson<Record<string, number>>(hash.pools, {}),
-    templates,
-    ...(hash.servable ? { servable: parseJson<string[]>(hash.servable, []) } : {}),
-    updatedAt: parseNumber(hash.updatedAt),
-  };
-}
 
 export interface NodeView {
   readonly nodeId: string;

@@ -19,8 +19,6 @@ export function nodeCreateRequest(row: SandboxRow, tokens: TokenIssuer): CreateO
     publicTraffic: row.trafficTokenHash === null,
     autoResume: row.autoResume,
     metadata: row.metadata,
-    network: row.network,
-    allowInternetAccess: row.allowInternetAccess,
     egress: row.egress ?? effectiveEgress(row.network, row.allowInternetAccess, "open"),
     maskRequestHost: typeof row.network?.maskRequestHost === "string" ? row.network.maskRequestHost : "",
     volumeMounts: mountedVolumes(row.volumeMounts),

@@ -3,21 +3,11 @@ import { MasterService } from "@warren/proto/master/v1/master_pb";
 import { MasterError, toConnectError } from "./errors.js";
 import type { ExecPolicies } from "./exec-policies.js";
 import type { SandboxLifecycle } from "./lifecycle.js";
+import { createNetworkOf, createVolumeMountsOf, execPolicyJsonOf, updatedEgressOf } from "./master-messages.js";
 import type { SandboxMetricsSampler } from "./metrics-sampler.js";
 import type { SandboxExport } from "./sandbox-export.js";
 import { FORK_DEFAULT_TIMEOUT_SECONDS, FORK_MAX_COUNT, type SnapshotService } from "./snapshots.js";
 import type { TemplateBuilder } from "./templates/template-builder.js";
-
-function parseJsonObject(value: string, field: string): Record<string, unknown> | null {
-  if (!value) return null;
-  try {
-    const parsed: unknown = JSON.parse(value);
-    if (parsed && typeof parsed === "object" && !Array.isArray(parsed)) return parsed as Record<string, unknown>;
-  } catch {
-    // fall through
-  }
-  throw new MasterError("invalid", `${field} must be a JSON object`);
-}
 
 async function guarded<T>(fn: () => Promise<T>): Promise<T> {
   try {
@@ -40,8 +30,7 @@ export function masterServiceImpl(
     setExecPolicy: (req) =>
       guarded(async () => {
         if (!execPolicies) throw new MasterError("unimplemented", "this master keeps no exec policies");
-        if (req.policyJson !== "") parseJsonObject(req.policyJson, "policy_json");
-        await execPolicies.set(req.teamId, req.policyJson);
+        await execPolicies.set(req.teamId, execPolicyJsonOf(req));
         return {};
       }),
     async *exportSandboxPath(req, context) {
@@ -75,7 +64,7 @@ export function masterServiceImpl(
       }),
     createSandbox: (req) =>
       guarded(async () => {
-        const volumeMounts = req.volumeMountsJson ? (JSON.parse(req.volumeMountsJson) as unknown[]) : [];
+        const volumeMounts = createVolumeMountsOf(req);
         const result = await lifecycle.create({
           teamId: req.teamId,
           templateId: req.templateId,
@@ -85,7 +74,7 @@ export function masterServiceImpl(
           autoPause: req.lifecycle?.autoPause ?? false,
           autoPauseMemory: req.lifecycle?.autoPauseMemory ?? true,
           autoResume: req.lifecycle?.autoResume ?? false,
-          network: parseJsonObject(req.networkJson, "network"),
+          network: createNetworkOf(req),
           allowInternetAccess: req.allowInternetAccess ?? null,
           volumeMounts,
           mcpServers: [...req.mcpServers],
@@ -131,12 +120,7 @@ export function masterServiceImpl(
       })),
     updateSandboxNetwork: (req) =>
       guarded(async () => {
-        await lifecycle.updateNetwork(
-          req.sandboxId,
-          req.teamId,
-          parseJsonObject(req.networkJson, "network") ?? {},
-          req.allowInternetAccess ?? null,
-        );
+        await lifecycle.updateNetwork(req.sandboxId, req.teamId, updatedEgressOf(req), req.allowInternetAccess ?? null);
         return {};
       }),
     pauseSandbox: (req) =>

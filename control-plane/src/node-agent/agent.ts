@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto";
 import { mkdir, rm, stat } from "node:fs/promises";
 import { cpus, freemem, totalmem } from "node:os";
 import { join } from "node:path";
+import { ENVD_ACCESS_TOKEN_HEADER, ENVD_LEASE_EVENTS_PATH, type EnvdLeaseEvents } from "@warren/proto/envd-http";
 import { isSandboxId, isSnapshotId } from "@warren/proto/redis";
 import type { Instance, InstanceStats, RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
 import {
@@ -18,16 +19,15 @@ import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
 import type { NodeAgentConfig } from "./config.js";
 import { initEnvd } from "./envd-client.js";
 import { AgentError, type AgentErrorCode } from "./errors.js";
-import { type Logger, tenths } from "./log.js";
+import type { Logger } from "./log.js";
 import { NodeSnapshots } from "./node-snapshots.js";
-import type { RouteStore } from "./routes.js";
+import type { RoutePublisher } from "./routes.js";
 import { type CommandEvent, type CommandSpec, runInSandbox, writeInSandbox } from "./sandbox-exec.js";
 import { parseSandboxLog, type SandboxLogLine } from "./sandbox-log.js";
 import {
   type CreateSandboxInput,
   type LeaseJournalEntry,
   type NodeInfo,
-  placementOf,
   type ResumeSandboxInput,
   resolveResources,
   type SandboxPlacement,
@@ -35,6 +35,7 @@ import {
   sandboxRoute,
   summaryOf,
 } from "./sandbox-model.js";
+import { SandboxPauses } from "./sandbox-pauses.js";
 import { SandboxQueue } from "./sandbox-queue.js";
 import { SnapshotPools } from "./snapshot-pools.js";
 import { type PublishedSnapshot, SnapshotStore } from "./snapshot-store.js";
@@ -55,9 +56,6 @@ const IMAGE_ERROR_CODES: Record<ImageErrorCode, AgentErrorCode> = {
 /** How often running sandboxes are checked for a dead PID 1. */
 const WATCH_MS = 2_000;
 
-/** A failed checkpoint is tried again this much later (at the earliest). */
-const CHECKPOINT_RETRY_MS = 5_000;
-
 /**
  * The node agent: sandboxes by id on top of a runtime driver. Create takes a warm sandbox (or starts one),
  * initialises envd, records the binding with the instance (so it survives an agent crash), and writes the route;
@@ -72,7 +70,7 @@ export class NodeAgent {
   private readonly store: SnapshotStore;
   /** Warm sandboxes of custom templates (their snapshots), for creates that ask for them. */
   private readonly snapshotPools: SnapshotPools;
-  private readonly checkpointTimers = new Map<string, NodeJS.Timeout>();
+  private readonly pauses: SandboxPauses;
   private readonly pools = new Map<string, WarmPool>();
   /**
    * Starts run at most `maxConcurrentStarts` at once, creates first in arrival order, pool refills on the slots
@@ -96,7 +94,7 @@ export class NodeAgent {
     private readonly config: NodeAgentConfig,
     private readonly driver: RuntimeDriver,
     private readonly templates: TemplateStore,
-    private readonly routes: RouteStore,
+    private readonly routes: RoutePublisher,
     private readonly log: Logger,
   ) {
     // Tests build configs by hand; an absent limit is the loader's default.
@@ -106,6 +104,18 @@ export class NodeAgent {
       config.maxQueuedStarts ?? 256,
     );
     this.snapshots = new NodeSnapshots(driver, this.queue, (sandboxId) => this.requireSandbox(sandboxId), log);
+    this.pauses = new SandboxPauses({
+      driver,
+      queue: this.queue,
+      routes,
+      sandboxes: this.sandboxes,
+      requireSandbox: (sandboxId) => this.requireSandbox(sandboxId),
+      routeOf: (summary) => this.routeOf(summary),
+      nextGeneration: () => this.nextGeneration(),
+      checkpointAfterMs: config.checkpointAfterMs,
+      isDraining: () => this.draining,
+      log,
+    });
     this.snapshotPools = new SnapshotPools(
       this.poolOptions(),
       config.templatePools ?? 4,
@@ -588,8 +598,7 @@ export class NodeAgent {
 
   /** Deletes the route first (the proxy stops sending traffic), then removes the sandbox entirely. */
   async kill(sandboxId: string, exec?: string): Promise<void> {
-    clearTimeout(this.checkpointTimers.get(sandboxId));
-    this.checkpointTimers.delete(sandboxId);
+    this.pauses.forget(sandboxId);
     return this.queue.run(sandboxId, () => this.killNow(sandboxId, exec));
   }
 
@@ -607,150 +616,14 @@ export class NodeAgent {
     this.log.info("sandbox killed", { sandboxId, exec: sandbox.exec });
   }
 
-  /**
-   * Pauses a sandbox in two tiers. First the cgroup freezer (instant; memory stays resident): the route turns
-   * `paused` before the freeze, same exec and generation, so proxies drop the sandbox's open streams and stop
-   * sending traffic; a failed freeze puts the route back. Then, when the driver can checkpoint (CRIU) and the
-   * sandbox is still paused `checkpointAfterMs` later, it is converted to a checkpoint on disk and its memory is
-   * released. `memory: false` (filesystem only) ends every process right after the freeze; resume reboots.
-   */
-  async pause(sandboxId: string, memory: boolean): Promise<void> {
-    await this.queue.run(sandboxId, async () => {
-      const sandbox = this.requireSandbox(sandboxId);
-      if (sandbox.paused) throw new AgentError("failed_precondition", `sandbox '${sandboxId}' is already paused`);
-      const startedAt = performance.now();
-      const paused: SandboxSummary = { ...sandbox, paused: true };
-      await this.routes.write(this.routeOf(paused));
-      try {
-        await this.driver.pause(sandbox.instanceId);
-      } catch (error) {
-        await this.routes.write(this.routeOf(sandbox)).catch(() => undefined);
-        throw new AgentError("internal", `pausing sandbox '${sandboxId}' failed: ${(error as Error).message}`);
-      }
-      await this.driver.label(sandbox.instanceId, { pausedMemory: memory ? "1" : "0" });
-      this.sandboxes.set(sandboxId, paused);
-      if (memory) this.scheduleCheckpoint(sandboxId);
-      else {
-        // Filesystem only: the processes end now (memory released); resume reboots over the kept disk.
-        await this.driver.stop(sandbox.instanceId).catch((error) =>
-          this.log.warn("stopping a filesystem-only paused sandbox failed; it stays frozen", {
-            sandboxId,
-            error: (error as Error).message,
-          }),
-        );
-      }
-      this.log.info("sandbox paused", {
-        sandboxId,
-        exec: sandbox.exec,
-        tier: memory ? "freezer" : "filesystem",
-        memory,
-        ms: tenths(performance.now() - startedAt),
-      });
-    });
+  /** Pauses a sandbox (sandbox-pauses.ts: the freezer, then a checkpoint on disk; or filesystem only). */
+  pause(sandboxId: string, memory: boolean): Promise<void> {
+    return this.pauses.pause(sandboxId, memory);
   }
 
-  /** After `checkpointAfterMs` paused, the sandbox goes from the freezer to a checkpoint on disk. */
-  private scheduleCheckpoint(sandboxId: string, delay = this.config.checkpointAfterMs): void {
-    if (!this.driver.canCheckpoint || this.config.checkpointAfterMs < 0 || this.draining) return;
-    clearTimeout(this.checkpointTimers.get(sandboxId));
-    const timer = setTimeout(() => {
-      this.checkpointTimers.delete(sandboxId);
-      void this.checkpoint(sandboxId);
-    }, delay);
-    timer.unref();
-    this.checkpointTimers.set(sandboxId, timer);
-  }
-
-  /** Converts a frozen sandbox to a checkpoint; a failure leaves it frozen (still resumable) and is logged. */
-  private async checkpoint(sandboxId: string): Promise<void> {
-    await this.queue
-      .run(sandboxId, async () => {
-        const sandbox = this.sandboxes.get(sandboxId);
-        if (!sandbox?.paused || this.draining) return;
-        const instance = this.driver.list().find((i) => i.instanceId === sandbox.instanceId);
-        if (!instance || instance.checkpointed || instance.stopped) return;
-        const startedAt = performance.now();
-        try {
-          const result = await this.driver.checkpoint(sandbox.instanceId);
-          this.log.info("paused sandbox checkpointed to disk", {
-            sandboxId,
-            ms: tenths(performance.now() - startedAt),
-            imageMiB: tenths(result.imageBytes / 2 ** 20),
-            memoryBeforeMiB: tenths(result.memoryBeforeBytes / 2 ** 20),
-            memoryAfterMiB: tenths(result.memoryAfterBytes / 2 ** 20),
-          });
-        } catch (error) {
-          this.log.warn("checkpoint failed; the sandbox stays frozen in memory and is tried again later", {
-            sandboxId,
-            error: (error as Error).message,
-          });
-          this.scheduleCheckpoint(sandboxId, Math.max(this.config.checkpointAfterMs, CHECKPOINT_RETRY_MS));
-        }
-      })
-      .catch((error) => this.log.warn("checkpoint skipped", { sandboxId, error: (error as Error).message }));
-  }
-
-  /**
-   * Resumes a paused sandbox as a new incarnation: thaws it (freezer tier) or restores its checkpoint, gives it
-   * a new exec id and a larger generation (recorded with the instance, so a restarted agent knows it), and writes
-   * the route `running`; the route event tells every proxy to drop what it cached for the old incarnation.
-   * Tokens are unchanged (envd keeps its /init). A failed resume leaves the sandbox paused, its checkpoint
-   * intact. A sandbox already running answers with its current placement (a retried resume).
-   */
-  async resume(input: ResumeSandboxInput): Promise<SandboxPlacement> {
-    return this.queue.run(input.sandboxId, async () => {
-      const sandbox = this.requireSandbox(input.sandboxId);
-      if (!sandbox.paused) return placementOf(sandbox);
-      clearTimeout(this.checkpointTimers.get(input.sandboxId));
-      this.checkpointTimers.delete(input.sandboxId);
-      const startedAt = performance.now();
-      const current = this.driver.list().find((i) => i.instanceId === sandbox.instanceId);
-      const reboot = !input.memory || current?.stopped === true;
-      let tier: string;
-      let envdVersion = "";
-      try {
-        if (reboot) {
-          // A cold start over the kept disk (filesystem-only pause, or `memory: false` asked at resume).
-          const instance = await this.driver.reboot(sandbox.instanceId);
-          envdVersion = await initEnvd(
-            instance.envdUrl,
-            {
-              envVars: input.envVars ?? {},
-              accessToken: input.envdAccessToken ?? "",
-              defaultUser: "user",
-              defaultWorkdir: "/home/user",
-            },
-            this.driver.envdInitTimeoutMs,
-          );
-          tier = "reboot";
-        } else {
-          tier = (await this.driver.resume(sandbox.instanceId)).tier;
-        }
-      } catch (error) {
-        throw new AgentError("internal", `resuming sandbox '${input.sandboxId}' failed: ${(error as Error).message}`);
-      }
-      const exec = randomBytes(8).toString("hex");
-      const generation = Math.max(this.nextGeneration(), sandbox.generation + 1);
-      const instance = await this.driver.label(sandbox.instanceId, {
-        exec,
-        generation: String(generation),
-        pausedMemory: "",
-      });
-      const summary = summaryOf(instance);
-      if (!summary) throw new AgentError("internal", "instance lost its labels");
-      this.sandboxes.set(input.sandboxId, summary);
-      if (!(await this.routes.write(this.routeOf(summary)))) {
-        this.log.warn("Redis holds a newer route than the resumed sandbox", { sandboxId: input.sandboxId, exec });
-      }
-      this.log.info("sandbox resumed", {
-        sandboxId: input.sandboxId,
-        exec,
-        previousExec: sandbox.exec,
-        tier,
-        ms: tenths(performance.now() - startedAt),
-      });
-      return { ...placementOf(summary), envdVersion };
-    });
+  /** Resumes a paused sandbox as a new incarnation (sandbox-pauses.ts). */
+  resume(input: ResumeSandboxInput): Promise<SandboxPlacement> {
+    return this.pauses.resume(input);
   }
 
   private requireSandbox(sandboxId: string): SandboxSummary {
@@ -785,15 +658,16 @@ export class NodeAgent {
     const sandbox = this.sandboxes.get(sandboxId);
     if (!sandbox || sandbox.paused) return [];
     try {
-      const res = await fetch(`${sandbox.envdUrl}/warren/leases/events?after=${Math.max(0, Math.floor(after))}`, {
-        headers: { "X-Access-Token": envdAccessToken },
+      const url = `${sandbox.envdUrl}${ENVD_LEASE_EVENTS_PATH}?after=${Math.max(0, Math.floor(after))}`;
+      const res = await fetch(url, {
+        headers: { [ENVD_ACCESS_TOKEN_HEADER]: envdAccessToken },
         signal: AbortSignal.timeout(1000),
       });
       if (!res.ok) {
         await res.body?.cancel();
         return [];
       }
-      const body = (await res.json()) as { events?: LeaseJournalEntry[] };
+      const body = (await res.json()) as Partial<EnvdLeaseEvents>;
       return Array.isArray(body.events) ? body.events.slice(0, 1000) : [];
     } catch {
       return [];
@@ -825,8 +699,7 @@ export class NodeAgent {
     this.draining = true;
     if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
     if (this.watchTimer) clearInterval(this.watchTimer);
-    for (const timer of this.checkpointTimers.values()) clearTimeout(timer);
-    this.checkpointTimers.clear();
+    this.pauses.close();
     for (const pool of this.pools.values()) await pool.close();
     await this.snapshotPools.closeAll();
     if (options.killAll) {
@@ -907,7 +780,8 @@ export class NodeAgent {
         continue;
       }
       this.sandboxes.set(summary.sandboxId, summary);
-      if (instance.paused && !instance.checkpointed && !instance.stopped) this.scheduleCheckpoint(summary.sandboxId);
+      if (instance.paused && !instance.checkpointed && !instance.stopped)
+        this.pauses.scheduleCheckpoint(summary.sandboxId);
       const route = await this.routes.read(summary.sandboxId);
       if (!route || route.exec === summary.exec) await this.routes.write(this.routeOf(summary));
     }

@@ -2,9 +2,10 @@ import { existsSync } from "node:fs";
 import { cpus, hostname } from "node:os";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { ConfigError, integerFromEnv as integer, parseList } from "@warren/platform/env";
+import { isLogLevel, type LogLevel } from "@warren/platform/log";
 import { isNodeId, parseRedisPrefix } from "@warren/proto/redis";
 import { DRIVER_REQUESTS, type DriverRequest } from "../runtime/microvm/probe.js";
-import type { LogLevel } from "./log.js";
 import { parseStoreUrl, type SnapshotStoreConfig } from "./snapshot-store.js";
 
 /**
@@ -118,30 +119,12 @@ export interface NodeAgentConfig {
   };
 }
 
-export class ConfigError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = "ConfigError";
-  }
-}
+export { ConfigError };
 
 const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
 
-function integer(env: NodeJS.ProcessEnv, name: string, fallback: number, min: number, max: number): number {
-  const text = env[name];
-  if (text === undefined || text === "") return fallback;
-  const value = Number(text);
-  if (!Number.isInteger(value) || value < min || value > max) {
-    throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${text}'`);
-  }
-  return value;
-}
-
 function list(env: NodeJS.ProcessEnv, name: string, fallback: string): string[] {
-  return (env[name] ?? fallback)
-    .split(",")
-    .map((s) => s.trim())
-    .filter(Boolean);
+  return parseList(env[name] ?? fallback);
 }
 
 const DEFAULT_CRIU = "/var/lib/warren/criu/criu";
@@ -192,8 +175,8 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
   const instance = env.WARREN_INSTANCE ?? "a";
   if (!/^[a-z0-9]{1,4}$/.test(instance))
     throw new ConfigError(`WARREN_INSTANCE must match [a-z0-9]{1,4}, got '${instance}'`);
-  const logLevel = (env.WARREN_LOG_LEVEL ?? "info") as LogLevel;
-  if (!["debug", "info", "warn", "error"].includes(logLevel)) {
+  const logLevel = env.WARREN_LOG_LEVEL ?? "info";
+  if (!isLogLevel(logLevel)) {
     throw new ConfigError(`WARREN_LOG_LEVEL must be debug, info, warn or error, got '${logLevel}'`);
   }
   const driver = (env.WARREN_DRIVER || "auto") as DriverRequest;

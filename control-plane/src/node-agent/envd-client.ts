@@ -1,10 +1,13 @@
 import { request } from "node:http";
+import {
+  ENVD_ACCESS_TOKEN_HEADER,
+  ENVD_INIT_PATH,
+  ENVD_VERSION_HEADER,
+  type EnvdInitBody,
+} from "@warren/proto/envd-http";
 
-export interface EnvdInit {
-  readonly envVars: Readonly<Record<string, string>>;
-  readonly accessToken: string;
-  readonly defaultUser: string;
-  readonly defaultWorkdir: string;
+/** What the node agent sets in a sandbox's envd: every field of envd's /init body (the contract) but the clock. */
+export interface EnvdInit extends Required<Omit<EnvdInitBody, "timestamp">> {
   /** The token envd already holds (a sandbox started from a memory snapshot keeps its source's): sent to /init. */
   readonly currentAccessToken?: string;
 }
@@ -15,8 +18,9 @@ export interface EnvdInit {
  */
 export function initEnvd(envdUrl: string, init: EnvdInit, timeoutMs = 5000): Promise<string> {
   const { currentAccessToken, ...fields } = init;
-  const body = JSON.stringify({ ...fields, timestamp: new Date().toISOString() });
-  const url = new URL("/init", envdUrl);
+  const initBody: EnvdInitBody = { ...fields, timestamp: new Date().toISOString() };
+  const body = JSON.stringify(initBody);
+  const url = new URL(ENVD_INIT_PATH, envdUrl);
   return new Promise((resolve, reject) => {
     const req = request(
       {
@@ -29,7 +33,7 @@ export function initEnvd(envdUrl: string, init: EnvdInit, timeoutMs = 5000): Pro
         headers: {
           "Content-Type": "application/json",
           "Content-Length": Buffer.byteLength(body),
-          ...(currentAccessToken ? { "X-Access-Token": currentAccessToken } : {}),
+          ...(currentAccessToken ? { [ENVD_ACCESS_TOKEN_HEADER]: currentAccessToken } : {}),
         },
       },
       (res) => {
@@ -39,7 +43,7 @@ export function initEnvd(envdUrl: string, init: EnvdInit, timeoutMs = 5000): Pro
         });
         res.on("end", () => {
           const status = res.statusCode ?? 0;
-          if (status >= 200 && status < 300) resolve(String(res.headers["x-envd-version"] ?? ""));
+          if (status >= 200 && status < 300) resolve(String(res.headers[ENVD_VERSION_HEADER.toLowerCase()] ?? ""));
           else reject(new Error(`envd /init answered ${status}: ${text.slice(0, 200)}`));
         });
       },

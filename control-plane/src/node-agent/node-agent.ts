@@ -8,7 +8,7 @@ import { NodeAgent } from "./agent.js";
 import type { NodeAgentConfig } from "./config.js";
 import type { Logger } from "./log.js";
 import { SandboxRelay } from "./relay.js";
-import { RouteStore } from "./routes.js";
+import { RoutePublisher } from "./routes.js";
 import { nodeAgentRoutes } from "./service.js";
 
 export interface RunningNodeAgent<D extends RuntimeDriver = NamespaceDriver> {
@@ -59,7 +59,7 @@ export async function startNodeAgent(
     ...(config.debianMirror ? { mirror: config.debianMirror } : {}),
     log: log.child({ part: "templates" }),
   });
-  const routes = new RouteStore(config.redisUrl, config.redisPrefix);
+  const routes = new RoutePublisher(config.redisUrl, config.redisPrefix);
   // Listen first, so a configured port 0 becomes the real port in the address the agent advertises.
   const server = createServer();
   await new Promise<void>((resolve, reject) => {

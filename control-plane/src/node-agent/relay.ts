@@ -2,6 +2,7 @@ import { createHash, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage, Server } from "node:http";
 import { connect, type Socket } from "node:net";
 import type { Duplex } from "node:stream";
+import { RELAY_ERROR_HEADER, RELAY_TOKEN_HEADER } from "@warren/proto/ports";
 import type { Logger } from "./log.js";
 
 /**
@@ -13,8 +14,8 @@ import type { Logger } from "./log.js";
  * the proxy maps it exactly as it maps a direct connect failure.
  */
 
-export const RELAY_TOKEN_HEADER = "warren-relay-token";
-export const RELAY_ERROR_HEADER = "Warren-Relay-Error";
+// node:http hands request headers over with lower-cased names.
+const RELAY_TOKEN_HEADER_KEY = RELAY_TOKEN_HEADER.toLowerCase();
 
 /** What the relay needs to know of the node's sandboxes (the NodeAgent is one). */
 export interface RelaySandboxes {
@@ -98,9 +99,9 @@ export class SandboxRelay {
     if (this.tokenDigest === undefined) {
       return { status: 405, message: "the relay is off on this node agent (WARREN_RELAY_TOKEN is not set)" };
     }
-    const given = req.headers[RELAY_TOKEN_HEADER];
+    const given = req.headers[RELAY_TOKEN_HEADER_KEY];
     if (typeof given !== "string" || !timingSafeEqual(digest(given), this.tokenDigest)) {
-      return { status: 403, message: `missing or wrong ${RELAY_TOKEN_HEADER}` };
+      return { status: 403, message: `missing or wrong ${RELAY_TOKEN_HEADER_KEY}` };
     }
     const target = parseTarget(req.url ?? "");
     if (!target) return { status: 400, message: "the CONNECT target must be <IPv4 address>:<port 1-65535>" };

@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import type { SandboxRoute } from "@warren/proto/redis";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { RouteStore } from "./routes.js";
+import { RoutePublisher } from "./routes.js";
 
 const REDIS_URL = "redis://127.0.0.1:6379";
 
@@ -24,12 +24,12 @@ function route(sandboxId: string, node: string): SandboxRoute {
   };
 }
 
-describe("RouteStore under WARREN_REDIS_PREFIX (real Redis)", () => {
+describe("RoutePublisher under WARREN_REDIS_PREFIX (real Redis)", () => {
   const prefixA = `wt-${randomBytes(4).toString("hex")}:`;
   const prefixB = `wt-${randomBytes(4).toString("hex")}:`;
   const node = `node-${randomBytes(3).toString("hex")}`;
-  const storeA = new RouteStore(REDIS_URL, prefixA);
-  const storeB = new RouteStore(REDIS_URL, prefixB);
+  const storeA = new RoutePublisher(REDIS_URL, prefixA);
+  const storeB = new RoutePublisher(REDIS_URL, prefixB);
   const plain = new Redis(REDIS_URL, { maxRetriesPerRequest: 1 });
   const listener = new Redis(REDIS_URL, { maxRetriesPerRequest: 1 });
   const messages: { channel: string; message: string }[] = [];

@@ -2,6 +2,7 @@ import {
   CRASH_TTL_SECONDS,
   crashKey,
   DELETE_ROUTE_SCRIPT,
+  heartbeatToHash,
   NODE_TTL_SECONDS,
   NODES_SET_KEY,
   type NodeHeartbeat,
@@ -30,10 +31,11 @@ interface RouteCommands {
 }
 
 /**
- * The node agent's side of the Redis contract (@warren/proto/redis): writes and deletes sandbox routes with the
- * contract's compare-and-set scripts, and refreshes this node's heartbeat key.
+ * The node agent's side of the Redis contract (@warren/proto/redis): publishes its sandboxes' routes (written and
+ * deleted with the contract's compare-and-set scripts), its crash records and its heartbeat. The proxy's reading
+ * side is `RouteStore` (proxy/src/routes.ts).
  */
-export class RouteStore {
+export class RoutePublisher {
   private readonly redis: Redis & RouteCommands;
   private readonly channel: string;
 
@@ -127,19 +129,7 @@ export class RouteStore {
     const results = await this.redis
       .multi()
       .del(key)
-      .hset(key, {
-        nodeId: beat.nodeId,
-        addr: beat.addr,
-        driver: beat.driver,
-        cpuCount: String(beat.cpuCount),
-        memoryTotalBytes: String(beat.memoryTotalBytes),
-        memoryFreeBytes: String(beat.memoryFreeBytes),
-        sandboxes: String(beat.sandboxes),
-        pools: JSON.stringify(beat.pools),
-        templates: JSON.stringify(beat.templates),
-        ...(beat.servable ? { servable: JSON.stringify(beat.servable) } : {}),
-        updatedAt: String(beat.updatedAt),
-      })
+      .hset(key, heartbeatToHash(beat))
       .expire(key, NODE_TTL_SECONDS)
       .sadd(NODES_SET_KEY, beat.nodeId)
       .exec();

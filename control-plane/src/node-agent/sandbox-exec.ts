@@ -1,6 +1,7 @@
 import { request } from "node:http";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
+import { ENVD_ACCESS_TOKEN_HEADER, ENVD_FILES_PATH, ENVD_FILES_QUERY } from "@warren/proto/envd-http";
 import { Process } from "@warren/proto/process/process_pb";
 import { AgentError } from "./errors.js";
 
@@ -50,7 +51,7 @@ export async function* runInSandbox(
     {
       signal,
       ...(spec.timeoutMs > 0 ? { timeoutMs: spec.timeoutMs } : {}),
-      headers: { Authorization: basicAuth(spec.user || "root"), "X-Access-Token": accessToken },
+      headers: { Authorization: basicAuth(spec.user || "root"), [ENVD_ACCESS_TOKEN_HEADER]: accessToken },
     },
   );
   for await (const message of stream) {
@@ -72,9 +73,9 @@ export async function* runInSandbox(
 export function writeInSandbox(envdUrl: string, accessToken: string, path: string, data: Uint8Array): Promise<void> {
   if (!path.startsWith("/"))
     return Promise.reject(new AgentError("invalid_argument", `path '${path}' is not absolute`));
-  const url = new URL("/files", envdUrl);
-  url.searchParams.set("path", path);
-  url.searchParams.set("username", "root");
+  const url = new URL(ENVD_FILES_PATH, envdUrl);
+  url.searchParams.set(ENVD_FILES_QUERY.path, path);
+  url.searchParams.set(ENVD_FILES_QUERY.username, "root");
   return new Promise((resolve, reject) => {
     const req = request(
       url,
@@ -85,7 +86,7 @@ export function writeInSandbox(envdUrl: string, accessToken: string, path: strin
         headers: {
           "Content-Type": "application/octet-stream",
           "Content-Length": data.byteLength,
-          "X-Access-Token": accessToken,
+          [ENVD_ACCESS_TOKEN_HEADER]: accessToken,
         },
       },
       (res) => {

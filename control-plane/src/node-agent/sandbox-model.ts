@@ -1,3 +1,4 @@
+import type { EnvdLeaseEvent } from "@warren/proto/envd-http";
 import type { NodeHeartbeat, SandboxRoute } from "@warren/proto/redis";
 import type { Instance, SandboxResources } from "../runtime/driver.js";
 import type { EgressPolicy } from "../runtime/egress/policy.js";
@@ -56,16 +57,8 @@ export interface SandboxPlacement {
   readonly pooled: boolean;
 }
 
-/** One entry of envd's process lease journal (`GET /warren/leases/events`). */
-export interface LeaseJournalEntry {
-  readonly seq: number;
-  readonly type: string;
-  readonly pid: number;
-  readonly tag?: string;
-  readonly ttlMs: number;
-  readonly signal?: string;
-  readonly at: string;
-}
+/** One entry of envd's process lease journal (`GET /warren/leases/events`, `@warren/proto/envd-http`). */
+export type LeaseJournalEntry = EnvdLeaseEvent;
 
 export interface SandboxSummary {
   readonly sandboxId: string;

@@ -1,23 +1,25 @@
-import { create } from "@bufbuild/protobuf";
 import { type ConnectRouter, createClient, type ServiceImpl } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import {
-  CreateResponseSchema,
-  NodeAgentService,
-  ResourcesSchema,
-  SandboxInfoSchema,
-  SandboxState,
-  type SnapshotInfo,
-  SnapshotInfoSchema,
-} from "@warren/proto/nodeagent/v1/node_agent_pb";
-import type { SnapshotImage } from "../runtime/driver.js";
+import { NodeAgentService } from "@warren/proto/nodeagent/v1/node_agent_pb";
 import type { NodeAgent } from "./agent.js";
 import { AgentError, toConnectError } from "./errors.js";
 import type { Logger } from "./log.js";
+import {
+  commandEventMessage,
+  createInputOf,
+  createResponseOf,
+  egressOf,
+  infoResponseOf,
+  logLineMessage,
+  resumeInputOf,
+  sandboxInfoOf,
+  snapshotInfoOf,
+  statsResponseOf,
+} from "./node-agent-messages.js";
 
 /**
- * `warren.nodeagent.v1.NodeAgentService`: thin handlers that parse the request into the agent's types, call the
- * agent, and map AgentError codes to Connect codes (errors.ts, one place).
+ * `warren.nodeagent.v1.NodeAgentService`: thin handlers that turn the request into the agent's types and the
+ * answer back (node-agent-messages.ts), call the agent, and map AgentError codes to Connect codes (errors.ts).
  */
 export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typeof NodeAgentService> {
   const guard = async <T>(method: string, fields: Record<string, unknown>, run: () => Promise<T>): Promise<T> => {
@@ -36,44 +38,11 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
     create: (req, context) =>
       guard("Create", { sandboxId: req.sandboxId, templateId: req.templateId }, async () => {
         const placement = await agent.create(
-          {
-            sandboxId: req.sandboxId,
-            teamId: req.teamId,
-            templateId: req.templateId,
-            resources: {
-              cpuCount: req.resources?.cpuCount ?? 0,
-              memoryMiB: req.resources?.memoryMb ?? 0,
-              diskMiB: req.resources?.diskSizeMb ?? 0,
-            },
-            envVars: req.envVars,
-            envdAccessToken: req.envdAccessToken,
-            trafficTokenHash: req.trafficTokenHash,
-            publicTraffic: req.publicTraffic,
-            autoResume: req.autoResume,
-            metadata: req.metadata,
-            defaultUser: req.defaultUser,
-            defaultWorkdir: req.defaultWorkdir,
-            maskRequestHost: req.maskRequestHost,
-            warmPool: req.warmPool,
-            ...(req.egress ? { egress: { allowOut: req.egress.allowOut, denyOut: req.egress.denyOut } } : {}),
-            ...(req.snapshotId ? { snapshotId: req.snapshotId } : {}),
-            ...(req.snapshotEnvdAccessToken ? { snapshotEnvdAccessToken: req.snapshotEnvdAccessToken } : {}),
-            ...(req.volumeMounts.length > 0
-              ? { volumeMounts: req.volumeMounts.map((m) => ({ volumeId: m.volumeId, path: m.path })) }
-              : {}),
-          },
+          createInputOf(req),
           // The master's deadline passed (or it went away): a create still waiting for a start slot leaves.
           context.signal,
         );
-        return create(CreateResponseSchema, {
-          sandboxId: placement.sandboxId,
-          exec: placement.exec,
-          sandboxAddr: placement.sandboxAddr,
-          envdUrl: placement.envdUrl,
-          envdVersion: placement.envdVersion,
-          pooled: placement.pooled,
-          generation: BigInt(placement.generation),
-        });
+        return createResponseOf(placement);
       }),
     kill: (req) =>
       guard("Kill", { sandboxId: req.sandboxId }, async () => {
@@ -82,23 +51,7 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
       }),
     list: () =>
       guard("List", {}, async () => ({
-        sandboxes: agent.list().map((s) =>
-          create(SandboxInfoSchema, {
-            sandboxId: s.sandboxId,
-            exec: s.exec,
-            state: s.paused ? SandboxState.PAUSED : SandboxState.RUNNING,
-            templateId: s.templateId,
-            teamId: s.teamId,
-            sandboxAddr: s.sandboxAddr,
-            resources: create(ResourcesSchema, {
-              cpuCount: s.resources.cpuCount,
-              memoryMb: s.resources.memoryMiB,
-              diskSizeMb: s.resources.diskMiB,
-            }),
-            startedAt: BigInt(s.startedAt),
-            metadata: { ...s.metadata },
-          }),
-        ),
+        sandboxes: agent.list().map(sandboxInfoOf),
       })),
     stats: (req) =>
       guard("Stats", { sandboxId: req.sandboxId }, async () => {
@@ -106,26 +59,7 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
         const leaseEvents = req.envdAccessToken
           ? await agent.leaseEvents(req.sandboxId, req.envdAccessToken, Number(req.leaseEventsAfter))
           : [];
-        return {
-          leaseEvents: leaseEvents.map((e) => ({
-            seq: BigInt(e.seq),
-            type: e.type,
-            pid: e.pid,
-            tag: e.tag ?? "",
-            ttlMs: BigInt(e.ttlMs),
-            signal: e.signal ?? "",
-            at: e.at,
-          })),
-          sandboxId: req.sandboxId,
-          memoryUsageBytes: BigInt(stats.memoryUsageBytes),
-          memoryLimitBytes: BigInt(Math.min(stats.memoryLimitBytes, Number.MAX_SAFE_INTEGER)),
-          cpuUsageUsec: BigInt(stats.cpuUsageUsec),
-          pids: stats.pids,
-          pidsLimit: Math.min(stats.pidsLimit, 2 ** 32 - 1),
-          diskUsageBytes: BigInt(stats.diskUsageBytes),
-          diskLimitBytes: BigInt(stats.diskLimitBytes),
-          oomKills: stats.oomKills ?? 0,
-        };
+        return statsResponseOf(req.sandboxId, stats, leaseEvents);
       }),
     pause: (req) =>
       guard("Pause", { sandboxId: req.sandboxId }, async () => {
@@ -134,44 +68,20 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
       }),
     resume: (req) =>
       guard("Resume", { sandboxId: req.sandboxId }, async () => {
-        const placement = await agent.resume({
-          sandboxId: req.sandboxId,
-          memory: req.memory,
-          envVars: req.envVars,
-          envdAccessToken: req.envdAccessToken,
-        });
-        return {
-          placement: create(CreateResponseSchema, {
-            sandboxId: placement.sandboxId,
-            exec: placement.exec,
-            sandboxAddr: placement.sandboxAddr,
-            envdUrl: placement.envdUrl,
-            envdVersion: placement.envdVersion,
-            pooled: placement.pooled,
-            generation: BigInt(placement.generation),
-          }),
-        };
+        return { placement: createResponseOf(await agent.resume(resumeInputOf(req))) };
       }),
     updateEgress: (req) =>
       guard("UpdateEgress", { sandboxId: req.sandboxId }, async () => {
-        await agent.updateEgress(req.sandboxId, {
-          allowOut: req.egress?.allowOut ?? [],
-          denyOut: req.egress?.denyOut ?? ["0.0.0.0/0"],
-        });
+        await agent.updateEgress(req.sandboxId, egressOf(req.egress));
         return {};
       }),
     logs: (req) =>
       guard("Logs", { sandboxId: req.sandboxId }, async () => ({
-        lines: (await agent.logs(req.sandboxId, Math.min(req.limit || 1000, 10_000))).map((line) => ({
-          timestampMs: BigInt(line.timestampMs),
-          level: line.level,
-          message: line.message,
-          fields: { ...line.fields },
-        })),
+        lines: (await agent.logs(req.sandboxId, Math.min(req.limit || 1000, 10_000))).map(logLineMessage),
       })),
     snapshot: (req) =>
       guard("Snapshot", { sandboxId: req.sandboxId, snapshotId: req.snapshotId }, async () => ({
-        snapshot: snapshotInfo(await agent.snapshot(req.sandboxId, req.snapshotId, req.filesOnly)),
+        snapshot: snapshotInfoOf(await agent.snapshot(req.sandboxId, req.snapshotId, req.filesOnly)),
       })),
     async *runCommand(req, context) {
       // The command and its output are the user's (build steps): never logged here.
@@ -185,10 +95,7 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
       );
       try {
         for await (const event of events) {
-          if (event.kind === "pid") yield { event: { case: "pid", value: event.pid } };
-          else if (event.kind === "exit") {
-            yield { event: { case: "exit", value: { exitCode: event.exitCode, status: event.status } } };
-          } else yield { event: { case: event.kind, value: event.data } };
+          yield commandEventMessage(event);
         }
       } catch (error) {
         throw toConnectError(error);
@@ -201,7 +108,7 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
       }),
     pullSnapshot: (req) =>
       guard("PullSnapshot", { snapshotId: req.snapshotId, digest: req.digest }, async () => ({
-        snapshot: snapshotInfo(await agent.pullSnapshot(req.snapshotId, req.digest)),
+        snapshot: snapshotInfoOf(await agent.pullSnapshot(req.snapshotId, req.digest)),
       })),
     listPublishedSnapshots: () =>
       guard("ListPublishedSnapshots", {}, async () => ({ snapshotIds: await agent.listPublishedSnapshots() })),
@@ -215,7 +122,7 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
         const credentials = req.username ? { username: req.username, password: req.password } : undefined;
         const { snapshot, pulled, log } = await agent.importImage(req.snapshotId, req.image, credentials);
         return {
-          snapshot: snapshotInfo(snapshot),
+          snapshot: snapshotInfoOf(snapshot),
           resolved: pulled.ref,
           digest: pulled.digest,
           env: [...pulled.config.env],
@@ -236,7 +143,7 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
       }),
     listSnapshots: () =>
       guard("ListSnapshots", {}, async () => ({
-        snapshots: (await agent.listSnapshots()).map(snapshotInfo),
+        snapshots: (await agent.listSnapshots()).map(snapshotInfoOf),
       })),
     async *exportSnapshot(req) {
       const data = await guard("ExportSnapshot", { snapshotId: req.snapshotId }, () =>
@@ -260,40 +167,13 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
         const chunks = async function* () {
           for await (const chunk of source.exportSnapshot({ snapshotId: req.snapshotId })) yield chunk.data;
         };
-        return { snapshot: snapshotInfo(await agent.importSnapshot(req.snapshotId, chunks())) };
+        return { snapshot: snapshotInfoOf(await agent.importSnapshot(req.snapshotId, chunks())) };
       }),
     info: () =>
       guard("Info", {}, async () => {
-        const info = agent.info();
-        return {
-          nodeId: info.nodeId,
-          addr: info.addr,
-          driver: info.driver,
-          cpuCount: info.cpuCount,
-          memoryTotalBytes: BigInt(info.memoryTotalBytes),
-          memoryFreeBytes: BigInt(info.memoryFreeBytes),
-          sandboxes: info.sandboxes,
-          pools: { ...info.pools },
-          templates: [...info.templates],
-        };
+        return infoResponseOf(agent.info());
       }),
   };
-}
-
-function snapshotInfo(image: SnapshotImage): SnapshotInfo {
-  return create(SnapshotInfoSchema, {
-    snapshotId: image.snapshotId,
-    templateId: image.templateId,
-    memory: image.memory,
-    sizeBytes: BigInt(image.sizeBytes),
-    resources: create(ResourcesSchema, {
-      cpuCount: image.resources.cpuCount,
-      memoryMb: image.resources.memoryMiB,
-      diskSizeMb: image.resources.diskMiB,
-    }),
-    createdAt: BigInt(image.createdAt),
-    driver: image.driver,
-  });
 }
 
 export function nodeAgentRoutes(agent: NodeAgent, log: Logger): (router: ConnectRouter) => void {

@@ -6,7 +6,7 @@ import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { createGunzip } from "node:zlib";
 import { exec } from "../runtime/exec.js";
-import { withFileLock } from "../templates/lock.js";
+import { withFileLock } from "../runtime/file-lock.js";
 import { AgentError } from "./errors.js";
 import type { Logger } from "./log.js";
 

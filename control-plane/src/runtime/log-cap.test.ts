@@ -1,8 +1,8 @@
 import { mkdtempSync, openSync, readFileSync, rmSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { silentLogger } from "@warren/platform/log";
 import { afterAll, describe, expect, it } from "vitest";
-import { silentLogger } from "../node-agent/log.js";
 import { capLogFile, LogCap } from "./log-cap.js";
 
 const dir = mkdtempSync(join(tmpdir(), "warren-log-cap-"));

@@ -1,5 +1,5 @@
 import { open, stat } from "node:fs/promises";
-import type { Logger } from "../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 
 /**
  * A sandbox's log file on the node (the namespace driver's envd.log, PID 1's stdout/stderr; the microVM's

@@ -2,11 +2,11 @@ import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
 import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import type { TemplateImage } from "../runtime/driver.js";
 import { exec } from "../runtime/exec.js";
+import { withFileLock } from "../runtime/file-lock.js";
 import { TEMPLATE_RECIPES, type TemplateRecipe } from "./catalog.js";
-import { withFileLock } from "./lock.js";
 import { hostDebianMirror } from "./mirror.js";
 import { shiftOwners } from "./uid-shift.js";
 

@@ -1,4 +1,5 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
+import { ENVD_FILES_QUERY } from "@warren/proto/envd-http";
 import { type FileOperation, fileSignature, secretsEqual } from "../auth.js";
 import type { EnvdContext } from "../context.js";
 import { invalidArgument, unauthenticated } from "../errors.js";
@@ -17,14 +18,14 @@ export interface FilesQuery {
 }
 
 export function parseFilesQuery(search: URLSearchParams): FilesQuery {
-  const expiration = search.get("signature_expiration");
+  const expiration = search.get(ENVD_FILES_QUERY.signatureExpiration);
   if (expiration !== null && !/^-?\d+$/.test(expiration)) {
     throw invalidArgument(`signature_expiration must be an integer (unix seconds), got '${expiration}'`);
   }
   return {
-    path: search.get("path") ?? undefined,
-    username: search.get("username") ?? undefined,
-    signature: search.get("signature") ?? undefined,
+    path: search.get(ENVD_FILES_QUERY.path) ?? undefined,
+    username: search.get(ENVD_FILES_QUERY.username) ?? undefined,
+    signature: search.get(ENVD_FILES_QUERY.signature) ?? undefined,
     signatureExpiration: expiration === null ? undefined : Number(expiration),
   };
 }

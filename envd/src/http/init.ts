@@ -1,4 +1,11 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
+import {
+  ENVD_ACCESS_TOKEN_HEADER,
+  ENVD_VERSION_HEADER,
+  EnvdInitBodyError,
+  type EnvdInitRequest,
+  parseEnvdInitBody,
+} from "@warren/proto/envd-http";
 import { secretsEqual } from "../auth.js";
 import type { EnvdContext } from "../context.js";
 import { invalidArgument, unauthenticated } from "../errors.js";
@@ -6,45 +13,16 @@ import { ENVD_VERSION } from "../version.js";
 import { readJsonBody } from "./body.js";
 
 /** The fields of POST /init that envd acts on; E2B's other fields are accepted and ignored. */
-export interface InitRequest {
-  envVars?: Record<string, string>;
-  accessToken?: string;
-  timestamp?: Date;
-  defaultUser?: string;
-  defaultWorkdir?: string;
-}
+export type InitRequest = EnvdInitRequest;
 
+/** The /init body as the contract (`@warren/proto/envd-http`) parses it; a refusal is envd's `invalid_argument`. */
 export function parseInitRequest(body: unknown): InitRequest {
-  if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    throw invalidArgument("init body must be a JSON object");
+  try {
+    return parseEnvdInitBody(body);
+  } catch (error) {
+    if (error instanceof EnvdInitBodyError) throw invalidArgument(error.message);
+    throw error;
   }
-  const input = body as Record<string, unknown>;
-  const request: InitRequest = {};
-  if (input.envVars !== undefined && input.envVars !== null) {
-    if (typeof input.envVars !== "object" || Array.isArray(input.envVars)) {
-      throw invalidArgument("envVars must be an object of strings");
-    }
-    const vars: Record<string, string> = {};
-    for (const [name, value] of Object.entries(input.envVars as Record<string, unknown>)) {
-      if (typeof value !== "string") throw invalidArgument(`envVars.${name} must be a string`);
-      if (name === "" || name.includes("=") || name.includes("\0"))
-        throw invalidArgument(`invalid env var name '${name}'`);
-      vars[name] = value;
-    }
-    request.envVars = vars;
-  }
-  for (const field of ["accessToken", "defaultUser", "defaultWorkdir"] as const) {
-    const value = input[field];
-    if (value === undefined || value === null) continue;
-    if (typeof value !== "string") throw invalidArgument(`${field} must be a string`);
-    request[field] = value;
-  }
-  if (input.timestamp !== undefined && input.timestamp !== null) {
-    const when = typeof input.timestamp === "string" ? new Date(input.timestamp) : undefined;
-    if (!when || Number.isNaN(when.getTime())) throw invalidArgument("timestamp must be an RFC 3339 date-time");
-    request.timestamp = when;
-  }
-  return request;
 }
 
 /**
@@ -55,7 +33,7 @@ export function parseInitRequest(body: unknown): InitRequest {
 export async function handleInit(req: IncomingMessage, res: ServerResponse, ctx: EnvdContext): Promise<void> {
   const { state, users } = ctx;
   if (state.accessToken !== undefined) {
-    const given = req.headers["x-access-token"];
+    const given = req.headers[ENVD_ACCESS_TOKEN_HEADER.toLowerCase()];
     if (typeof given !== "string" || !secretsEqual(given, state.accessToken)) {
       throw unauthenticated("unauthorized access, please provide a valid access token or method signing if supported");
     }
@@ -71,6 +49,6 @@ export async function handleInit(req: IncomingMessage, res: ServerResponse, ctx:
     defaultUser: state.defaultUser,
     secured: state.accessToken !== undefined,
   });
-  res.writeHead(204, { "X-Envd-Version": ENVD_VERSION, "Cache-Control": "no-store" });
+  res.writeHead(204, { [ENVD_VERSION_HEADER]: ENVD_VERSION, "Cache-Control": "no-store" });
   res.end();
 }

@@ -1,11 +1,12 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
+import { ENVD_LEASE_EVENTS_PATH, ENVD_LEASES_PATH, type EnvdLeaseEvents } from "@warren/proto/envd-http";
 import { invalidArgument } from "../errors.js";
 import { type LeaseBook, parseLeaseMs } from "../process/leases.js";
 import { readJsonBody } from "./body.js";
 import { sendJson, sendJsonError } from "./respond.js";
 
 /** Warren's lease endpoints (behind the access token); the paths sit under /warren/ so no E2B path is touched. */
-export const LEASES_PATH = "/warren/leases";
+export const LEASES_PATH = ENVD_LEASES_PATH;
 
 /**
  * `GET /warren/leases` → `{leases: [{pid, tag, ttlMs, remainingMs, expiresAt, renewals, reaping}]}`;
@@ -22,10 +23,11 @@ export async function handleLeases(
     sendJson(res, 200, { leases: leases.list() });
     return;
   }
-  if (path === `${LEASES_PATH}/events` && req.method === "GET") {
+  if (path === ENVD_LEASE_EVENTS_PATH && req.method === "GET") {
     const after = new URL(req.url ?? "/", "http://envd").searchParams.get("after") ?? "0";
     if (!/^\d{1,15}$/.test(after)) throw invalidArgument(`after must be a journal sequence number, got '${after}'`);
-    sendJson(res, 200, { events: leases.events(Number(after)) });
+    const answer: EnvdLeaseEvents = { events: leases.events(Number(after)) };
+    sendJson(res, 200, answer);
     return;
   }
   const pid = /^\/warren\/leases\/(\d{1,10})$/.exec(path)?.[1];

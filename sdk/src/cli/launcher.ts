@@ -1,6 +1,6 @@
 /**
- * The process `warren up` leaves running: it starts Warren's single-node cluster with the e2e launcher
- * (`e2e/dist/cluster.js` of this checkout), writes `<dataDir>/env`, and on SIGTERM/SIGINT stops every
+ * The process `warren up` leaves running: it starts Warren's single-node cluster with `@warren/local` (the
+ * checkout's local cluster launcher, which the whole-cluster tests use too), writes `<dataDir>/env`, and on SIGTERM/SIGINT stops every
  * process it started (node agents remove their sandboxes) and removes its pid file. It reports progress
  * to `warren up` over the IPC channel when there is one, and writes the same lines to its log.
  */
@@ -10,13 +10,14 @@ import { pathToFileURL } from "node:url";
 import { WARREN_HOME } from "./config.js";
 import { type LaunchMessage, type LaunchSpec, pidFileOf } from "./launch-spec.js";
 
-/** The part of e2e's LocalCluster the launcher uses (imported at run time from the checkout). */
+/** The part of `@warren/local`'s LocalCluster the launcher uses (imported at run time from the checkout). */
 interface Cluster {
   start(): Promise<Record<string, string>>;
   stop(): Promise<void>;
   writeEnvFile(path?: string): string;
 }
 type ClusterClass = new (options: Record<string, unknown>) => Cluster;
+const LOCAL_CLUSTER_PACKAGE = "@warren/local";
 
 function send(message: LaunchMessage): void {
   const line = message.type === "progress" ? message.line : message.type === "failed" ? message.error : "ready";
@@ -33,10 +34,7 @@ async function main(): Promise<void> {
   // `warren up` may go away once we are ready; its channel closing must not end us.
   process.on("disconnect", () => undefined);
 
-  const clusterModule = join(WARREN_HOME, "e2e", "dist", "cluster.js");
-  if (!existsSync(clusterModule))
-    throw new Error(`${clusterModule} is missing: run \`npm run build\` in ${WARREN_HOME}`);
-  const { LocalCluster } = (await import(pathToFileURL(clusterModule).href)) as { LocalCluster: ClusterClass };
+  const { LocalCluster } = await loadLocalCluster();
   const cidrs = spec.nodeCidrs ?? [];
   const cluster = new LocalCluster({
     dataDir: spec.dataDir,
@@ -81,3 +79,18 @@ main().catch((error: Error) => {
   send({ type: "failed", error: error.message });
   process.exit(1);
 });
+
+/**
+ * `@warren/local` is a workspace of the Warren checkout, not a dependency of the published SDK: it is resolved by
+ * package name from the checkout this CLI runs in, and a checkout that was not built says so.
+ */
+async function loadLocalCluster(): Promise<{ LocalCluster: ClusterClass }> {
+  const name: string = LOCAL_CLUSTER_PACKAGE;
+  try {
+    return (await import(name)) as { LocalCluster: ClusterClass };
+  } catch (error) {
+    const code = (error as { code?: string }).code;
+    if (code !== "ERR_MODULE_NOT_FOUND" && code !== "ERR_PACKAGE_PATH_NOT_EXPORTED") throw error;
+    throw new Error(`${LOCAL_CLUSTER_PACKAGE} is not built in ${WARREN_HOME}: run \`npm run build\` there`);
+  }
+}

@@ -82,8 +82,10 @@ function clusterCommands(warren: Command): void {
     .option("--pool-size <n>", "warm sandboxes per node agent", integer("--pool-size"))
     .option("--instance-prefix <prefix>", "prefix of the node agents' instance names (netns, veth, cgroups)")
     .option("--node-cidr <cidr>", "sandbox address range of a node agent (repeat for each)", collect, [])
-    .addOption(new Option("--database-url <url>", "use this PostgreSQL (default: a private one)").env("DATABASE_URL"))
-    .addOption(new Option("--redis-url <url>", "use this Redis (default: a private one)").env("REDIS_URL"))
+    .addOption(
+      new Option("--database-url <url>", "use this PostgreSQL (default: a private one)").env("WARREN_DATABASE_URL"),
+    )
+    .addOption(new Option("--redis-url <url>", "use this Redis (default: a private one)").env("WARREN_REDIS_URL"))
     .option("--timeout <seconds>", "give up if not ready by then", integer("--timeout", 1), 900)
     .action(
       run(({ config, out, opts }) =>

@@ -516,8 +516,6 @@ export class TemplateBuilder {
         publicTraffic: false,
         autoResume: false,
         metadata: { "warren.templateBuild": build.id },
-        network: null,
-        allowInternetAccess: null,
         // Build steps reach what the team's sandboxes may reach (E2B's default: the internet), never more.
         egress: effectiveEgress(null, null, team.egressMode),
         ...(snapshot ? { snapshotId: snapshot.id } : {}),

@@ -3,8 +3,8 @@ import { Resolver } from "node:dns/promises";
 import { readFileSync } from "node:fs";
 import { type AddressInfo, BlockList, connect, createServer, type Server, type Socket } from "node:net";
 import { networkInterfaces } from "node:os";
+import type { Logger } from "@warren/platform/log";
 import * as dnsPacket from "dns-packet";
-import type { Logger } from "../../node-agent/log.js";
 import { type CompiledEgress, domainPermitted, resolvedAddressPermitted } from "./policy.js";
 import { readClientHelloSni } from "./tls-sni.js";
 

@@ -1,4 +1,4 @@
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import { exec } from "../exec.js";
 
 /**

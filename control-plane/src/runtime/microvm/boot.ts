@@ -1,6 +1,6 @@
 import { readFile, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import { exec } from "../exec.js";
 import { healthy } from "../sandbox-process.js";
 import { CODE_GATEWAY_PORT, ENVD_PORT } from "./guest-image.js";

@@ -1,8 +1,7 @@
 import { randomBytes } from "node:crypto";
-import { existsSync } from "node:fs";
 import { mkdir, readFile, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import type {
   CheckpointResult,
   Instance,
@@ -18,14 +17,14 @@ import type {
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { exec } from "../exec.js";
 import { DEFAULT_LOG_CAP, LogCap, type LogCapLimits } from "../log-cap.js";
-import { healthy } from "../sandbox-process.js";
 import { bootLimits } from "./boot.js";
 import { VmEgress } from "./egress.js";
 import { type InstanceRecord, InstanceRecords, toInstance } from "./instance-records.js";
 import { InstanceVms } from "./instance-vm.js";
 import { VmNetwork, type VmNetworkSlot } from "./network.js";
 import { PauseTiers } from "./pause-tiers.js";
-import { type Accel, kernelCmdline, killVm, processStartTime, processUsage } from "./qemu.js";
+import { type Accel, kernelCmdline, killVm, processUsage } from "./qemu.js";
+import { reconcileInstances } from "./reconcile.js";
 import { qemuVersion, SnapshotTransfer } from "./snapshot-transfer.js";
 import {
   captureInstance,
@@ -444,54 +443,17 @@ export class MicrovmDriver implements RuntimeDriver {
   }
 
   async reconcile(): Promise<ReconcileResult> {
-    const adopted: Instance[] = [];
-    const removed: { instanceId: string; labels: Record<string, string> }[] = [];
-    const withQemu = new Set<string>();
-    for (const name of await this.records.names()) {
-      const record = await this.records.load(name);
-      if (!record) {
-        await this.vms.killStray(name);
-        await rm(this.instanceDir(name), { recursive: true, force: true });
-        continue;
-      }
-      const netns = existsSync(this.network.slot(record.slot).netnsPath);
-      const alive = record.pid !== undefined && (await processStartTime(record.pid)) === record.pidStartTime;
-      if (alive && !record.paused) await this.vms.continueInterruptedSnapshot(record);
-      const running = alive && (record.paused || (await healthy(record.addr, 2000)));
-      const checkpointed = record.checkpointed === true && existsSync(join(this.instanceDir(name), "memory.snap"));
-      const stopped = record.stopped === true;
-      if (netns && (running || checkpointed || stopped)) {
-        this.instances.set(name, record);
-        this.network.reserve(record.slot);
-        if (running && record.pid !== undefined) {
-          withQemu.add(name);
-          await this.cgroups
-            .adopt(name, record.resources, record.pid)
-            .catch((error) =>
-              this.options.log.error("adopting a microVM's cgroup failed", { instanceId: name, error }),
-            );
-        }
-        // The gateway listens on new ports after a restart: rewrite the namespace's rules to match.
-        await this.egress
-          .apply(this.network.slot(record.slot), record.egress)
-          .catch((error) =>
-            this.options.log.error("restoring an adopted sandbox's egress policy failed", { instanceId: name, error }),
-          );
-        adopted.push(this.toInstance(record));
-      } else {
-        this.options.log.warn("removing dead microVM instance found at start", { instanceId: name });
-        await this.teardown(record);
-        removed.push({ instanceId: name, labels: record.labels });
-      }
-    }
-    await this.network.sweep(new Set([...this.instances.values()].map((r) => r.slot)));
-    // Cgroups of dead instances, of checkpointed or stopped ones (no QEMU), of directories without a record.
-    for (const instanceId of await this.cgroups.sweep(withQemu)) {
-      this.options.log.warn("removed a microVM cgroup without a running QEMU", { instanceId });
-    }
-    // Deleted snapshots whose last user was removed above (or killed while the agent was down).
-    await this.snapshots.sweep({ tmp: true });
-    return { adopted, removed };
+    return reconcileInstances({
+      instances: this.instances,
+      records: this.records,
+      vms: this.vms,
+      network: this.network,
+      cgroups: this.cgroups,
+      egress: this.egress,
+      snapshots: this.snapshots,
+      teardown: (record) => this.teardown(record),
+      log: this.options.log,
+    });
   }
 
   async close(): Promise<void> {

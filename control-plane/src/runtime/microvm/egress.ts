@@ -1,4 +1,4 @@
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import { type EgressGateway, nodeEgressGateway } from "../egress/gateway.js";
 import { CLOSED_EGRESS, type CompiledEgress, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { egressRuleBodies, type GatewayPorts, REJECT_CHAIN, REJECT_CHAIN_RULES } from "../egress/rules.js";

@@ -14,9 +14,9 @@ import {
   writeFile,
 } from "node:fs/promises";
 import { join } from "node:path";
-import { withFileLock } from "../../templates/lock.js";
 import type { TemplateImage } from "../driver.js";
 import { exec } from "../exec.js";
+import { withFileLock } from "../file-lock.js";
 import { CODE_GATEWAY_PORT, ENVD_PORT } from "../sandbox-process.js";
 
 /**
@@ -268,7 +268,14 @@ export async function ensureRootImage(
     await readFile(envd),
     `${options.nodeBinary}:${node.size}:${node.mtimeMs}`,
     guestInit(codeGateway),
-    codeGateway ? await treeDigest(CODE_GATEWAY_FILES.map((name) => join(gatewayDir, name))) : "",
+    // The gateway's own files and the workspace packages it imports (copied below with its other dependencies).
+    codeGateway
+      ? await treeDigest([
+          ...CODE_GATEWAY_FILES.map((name) => join(gatewayDir, name)),
+          join(options.envdRoot, "platform", "dist"),
+          join(options.envdRoot, "proto", "dist"),
+        ])
+      : "",
     String(diskMiB),
     String(options.uidBase),
   );

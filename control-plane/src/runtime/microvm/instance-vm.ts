@@ -1,21 +1,13 @@
 import { randomBytes } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import { type BootLimits, coldBoot, readyPorts, waitReady } from "./boot.js";
 import type { GuestKernel } from "./guest-image.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import type { VmNetwork } from "./network.js";
-import {
-  type Accel,
-  finishRestore,
-  killVm,
-  launchVm,
-  processStartTime,
-  queryStatus,
-  syncGuestClock,
-  type VmLaunch,
-} from "./qemu.js";
+import { type Accel, killVm, launchVm, processStartTime, syncGuestClock, type VmLaunch } from "./qemu.js";
+import { finishRestore, queryStatus } from "./qemu-migration.js";
 import { withQmp } from "./qmp.js";
 import type { VmCgroups } from "./vm-cgroups.js";
 

@@ -1,6 +1,6 @@
 import { existsSync } from "node:fs";
 import { readdir } from "node:fs/promises";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import { CLOSED_EGRESS, type CompiledEgress, compileEgress } from "../egress/policy.js";
 import type { GatewayPorts } from "../egress/rules.js";
 import { enableUplinkForwarding, SANDBOX_INTERFACES } from "../egress/uplink.js";

@@ -1,10 +1,11 @@
 import { rename, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import type { CheckpointResult, ResumeResult } from "../driver.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import type { InstanceVms } from "./instance-vm.js";
-import { killVm, processStartTime, processUsage, snapshotAndQuit, stopGuest, waitGone } from "./qemu.js";
+import { killVm, processStartTime, processUsage, stopGuest, waitGone } from "./qemu.js";
+import { snapshotAndQuit } from "./qemu-migration.js";
 import { SNAPSHOT_TIMEOUT_MS } from "./template-snapshots.js";
 
 /**

@@ -1,9 +1,27 @@
-import type { NodeAgentConfig } from "../../node-agent/config.js";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import { sandboxLogCap } from "../log-cap.js";
 import { MicrovmDriver } from "./driver.js";
 import { ensureKernel } from "./guest-image.js";
-import { decideDriver, hostFacts, kvmBootTest, type ProbeResult } from "./probe.js";
+import { type DriverRequest, decideDriver, hostFacts, kvmBootTest, type ProbeResult } from "./probe.js";
+
+/** The node settings the choice of driver and the microvm driver need (the node agent's config has them all). */
+export interface RuntimeSelectionConfig {
+  readonly driver: DriverRequest;
+  readonly microvmDir: string;
+  readonly microvmKernel: string;
+  readonly microvmBootTimeoutMs: number;
+  readonly microvmRamFile: boolean;
+  readonly nodeBinary: string;
+  readonly envdRoot: string;
+  readonly uidBase: number;
+  readonly stateDir: string;
+  readonly instance: string;
+  readonly netCidr: string;
+  readonly readyTimeoutMs: number;
+  readonly dnsUpstream: string | undefined;
+  readonly uplinkForwarding: boolean;
+  readonly sandboxLogMaxBytes: number;
+}
 
 export interface RuntimeSelection {
   readonly probe: ProbeResult;
@@ -12,7 +30,7 @@ export interface RuntimeSelection {
 }
 
 /** Runs the capability probe for this node's config, logs its reasoning, and builds the microvm driver if chosen. */
-export async function selectRuntime(config: NodeAgentConfig, log: Logger): Promise<RuntimeSelection> {
+export async function selectRuntime(config: RuntimeSelectionConfig, log: Logger): Promise<RuntimeSelection> {
   const imageOptions = {
     dir: config.microvmDir,
     linuxDir: config.microvmKernel,

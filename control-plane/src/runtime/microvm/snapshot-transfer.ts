@@ -3,7 +3,7 @@ import { createHash } from "node:crypto";
 import { createReadStream, existsSync } from "node:fs";
 import { copyFile, link, mkdir, open, rm, stat, statfs, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import { exec } from "../exec.js";
 import type { SandboxSnapshots, SnapshotMeta, VmIdentity } from "./snapshots.js";
 import { readTar, type TarEntry } from "./tar-reader.js";

@@ -2,10 +2,11 @@ import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { copyFile, link, mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import type { SandboxResources, SnapshotImage, TemplateImage } from "../driver.js";
 import { exec } from "../exec.js";
-import { type Accel, saveMemory } from "./qemu.js";
+import type { Accel } from "./qemu.js";
+import { saveMemory } from "./qemu-migration.js";
 import { withQmp } from "./qmp.js";
 
 /**

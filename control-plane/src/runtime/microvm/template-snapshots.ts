@@ -2,10 +2,10 @@ import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
 import { chown, mkdir, rename, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
-import { withFileLock } from "../../templates/lock.js";
+import type { Logger } from "@warren/platform/log";
 import type { SandboxResources, TemplateImage } from "../driver.js";
 import { exec } from "../exec.js";
+import { withFileLock } from "../file-lock.js";
 import { type BootLimits, coldBoot, readyPorts } from "./boot.js";
 import {
   CODE_GATEWAY_PORT,
@@ -15,7 +15,8 @@ import {
   type GuestKernel,
 } from "./guest-image.js";
 import type { VmNetwork } from "./network.js";
-import { type Accel, kernelCmdline, killVm, snapshotAndQuit, type VmLaunch, waitGone } from "./qemu.js";
+import { type Accel, kernelCmdline, killVm, type VmLaunch, waitGone } from "./qemu.js";
+import { snapshotAndQuit } from "./qemu-migration.js";
 
 /** A template's saved VM (memory + disk) that creates restore; made with the template's default resources. */
 export interface TemplateSnapshot {

@@ -3,7 +3,7 @@ import { randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
 import { open, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import { exec } from "../exec.js";
 import { CODE_GATEWAY_PORT, ENVD_PORT, healthy, processStartTime } from "../sandbox-process.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
@@ -84,7 +84,7 @@ export interface InstanceContainersOptions {
   readonly uidBase: number;
   /** The host's node binary, bind-mounted read-only at /usr/local/bin/node (one copy of its pages per host). */
   readonly nodeBinary: string;
-  /** Directory holding envd/, proto/ and node_modules/ (the repository root), bind-mounted read-only. */
+  /** Directory holding envd/, proto/, platform/ and node_modules/ (the repository root), bind-mounted read-only. */
   readonly envdRoot: string;
   readonly readyTimeoutMs: number;
   /** Where writable layers come from (an ext4 image per sandbox, or tmpfs). */
@@ -143,6 +143,9 @@ export class InstanceContainers {
         { source: this.options.nodeBinary, destination: "/usr/local/bin/node" },
         { source: join(this.options.envdRoot, "envd"), destination: "/opt/warren/envd" },
         { source: join(this.options.envdRoot, "proto"), destination: "/opt/warren/proto" },
+        // `@warren/platform` (the logger, env parsing) for the code gateway and an unbundled envd: node_modules
+        // holds only a symlink to it.
+        { source: join(this.options.envdRoot, "platform"), destination: "/opt/warren/platform" },
         { source: join(this.options.envdRoot, "node_modules"), destination: "/opt/warren/node_modules" },
         // The gateway's imports (zeromq, sucrase, acorn) resolve from /opt/warren/node_modules above.
         ...(record.codeGateway

@@ -1,6 +1,6 @@
 import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import type { SandboxResources, SnapshotImage, TemplateImage } from "../driver.js";
 import { exec } from "../exec.js";
 import type { CgroupManager } from "./cgroups.js";

@@ -2,8 +2,8 @@ import { execFileSync } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { silentLogger } from "@warren/platform/log";
 import { afterAll, describe, expect, it } from "vitest";
-import { silentLogger } from "../../node-agent/log.js";
 import { LayerStore } from "./layer-store.js";
 
 // Real files, real tar, real xattrs (the tests run as root, like the node agent): what a snapshot layer must keep

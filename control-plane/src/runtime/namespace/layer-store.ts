@@ -5,8 +5,8 @@ import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promise
 import { basename, join, relative } from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
+import type { Logger } from "@warren/platform/log";
 import { isSnapshotId } from "@warren/proto/redis";
-import type { Logger } from "../../node-agent/log.js";
 import type { SandboxResources, SnapshotImage } from "../driver.js";
 import { exec } from "../exec.js";
 

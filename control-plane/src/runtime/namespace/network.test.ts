@@ -1,5 +1,5 @@
+import { silentLogger } from "@warren/platform/log";
 import { describe, expect, it } from "vitest";
-import { silentLogger } from "../../node-agent/log.js";
 import { NetworkPool } from "./network.js";
 
 describe("sandbox network addressing", () => {

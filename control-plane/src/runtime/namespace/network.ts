@@ -1,6 +1,6 @@
 import { existsSync } from "node:fs";
 import { readdir } from "node:fs/promises";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import { enableUplinkForwarding, SANDBOX_INTERFACES } from "../egress/uplink.js";
 import { exec, SerialQueue } from "../exec.js";
 import { ipString, mac, parseCidr } from "../net-addr.js";

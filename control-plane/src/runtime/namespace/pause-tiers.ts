@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import type { CheckpointResult, ResumeResult } from "../driver.js";
 import { processStartTime } from "../sandbox-process.js";
 import type { CgroupManager } from "./cgroups.js";

@@ -1,7 +1,7 @@
 import { existsSync } from "node:fs";
 import { rm } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import type { Instance, ReconcileResult } from "../driver.js";
 import { healthy, processStartTime } from "../sandbox-process.js";
 import type { CgroupManager } from "./cgroups.js";

@@ -2,8 +2,8 @@ import { execFileSync, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { silentLogger } from "@warren/platform/log";
 import { afterAll, describe, expect, it } from "vitest";
-import { silentLogger } from "../../node-agent/log.js";
 import { MAKE_DISK, MAKE_LAYER_DIRS, SandboxDisks } from "./sandbox-disks.js";
 
 // Real mkfs, loop devices and mounts (the tests run as root, like the node agent).

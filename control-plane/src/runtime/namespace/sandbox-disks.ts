@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { mkdir, readdir, rename, rm, rmdir } from "node:fs/promises";
 import { join } from "node:path";
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import { exec } from "../exec.js";
 import { unmountTree } from "./mounts.js";
 

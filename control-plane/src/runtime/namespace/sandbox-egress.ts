@@ -1,4 +1,4 @@
-import type { Logger } from "../../node-agent/log.js";
+import type { Logger } from "@warren/platform/log";
 import { type EgressGateway, nodeEgressGateway } from "../egress/gateway.js";
 import { CLOSED_EGRESS, compileEgress } from "../egress/policy.js";
 import { type GatewayPorts, sandboxFirewallRules } from "./egress-rules.js";

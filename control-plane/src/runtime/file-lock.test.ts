@@ -2,7 +2,7 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { withFileLock } from "./lock.js";
+import { withFileLock } from "./file-lock.js";
 
 describe("template build lock", () => {
   it("runs jobs holding the same lock one at a time, and releases it after a failure", async () => {

@@ -1,14 +1,14 @@
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, writeFileSync } from "node:fs";
 import { rm } from "node:fs/promises";
-import { request as httpsRequest } from "node:https";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { NODES_SET_KEY, nodeKey, parseRedisPrefix, routeKey } from "@warren/proto/redis";
 import { Redis } from "ioredis";
+import { assertRunning, waitForHttp, waitForTls } from "./readiness.js";
+import { clusterSecrets } from "./secrets.js";
 import {
   freePort,
-  GiveUp,
   type ManagedChild,
   startChild,
   startPrivatePostgres,
@@ -110,26 +110,8 @@ export class LocalCluster {
     const progress = this.options.onProgress ?? (() => undefined);
     mkdirSync(this.logDir, { recursive: true });
     try {
-      if (this.options.databaseUrl) {
-        this.databaseUrl = this.options.databaseUrl;
-      } else {
-        progress("starting a private PostgreSQL");
-        const pg = await startPrivatePostgres(join(this.dataDir, "postgres"), this.logDir);
-        this.processes.push(pg.process);
-        this.postgresChild = pg.process;
-        this.databaseUrl = pg.url;
-      }
-      if (this.options.redisUrl) {
-        this.redisUrl = this.options.redisUrl;
-      } else {
-        progress("starting a private Redis");
-        const redis = await startPrivateRedis(this.logDir);
-        this.processes.push(redis.process);
-        this.redisChild = redis.process;
-        this.redisUrl = redis.url;
-      }
-      this.dbSchema = this.options.databaseUrl ? `warren_${randomBytes(4).toString("hex")}` : "warren";
-      const secrets = this.secrets();
+      await this.startDatabases(progress);
+      const secrets = clusterSecrets(this.dataDir);
       const masterPort = await freePort();
       const apiPort = this.options.apiPort ?? (await freePort());
       const proxyPort = this.options.proxyPort ?? (await freePort());
@@ -138,9 +120,9 @@ export class LocalCluster {
       const clientDomain = tls && (proxyPort === 443 ? tls.domain : `${tls.domain}:${proxyPort}`);
       const common = {
         ...process.env,
-        DATABASE_URL: this.databaseUrl,
+        WARREN_DATABASE_URL: this.databaseUrl,
         WARREN_DB_SCHEMA: this.dbSchema,
-        REDIS_URL: this.redisUrl,
+        WARREN_REDIS_URL: this.redisUrl,
         // Team volumes: a folder the api and every node agent share (one host here; NFS or alike across hosts).
         WARREN_VOLUMES_DIR: join(this.dataDir, "volumes"),
         WARREN_ARTIFACTS_DIR: join(this.dataDir, "artifacts"),
@@ -155,7 +137,7 @@ export class LocalCluster {
         WARREN_MASTER_PORT: String(masterPort),
         ...(clientDomain ? { E2B_DOMAIN: clientDomain } : {}),
       });
-      await this.waitHttp(master, `http://127.0.0.1:${masterPort}/`, 30_000);
+      await waitForHttp(master, `http://127.0.0.1:${masterPort}/`, 30_000);
 
       progress("starting the api");
       const api = this.spawn("api", dist("control-plane/dist/api/main.js"), {
@@ -173,69 +155,11 @@ export class LocalCluster {
         ...this.options.env,
       });
       const apiUrl = `http://127.0.0.1:${apiPort}`;
-      await this.waitHttp(api, `${apiUrl}/health`, 30_000);
+      await waitForHttp(api, `${apiUrl}/health`, 30_000);
 
-      const agents = this.options.nodeAgents ?? 1;
       const relayToken = this.options.relay ? randomBytes(24).toString("hex") : undefined;
-      for (let i = 0; i < agents; i++) {
-        const instance = `${this.options.instancePrefix ?? ""}${String.fromCharCode(97 + i)}`;
-        const agentPort = await freePort();
-        progress(`starting node agent ${instance} (the first start builds the base template: about a minute)`);
-        const agentEnv = {
-          ...common,
-          WARREN_NODE_ID: `node-${instance}`,
-          WARREN_INSTANCE: instance,
-          WARREN_AGENT_LISTEN: `127.0.0.1:${agentPort}`,
-          WARREN_REDIS_URL: this.redisUrl,
-          WARREN_STATE_DIR: join(this.dataDir, `agent-${instance}`),
-          WARREN_NET_CIDR: this.options.nodeCidr?.(i) ?? `10.${201 + i}.0.0/16`,
-          WARREN_POOL_SIZE: String(this.options.poolSize ?? 2),
-          WARREN_KILL_ON_STOP: "1",
-          ...(relayToken ? { WARREN_RELAY_TOKEN: relayToken } : {}),
-          // The cluster's template store: a directory its agents share, unless the caller names one (a registry).
-          WARREN_STORE: this.options.env?.WARREN_STORE ?? `oci:${join(this.dataDir, "store")}`,
-        };
-        this.agentEnv.push(agentEnv);
-        this.nodeAgentChildren.push(this.spawn(`node-agent-${instance}`, NODE_AGENT_MAIN, agentEnv));
-      }
-
-      progress("waiting for the node agents to report");
-      await waitFor(
-        `${agents} node agent(s) up`,
-        async () => {
-          for (const child of this.processes) this.assertRunning(child);
-          const res = await fetch(`${apiUrl}/warren/v1/admin/nodes`, {
-            headers: { "X-Admin-Token": secrets.adminToken },
-          });
-          const nodes = (await res.json()) as { status?: string; state?: string }[];
-          const up = nodes.filter((n) => (n.status ?? n.state) === "up").length;
-          return up >= agents ? true : undefined;
-        },
-        600_000,
-      );
-
-      // A node agent heartbeats before its first template build ends (on a fresh machine, a minute of
-      // debootstrap): the cluster is ready only when every node lists the templates it prebuilds as ready.
-      const templates = this.options.readyTemplates ?? ["base"];
-      const announced = new Set<string>();
-      progress(`templates still building on the node agents: ${templates.join(", ")} (a first start runs debootstrap)`);
-      await waitFor(
-        "node agents' templates",
-        async () => {
-          for (const child of this.processes) this.assertRunning(child);
-          let all = true;
-          for (const templateId of templates) {
-            const ready = await this.nodesWithTemplate(templateId);
-            if (ready < agents) all = false;
-            else if (!announced.has(templateId)) {
-              announced.add(templateId);
-              progress(`template ${templateId} ready on ${ready} node agent(s)`);
-            }
-          }
-          return all ? true : undefined;
-        },
-        900_000,
-      );
+      const agents = await this.startNodeAgents(common, relayToken, progress);
+      await this.waitForNodeAgents(agents, apiUrl, secrets.adminToken, progress);
 
       progress("starting the proxy");
       const proxy = this.spawn("proxy", dist("proxy/dist/main.js"), {
@@ -250,33 +174,27 @@ export class LocalCluster {
               PROXY_API_URL: apiUrl,
             }
           : {}),
-        PROXY_REDIS_URL: this.redisUrl,
+        WARREN_REDIS_URL: this.redisUrl,
         PROXY_METRICS_PORT: "off",
         // Auto-resume: the proxy asks the api (internal endpoint) to resume a paused sandbox on traffic.
         PROXY_RESUME_URL: apiUrl,
-        PROXY_RESUME_TOKEN: secrets.internalToken,
+        WARREN_INTERNAL_TOKEN: secrets.internalToken,
         ...(relayToken ? { PROXY_RELAY: "always", PROXY_RELAY_TOKEN: relayToken } : {}),
         ...this.options.env,
       });
       const proxyUrl = `${tls ? "https" : "http"}://${proxyHost}:${proxyPort}`;
-      if (tls) await this.waitTls(proxy, proxyHost, proxyPort, tls);
-      else await this.waitHttp(proxy, `${proxyUrl}/`, 30_000);
+      if (tls) await waitForTls(proxy, proxyHost, proxyPort, tls);
+      else await waitForHttp(proxy, `${proxyUrl}/`, 30_000);
 
       progress("creating a team and an API key");
-      const res = await fetch(`${apiUrl}/warren/v1/admin/teams`, {
-        method: "POST",
-        headers: { "X-Admin-Token": secrets.adminToken, "Content-Type": "application/json" },
-        body: JSON.stringify({ name: `local-${randomBytes(3).toString("hex")}` }),
-      });
-      if (res.status !== 201) throw new Error(`creating a team failed: ${res.status} ${await res.text()}`);
-      const created = (await res.json()) as { apiKey: { key: string } };
+      const apiKey = await this.createTeam(apiUrl, secrets.adminToken);
       this.env = {
         E2B_API_URL: apiUrl,
         E2B_SANDBOX_URL: proxyUrl,
-        E2B_API_KEY: created.apiKey.key,
+        E2B_API_KEY: apiKey,
         WARREN_API_URL: apiUrl,
         WARREN_PROXY_URL: proxyUrl,
-        WARREN_API_KEY: created.apiKey.key,
+        WARREN_API_KEY: apiKey,
         WARREN_ADMIN_TOKEN: secrets.adminToken,
         ...(clientDomain ? { E2B_DOMAIN: clientDomain } : {}),
         E2B_VOLUME_API_URL: apiUrl,
@@ -286,6 +204,117 @@ export class LocalCluster {
       await this.stop();
       throw new Error(`${(error as Error).message}\n(logs in ${this.logDir})`);
     }
+  }
+
+  /** The PostgreSQL and Redis given in the options, or private ones under the data dir. */
+  private async startDatabases(progress: (line: string) => void): Promise<void> {
+    if (this.options.databaseUrl) {
+      this.databaseUrl = this.options.databaseUrl;
+    } else {
+      progress("starting a private PostgreSQL");
+      const pg = await startPrivatePostgres(join(this.dataDir, "postgres"), this.logDir);
+      this.processes.push(pg.process);
+      this.postgresChild = pg.process;
+      this.databaseUrl = pg.url;
+    }
+    if (this.options.redisUrl) {
+      this.redisUrl = this.options.redisUrl;
+    } else {
+      progress("starting a private Redis");
+      const redis = await startPrivateRedis(this.logDir);
+      this.processes.push(redis.process);
+      this.redisChild = redis.process;
+      this.redisUrl = redis.url;
+    }
+    // A shared PostgreSQL gets a schema of this cluster's own.
+    this.dbSchema = this.options.databaseUrl ? `warren_${randomBytes(4).toString("hex")}` : "warren";
+  }
+
+  /** Starts the node agents (each with its own instance tag, state dir, address range and port); returns how many. */
+  private async startNodeAgents(
+    common: NodeJS.ProcessEnv,
+    relayToken: string | undefined,
+    progress: (line: string) => void,
+  ): Promise<number> {
+    const agents = this.options.nodeAgents ?? 1;
+    for (let i = 0; i < agents; i++) {
+      const instance = `${this.options.instancePrefix ?? ""}${String.fromCharCode(97 + i)}`;
+      const agentPort = await freePort();
+      progress(`starting node agent ${instance} (the first start builds the base template: about a minute)`);
+      const agentEnv = {
+        ...common,
+        WARREN_NODE_ID: `node-${instance}`,
+        WARREN_INSTANCE: instance,
+        WARREN_AGENT_LISTEN: `127.0.0.1:${agentPort}`,
+        WARREN_REDIS_URL: this.redisUrl,
+        WARREN_STATE_DIR: join(this.dataDir, `agent-${instance}`),
+        WARREN_NET_CIDR: this.options.nodeCidr?.(i) ?? `10.${201 + i}.0.0/16`,
+        WARREN_POOL_SIZE: String(this.options.poolSize ?? 2),
+        WARREN_KILL_ON_STOP: "1",
+        ...(relayToken ? { WARREN_RELAY_TOKEN: relayToken } : {}),
+        // The cluster's template store: a directory its agents share, unless the caller names one (a registry).
+        WARREN_STORE: this.options.env?.WARREN_STORE ?? `oci:${join(this.dataDir, "store")}`,
+      };
+      this.agentEnv.push(agentEnv);
+      this.nodeAgentChildren.push(this.spawn(`node-agent-${instance}`, NODE_AGENT_MAIN, agentEnv));
+    }
+    return agents;
+  }
+
+  /**
+   * Until every node agent heartbeats and lists the templates it prebuilds as ready: an agent heartbeats before its
+   * first template build ends (on a fresh machine, a minute of debootstrap).
+   */
+  private async waitForNodeAgents(
+    agents: number,
+    apiUrl: string,
+    adminToken: string,
+    progress: (line: string) => void,
+  ): Promise<void> {
+    progress("waiting for the node agents to report");
+    await waitFor(
+      `${agents} node agent(s) up`,
+      async () => {
+        for (const child of this.processes) assertRunning(child);
+        const res = await fetch(`${apiUrl}/warren/v1/admin/nodes`, { headers: { "X-Admin-Token": adminToken } });
+        const nodes = (await res.json()) as { status?: string; state?: string }[];
+        const up = nodes.filter((n) => (n.status ?? n.state) === "up").length;
+        return up >= agents ? true : undefined;
+      },
+      600_000,
+    );
+    const templates = this.options.readyTemplates ?? ["base"];
+    const announced = new Set<string>();
+    progress(`templates still building on the node agents: ${templates.join(", ")} (a first start runs debootstrap)`);
+    await waitFor(
+      "node agents' templates",
+      async () => {
+        for (const child of this.processes) assertRunning(child);
+        let all = true;
+        for (const templateId of templates) {
+          const ready = await this.nodesWithTemplate(templateId);
+          if (ready < agents) all = false;
+          else if (!announced.has(templateId)) {
+            announced.add(templateId);
+            progress(`template ${templateId} ready on ${ready} node agent(s)`);
+          }
+        }
+        return all ? true : undefined;
+      },
+      900_000,
+    );
+  }
+
+  /** A team of this cluster's own with an API key (the key is returned). */
+  private async createTeam(apiUrl: string, adminToken: string): Promise<string> {
+    const res = await fetch(`${apiUrl}/warren/v1/admin/teams`, {
+      method: "POST",
+      headers: { "X-Admin-Token": adminToken, "Content-Type": "application/json" },
+      body: JSON.stringify({ name: `local-${randomBytes(3).toString("hex")}` }),
+    });
+    if (res.status !== 201) throw new Error(`creating a team failed: ${res.status} ${await res.text()}`);
+    const created = (await res.json()) as { apiKey: { key: string } };
+    return created.apiKey.key;
   }
 
   /** Stops every process, newest first: proxy, node agents (which remove their sandboxes), api, master, databases. */
@@ -403,73 +432,5 @@ export class LocalCluster {
     const child = startChild(name, process.execPath, [script], { env, logDir: this.logDir, cwd: REPO_ROOT });
     this.processes.push(child);
     return child;
-  }
-
-  private assertRunning(child: ManagedChild): void {
-    if (child.child.exitCode !== null || child.child.signalCode !== null) {
-      const tail = readFileSync(child.logFile, "utf8").split("\n").slice(-15).join("\n");
-      throw new GiveUp(
-        `${child.name} exited (${child.child.exitCode ?? child.child.signalCode}); its log ends:\n${tail}`,
-      );
-    }
-  }
-
-  private async waitHttp(child: ManagedChild, url: string, timeoutMs: number): Promise<void> {
-    await waitFor(
-      `${child.name} at ${url}`,
-      async () => {
-        this.assertRunning(child);
-        await fetch(url);
-        return true;
-      },
-      timeoutMs,
-    );
-  }
-
-  /** The proxy answers `api.<domain>/health` through TLS with the configured certificate (verified). */
-  private async waitTls(child: ManagedChild, host: string, port: number, tls: ClusterTls): Promise<void> {
-    const ca = tls.caFile ? readFileSync(tls.caFile) : undefined;
-    await waitFor(
-      `${child.name} at https://api.${tls.domain} (${host}:${port})`,
-      async () => {
-        this.assertRunning(child);
-        const status = await new Promise<number>((resolve, reject) => {
-          const req = httpsRequest(
-            {
-              host,
-              port,
-              path: "/health",
-              servername: `api.${tls.domain}`,
-              headers: { Host: `api.${tls.domain}` },
-              ca,
-            },
-            (res) => {
-              res.resume();
-              resolve(res.statusCode ?? 0);
-            },
-          );
-          req.on("error", reject);
-          req.end();
-        });
-        return status === 200 ? true : undefined;
-      },
-      30_000,
-    );
-  }
-
-  /** Token secret, admin token and the proxy→api internal token, generated once per data dir and kept (mode 0600). */
-  private secrets(): { tokenSecret: string; adminToken: string; internalToken: string } {
-    const file = join(this.dataDir, "secrets.json");
-    if (existsSync(file)) {
-      const kept = JSON.parse(readFileSync(file, "utf8"));
-      if (kept.internalToken) return kept;
-    }
-    const secrets = {
-      tokenSecret: randomBytes(32).toString("hex"),
-      adminToken: randomBytes(24).toString("hex"),
-      internalToken: randomBytes(24).toString("hex"),
-    };
-    writeFileSync(file, JSON.stringify(secrets), { mode: 0o600 });
-    return secrets;
   }
 }
