@@ -159,7 +159,7 @@ it("SIGTERM shuts every kernel down and leaves no process or runtime file behind
   expect(alive(tree)).toEqual([]);
   expect(processesMentioning(gateway.runtimeDir)).toEqual([]);
   expect(existsSync(gateway.runtimeDir)).toBe(false);
-  expect(gateway.logs()).toContain('"msg":"shutting down"');
+  expect(gateway.logs()).toContain('"msg":"stopping"');
 });
 
 it("a gateway killed with SIGKILL takes its kernels (and bash's shell) with it; the next gateway removes its files", async () => {

@@ -8,6 +8,16 @@ import {
 import type { Socket } from "node:net";
 import { type Duplex, Readable } from "node:stream";
 import { Pool } from "undici";
+import {
+  latin1Headers,
+  REQUEST_DROP,
+  RESPONSE_DROP,
+  REWRITE_REQUEST_DROP,
+  requestHeaders,
+  responseHeaders,
+  statusHead,
+  UPGRADE_REQUEST_DROP,
+} from "./forward-headers.js";
 import { openRelayTunnel, type RelayDialer, type TunnelCallback } from "./relay.js";
 
 /** Where one request goes: a sandbox port, reached as host:port, in one incarnation. */
@@ -44,40 +54,6 @@ export interface ForwardHooks {
   /** The exchange broke after it started (either side reset it). */
   onBroken(reason: UpstreamErrorReason): void;
 }
-
-/** Hop-by-hop headers (RFC 9110 §7.6.1) and the ones this proxy answers itself. */
-// warren-secret-*: only this proxy may hand secrets to envd (secret-grants.ts), never a client.
-// transfer-encoding: the request body is re-framed by the upstream client (chunked when its length is unknown).
-const REQUEST_DROP = new Set([
-  "transfer-encoding",
-  "connection",
-  "keep-alive",
-  "proxy-connection",
-  "te",
-  "trailer",
-  "upgrade",
-  "expect",
-  "warren-secret-grant",
-  "warren-secret-env",
-]);
-const REWRITE_REQUEST_DROP = new Set([...REQUEST_DROP, "content-length"]);
-const UPGRADE_REQUEST_DROP = new Set([
-  "keep-alive",
-  "proxy-connection",
-  "te",
-  "trailer",
-  "expect",
-  "warren-secret-grant",
-  "warren-secret-env",
-]);
-const RESPONSE_DROP = new Set([
-  "connection",
-  "keep-alive",
-  "proxy-connection",
-  "transfer-encoding",
-  "trailer",
-  "upgrade",
-]);
 
 /** A sandbox's pools are named `<sandboxId>|<exec>|<relay>|<host>:<port>`, so an incarnation's are found by prefix. */
 function poolKey(upstream: Upstream): string {
@@ -389,62 +365,6 @@ function deferredBody(req: IncomingMessage, onStart: () => void): Readable {
     },
   });
   return body;
-}
-
-function latin1Headers(raw: readonly Buffer[]): string[] {
-  const out = new Array<string>(raw.length);
-  for (let i = 0; i < raw.length; i++) out[i] = raw[i]!.toString("latin1");
-  return out;
-}
-
-/** Copies raw request headers minus `drop`, with Host masked when the route asks for it. */
-function requestHeaders(raw: readonly string[], drop: ReadonlySet<string>, upstream: Upstream): string[] {
-  const out: string[] = [];
-  const extraDrop = connectionListed(raw);
-  for (let i = 0; i < raw.length; i += 2) {
-    const name = raw[i]!;
-    const lower = name.toLowerCase();
-    if (drop.has(lower) || extraDrop?.has(lower)) continue;
-    if (lower === "host" && upstream.maskedHost !== undefined) {
-      out.push("Host", upstream.maskedHost, "X-Forwarded-Host", raw[i + 1]!);
-      continue;
-    }
-    if (lower === "x-forwarded-host" && upstream.maskedHost !== undefined) continue;
-    out.push(name, raw[i + 1]!);
-  }
-  return out;
-}
-
-function responseHeaders(raw: readonly string[], drop: ReadonlySet<string>): string[] {
-  const out: string[] = [];
-  const extraDrop = connectionListed(raw);
-  for (let i = 0; i < raw.length; i += 2) {
-    const lower = raw[i]!.toLowerCase();
-    if (drop.has(lower) || extraDrop?.has(lower)) continue;
-    out.push(raw[i]!, raw[i + 1]!);
-  }
-  return out;
-}
-
-/** Headers a `Connection:` header names as hop-by-hop (besides the usual keep-alive/close/upgrade). */
-function connectionListed(raw: readonly string[]): Set<string> | undefined {
-  let listed: Set<string> | undefined;
-  for (let i = 0; i < raw.length; i += 2) {
-    if (raw[i]!.length !== 10 || raw[i]!.toLowerCase() !== "connection") continue;
-    for (const token of raw[i + 1]!.split(",")) {
-      const name = token.trim().toLowerCase();
-      if (name === "" || name === "keep-alive" || name === "close" || name === "upgrade") continue;
-      listed ??= new Set();
-      listed.add(name);
-    }
-  }
-  return listed;
-}
-
-function statusHead(res: IncomingMessage, headers: readonly string[]): string {
-  let head = `HTTP/1.1 ${res.statusCode} ${res.statusMessage}\r\n`;
-  for (let i = 0; i < headers.length; i += 2) head += `${headers[i]}: ${headers[i + 1]}\r\n`;
-  return `${head}\r\n`;
 }
 
 /** Pipes two sockets into each other until either closes, errors or idles out. */

@@ -1,3 +1,4 @@
+export { tokenMatches, upstreamAddress } from "./admission.js";
 export { type RunningProxy, type StartOptions, startMetricsServer, startProxy } from "./app.js";
 export { RouteCache } from "./cache.js";
 export { ConfigError, loadConfig, type ProxyConfig } from "./config.js";
@@ -7,4 +8,4 @@ export { ProxyMetrics } from "./metrics.js";
 export { AutoResume, ResumeError, type ResumeRefusal, type ResumeRequest, type SandboxResumer } from "./resume.js";
 export { RouteStore } from "./routes.js";
 export { controlOnlyPath, Router, type RouteTarget, type RoutingFailure } from "./routing.js";
-export { SandboxProxy, tokenMatches, upstreamAddress } from "./server.js";
+export { SandboxProxy } from "./server.js";

@@ -1,4 +1,3 @@
-import { createHash, timingSafeEqual } from "node:crypto";
 import { readFileSync } from "node:fs";
 import {
   createServer as createHttpServer,
@@ -11,6 +10,7 @@ import { createServer as createHttpsServer } from "node:https";
 import type { AddressInfo } from "node:net";
 import type { Duplex } from "node:stream";
 import type { RouteEvent, SandboxRoute } from "@warren/proto/redis";
+import { type Admission, admit, type Decision, header } from "./admission.js";
 import type { ProxyConfig } from "./config.js";
 import { EnvdIntercept, type InterceptedKind, type Rewrite } from "./envd-intercept.js";
 import {
@@ -42,13 +42,6 @@ export interface SandboxProxyDeps {
   /** Enforces teams' exec policies on envd starts and file writes (exec-gate.ts); none: E2B's behaviour. */
   readonly execGate?: ExecGate;
 }
-
-type Admission = { readonly upstream: Upstream; readonly route?: SandboxRoute } | { readonly error: ProxyError };
-type Decision = Admission | { readonly resume: SandboxRoute };
-
-// E2B's placeholder in maskRequestHost, replaced by the requested port.
-// biome-ignore lint/suspicious/noTemplateCurlyInString: a literal placeholder, not a template
-const MASK_PORT_PLACEHOLDER = "${PORT}";
 
 /**
  * The data-plane edge: finds the sandbox a request addresses, checks what E2B's proxy checks,
@@ -295,34 +288,7 @@ export class SandboxProxy {
   }
 
   private check(target: RouteTarget, route: SandboxRoute | undefined, headers: IncomingHttpHeaders): Decision {
-    const { sandboxId, port } = target;
-    if (route === undefined) return { error: { kind: "sandbox-not-found", sandboxId } };
-    const envd = port === this.deps.config.envdPort;
-    if (!envd && !route.public) {
-      const token = header(headers, TRAFFIC_TOKEN_HEADER);
-      if (!token) return { error: { kind: "traffic-token-missing", sandboxId } };
-      if (!tokenMatches(token, route.trafficTokenHash)) return { error: { kind: "traffic-token-invalid", sandboxId } };
-    }
-    if (route.state !== "running") {
-      return route.autoResume && this.autoResume
-        ? { resume: route }
-        : { error: { kind: "sandbox-not-found", sandboxId } };
-    }
-    const address = upstreamAddress(route, port);
-    return {
-      upstream: {
-        sandboxId,
-        exec: route.exec,
-        host: address.host,
-        port: address.port,
-        maskedHost:
-          !envd && route.maskRequestHost
-            ? route.maskRequestHost.replaceAll(MASK_PORT_PLACEHOLDER, String(port))
-            : undefined,
-        ...(relayVia(this.deps.config, route) ? { relayVia: route.nodeAddr } : {}),
-      },
-      route,
-    };
+    return admit(this.deps.config, target, route, headers, this.autoResume !== undefined);
   }
 
   /** An envd request read before it goes on (envd-intercept.ts); refusals are answered there. */
@@ -517,43 +483,4 @@ export class SandboxProxy {
     this.requestCounter += 1;
     return `${process.pid.toString(36)}-${this.requestCounter.toString(36)}`;
   }
-}
-
-/** Whether this route's sandbox is reached through its node agent's relay (PROXY_RELAY). */
-export function relayVia(config: Pick<ProxyConfig, "relay" | "nodeId">, route: SandboxRoute): boolean {
-  if (config.relay === "off") return false;
-  return config.relay === "always" || route.node !== config.nodeId;
-}
-
-function header(headers: IncomingHttpHeaders, name: string): string | undefined {
-  const value = headers[name];
-  return Array.isArray(value) ? value[0] : value;
-}
-
-/** Constant-time comparison of SHA-256(token) with the route's hex digest. */
-export function tokenMatches(token: string, expectedHex: string): boolean {
-  const expected = Buffer.from(expectedHex, "hex");
-  const actual = createHash("sha256").update(token).digest();
-  return expected.length === actual.length && timingSafeEqual(actual, expected);
-}
-
-/** route.ports[P] when the node agent mapped the port elsewhere, else `<sandboxAddr>:P`. */
-export function upstreamAddress(route: SandboxRoute, port: number): { host: string; port: number } {
-  const mapped = route.ports[String(port)];
-  if (mapped) {
-    const colon = mapped.lastIndexOf(":");
-    const close = mapped.lastIndexOf("]");
-    if (colon > close && colon > 0) {
-      const mappedPort = Number(mapped.slice(colon + 1));
-      if (Number.isInteger(mappedPort) && mappedPort > 0 && mappedPort <= 65535) {
-        return { host: unbracket(mapped.slice(0, colon)), port: mappedPort };
-      }
-    }
-    return { host: unbracket(mapped), port };
-  }
-  return { host: unbracket(route.sandboxAddr), port };
-}
-
-function unbracket(host: string): string {
-  return host.startsWith("[") && host.endsWith("]") ? host.slice(1, -1) : host;
 }

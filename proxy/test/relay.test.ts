@@ -1,9 +1,9 @@
 import { request } from "node:http";
 import { type AddressInfo, connect, createServer, type Server, type Socket } from "node:net";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { relayVia } from "../src/admission.js";
 import { loadConfig } from "../src/config.js";
 import { openRelayTunnel } from "../src/relay.js";
-import { relayVia } from "../src/server.js";
 import {
   closedPort,
   RouteWriter,

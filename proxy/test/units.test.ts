@@ -1,12 +1,12 @@
 import { createHash } from "node:crypto";
 import type { SandboxRoute } from "@warren/proto/redis";
 import { describe, expect, it } from "vitest";
+import { tokenMatches, upstreamAddress } from "../src/admission.js";
 import { RouteCache } from "../src/cache.js";
 import { ConfigError, loadConfig } from "../src/config.js";
 import { goJson, wantsHtml } from "../src/errors.js";
 import { SandboxConnections } from "../src/limits.js";
 import { cleanPath, controlOnlyPath, Router, requestHostname } from "../src/routing.js";
-import { tokenMatches, upstreamAddress } from "../src/server.js";
 
 const ID = "i0123456789abcdefghij";
 

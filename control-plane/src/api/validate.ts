@@ -1,4 +1,5 @@
 import type { ApiRequestBody, ApiSchema, paths } from "@warren/proto/openapi";
+import { DEFAULT_SANDBOX_TIMEOUT_SECONDS, V1_CREATE_DEFAULT_TIMEOUT_SECONDS } from "@warren/proto/sandbox-lifetime";
 import { EgressPolicyError, validateEgressPolicy } from "../runtime/egress/policy.js";
 import type { ListCursor } from "../store/sandboxes.js";
 import { decodeCursor } from "../store/sandboxes.js";
@@ -188,7 +189,7 @@ export function parseMemoryMode(obj: Json): boolean | undefined {
 
 const TEMPLATE_REF = /^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}(:[A-Za-z0-9._-]{1,64})?$/;
 
-/** `POST /v2/sandboxes` (default timeout 300 s) and `POST /sandboxes` (v1: default 15 s). */
+/** `POST /v2/sandboxes` (default timeout 300 s) and `POST /sandboxes` (v1: default 15 s), E2B's defaults. */
 export function parseCreateBody(raw: unknown, version: 1 | 2): CreateSandboxBody {
   const obj = body(raw);
   const templateId = obj.templateID;
@@ -214,7 +215,7 @@ export function parseCreateBody(raw: unknown, version: 1 | 2): CreateSandboxBody
   if (autoResume && !autoPause) throw badRequest("autoResume requires autoPause to be true.");
   return {
     templateId,
-    timeoutSeconds: timeout ?? (version === 2 ? 300 : 15),
+    timeoutSeconds: timeout ?? (version === 2 ? DEFAULT_SANDBOX_TIMEOUT_SECONDS : V1_CREATE_DEFAULT_TIMEOUT_SECONDS),
     metadata: stringMap(obj, "metadata"),
     envVars: envVarMap(obj, "envVars"),
     autoPause,
@@ -238,7 +239,7 @@ export function parseConnectBody(raw: unknown, version: 1 | 2): ConnectBody {
   const timeout = optionalInt(obj, "timeout");
   if (timeout === undefined && version === 1) throw badRequest("timeout is required");
   if (timeout !== undefined && timeout < 0) throw badRequest("Timeout must not be negative");
-  return { timeoutSeconds: timeout || 300, memory: optionalBool(obj, "memory") };
+  return { timeoutSeconds: timeout || DEFAULT_SANDBOX_TIMEOUT_SECONDS, memory: optionalBool(obj, "memory") };
 }
 
 export function parseTimeoutBody(raw: unknown): number {

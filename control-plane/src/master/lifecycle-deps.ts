@@ -30,5 +30,5 @@ export interface LifecycleDeps {
   readonly config: LifecycleConfig;
 }
 
-/** The timeout a create, connect or auto-resume gives a sandbox when the request names none. */
-export const DEFAULT_TIMEOUT_SECONDS = 300;
+/** E2B's default lifetime, for requests that carry none (`@warren/proto/sandbox-lifetime`). */
+export { DEFAULT_SANDBOX_TIMEOUT_SECONDS as DEFAULT_TIMEOUT_SECONDS } from "@warren/proto/sandbox-lifetime";

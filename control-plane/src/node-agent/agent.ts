@@ -1,9 +1,9 @@
 import { randomBytes } from "node:crypto";
-import { mkdir, rm, stat } from "node:fs/promises";
+import { stat } from "node:fs/promises";
 import { cpus, freemem, totalmem } from "node:os";
 import { join } from "node:path";
 import { ENVD_ACCESS_TOKEN_HEADER, ENVD_LEASE_EVENTS_PATH, type EnvdLeaseEvents } from "@warren/proto/envd-http";
-import { isSandboxId, isSnapshotId } from "@warren/proto/redis";
+import { isSandboxId } from "@warren/proto/redis";
 import type { Instance, InstanceStats, RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
 import {
   CLOSED_EGRESS,
@@ -13,12 +13,13 @@ import {
   OPEN_EGRESS,
 } from "../runtime/egress/policy.js";
 import { driverServes } from "../templates/catalog.js";
-import { ImageError, type ImageErrorCode } from "../templates/oci/errors.js";
-import { type ImageCredentials, type PulledImage, pullImageRootfs } from "../templates/oci/pull.js";
+import type { ImageCredentials } from "../templates/oci/pull.js";
 import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
+import { adoptSandboxes } from "./adoption.js";
 import type { NodeAgentConfig } from "./config.js";
 import { initEnvd } from "./envd-client.js";
-import { AgentError, type AgentErrorCode } from "./errors.js";
+import { AgentError } from "./errors.js";
+import { type ImportedImage, importImage } from "./image-import.js";
 import type { Logger } from "./log.js";
 import { NodeSnapshots } from "./node-snapshots.js";
 import type { RoutePublisher } from "./routes.js";
@@ -41,20 +42,7 @@ import { SnapshotPools } from "./snapshot-pools.js";
 import { type PublishedSnapshot, SnapshotStore } from "./snapshot-store.js";
 import { StartGate, StartQueueFull } from "./start-gate.js";
 import { WarmPool, type WarmPoolOptions } from "./warm-pool.js";
-
-/** How an image that cannot become a template base is answered. */
-const IMAGE_ERROR_CODES: Record<ImageErrorCode, AgentErrorCode> = {
-  invalid_ref: "invalid_argument",
-  not_found: "not_found",
-  unauthorized: "failed_precondition",
-  too_large: "failed_precondition",
-  unsupported: "failed_precondition",
-  timeout: "unavailable",
-  failed: "internal",
-};
-
-/** How often running sandboxes are checked for a dead PID 1. */
-const WATCH_MS = 2_000;
+import { SandboxWatchdog } from "./watchdog.js";
 
 /**
  * The node agent: sandboxes by id on top of a runtime driver. Create takes a warm sandbox (or starts one),
@@ -79,8 +67,7 @@ export class NodeAgent {
   private readonly startGate: StartGate;
   private readonly builds = new Map<string, Promise<BuiltTemplate>>();
   private heartbeatTimer: NodeJS.Timeout | undefined;
-  private watchTimer: NodeJS.Timeout | undefined;
-  private watching = false;
+  private readonly watchdog: SandboxWatchdog;
   private generationCounter = 0;
   private draining = false;
   private started = false;
@@ -104,6 +91,14 @@ export class NodeAgent {
       config.maxQueuedStarts ?? 256,
     );
     this.snapshots = new NodeSnapshots(driver, this.queue, (sandboxId) => this.requireSandbox(sandboxId), log);
+    this.watchdog = new SandboxWatchdog({
+      driver,
+      queue: this.queue,
+      routes,
+      sandboxes: this.sandboxes,
+      isDraining: () => this.draining,
+      log,
+    });
     this.pauses = new SandboxPauses({
       driver,
       queue: this.queue,
@@ -161,8 +156,7 @@ export class NodeAgent {
     await this.heartbeat();
     this.heartbeatTimer = setInterval(() => void this.heartbeat(), this.config.heartbeatMs);
     this.heartbeatTimer.unref();
-    this.watchTimer = setInterval(() => void this.watch(), WATCH_MS);
-    this.watchTimer.unref();
+    this.watchdog.start();
     // Back from a Redis outage (a restart loses every key): beat and republish at once, not a period later,
     // so the master does not see the node as gone meanwhile.
     this.routes.onReady(() => {
@@ -412,50 +406,14 @@ export class NodeAgent {
     return this.store.pull(snapshotId, digest, (data) => this.snapshots.import(snapshotId, data));
   }
 
-  /**
-   * Pulls an OCI image, prepares its root filesystem for envd and keeps it as a files-only snapshot over the empty
-   * `scratch` template (the base of a template built `fromImage`). Nothing is left on failure.
-   */
+  /** An OCI image as a files-only snapshot over `scratch`, the base of a template built `fromImage` (image-import.ts). */
   async importImage(
     snapshotId: string,
     image: string,
     credentials: ImageCredentials | undefined,
-  ): Promise<{ snapshot: SnapshotImage; pulled: PulledImage; log: string[] }> {
-    if (!this.driver.snapshotFromDirectory) {
-      throw new AgentError("unimplemented", `the ${this.driver.name} driver cannot build templates from images`);
-    }
-    if (!isSnapshotId(snapshotId)) throw new AgentError("invalid_argument", `invalid snapshot id '${snapshotId}'`);
-    const scratch = await this.ensureTemplate("scratch");
-    const workDir = join(this.config.stateDir, "image-work");
-    const dest = join(workDir, `rootfs-${snapshotId}`);
-    const log: string[] = [];
-    try {
-      await mkdir(workDir, { recursive: true });
-      const images = this.config.images ?? { insecureRegistries: [], maxBytes: 8 * 2 ** 30 };
-      const pulled = await pullImageRootfs({
-        ref: image,
-        ...(credentials ? { credentials } : {}),
-        ...(images.dockerHubMirror ? { dockerHubMirror: images.dockerHubMirror } : {}),
-        insecureRegistries: images.insecureRegistries,
-        maxBytes: images.maxBytes,
-        workDir,
-        destRootfs: dest,
-        uidBase: this.config.uidBase,
-        nodeBinary: this.config.nodeBinary,
-        envdRoot: this.config.envdRoot,
-        onLog: (line) => log.push(line),
-      });
-      const snapshot = await this.driver.snapshotFromDirectory(snapshotId, scratch, dest, scratch.recipe.defaults);
-      this.log.info("image imported as a template base", { snapshotId, image: pulled.ref, digest: pulled.digest });
-      return { snapshot, pulled, log };
-    } catch (error) {
-      if (error instanceof ImageError) throw new AgentError(IMAGE_ERROR_CODES[error.code], error.message);
-      throw error instanceof AgentError
-        ? error
-        : new AgentError("internal", `importing image '${image}' failed: ${(error as Error).message}`);
-    } finally {
-      await rm(dest, { recursive: true, force: true });
-    }
+  ): Promise<ImportedImage> {
+    const deps = { driver: this.driver, config: this.config, log: this.log };
+    return importImage(deps, () => this.ensureTemplate("scratch"), { snapshotId, image, credentials });
   }
 
   /** Writes a file into a running sandbox through its envd, as root (a template build's COPY archive). */
@@ -698,7 +656,7 @@ export class NodeAgent {
   async close(options: { killAll?: boolean } = {}): Promise<void> {
     this.draining = true;
     if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
-    if (this.watchTimer) clearInterval(this.watchTimer);
+    this.watchdog.stop();
     this.pauses.close();
     for (const pool of this.pools.values()) await pool.close();
     await this.snapshotPools.closeAll();
@@ -713,41 +671,6 @@ export class NodeAgent {
     }
     await this.driver.close();
     await this.routes.close();
-  }
-
-  /**
-   * The watchdog: a running sandbox whose PID 1 exited (envd died with it: killed, or out of memory) is removed at
-   * once — route first, then everything it held — and why is left in Redis for the master, which records the
-   * sandbox lost with that reason. Nothing stays behind saying `running`.
-   */
-  private async watch(): Promise<void> {
-    const deathOf = this.driver.deathOf?.bind(this.driver);
-    if (!deathOf || this.draining || this.watching) return;
-    this.watching = true;
-    try {
-      for (const sandbox of [...this.sandboxes.values()]) {
-        if (sandbox.paused || !(await deathOf(sandbox.instanceId).catch(() => undefined))) continue;
-        await this.queue
-          .run(sandbox.sandboxId, async () => {
-            const current = this.sandboxes.get(sandbox.sandboxId);
-            if (!current || current.exec !== sandbox.exec || current.paused) return;
-            const reason = await deathOf(current.instanceId);
-            if (!reason) return;
-            this.sandboxes.delete(current.sandboxId);
-            await this.routes.recordCrash(current.sandboxId, reason).catch(() => undefined);
-            await this.routes.delete(current.sandboxId, current.exec, current.generation).catch(() => undefined);
-            await this.driver
-              .kill(current.instanceId)
-              .catch((error) =>
-                this.log.error("removing a dead sandbox failed", { sandboxId: current.sandboxId, error }),
-              );
-            this.log.warn("sandbox died; removed", { sandboxId: current.sandboxId, exec: current.exec, reason });
-          })
-          .catch(() => undefined);
-      }
-    } finally {
-      this.watching = false;
-    }
   }
 
   private async heartbeat(): Promise<void> {
@@ -767,40 +690,16 @@ export class NodeAgent {
     }
   }
 
+  /** Re-adopts what a previous agent left (adoption.ts). */
   private async reconcile(): Promise<void> {
-    const { adopted, removed } = await this.driver.reconcile();
-    let pooledRemoved = 0;
-    for (const instance of adopted) {
-      const summary = summaryOf(instance);
-      if (!summary || !isSandboxId(summary.sandboxId)) {
-        // A warm sandbox of the previous agent (never initialised, cheaper to replace than to track), or one whose
-        // id the route contract no longer accepts.
-        await this.driver.kill(instance.instanceId);
-        pooledRemoved++;
-        continue;
-      }
-      this.sandboxes.set(summary.sandboxId, summary);
-      if (instance.paused && !instance.checkpointed && !instance.stopped)
-        this.pauses.scheduleCheckpoint(summary.sandboxId);
-      const route = await this.routes.read(summary.sandboxId);
-      if (!route || route.exec === summary.exec) await this.routes.write(this.routeOf(summary));
-    }
-    for (const { labels } of removed) {
-      if (labels.sandboxId && labels.exec && isSandboxId(labels.sandboxId)) {
-        await this.routes.delete(labels.sandboxId, labels.exec, Number(labels.generation ?? 0));
-      }
-    }
-    for (const route of await this.routes.routesOfNode(this.config.nodeId)) {
-      if (!isSandboxId(route.sandboxId)) {
-        this.log.warn("route with an id the contract rejects left in Redis", { sandboxId: route.sandboxId });
-      } else if (this.sandboxes.get(route.sandboxId)?.exec !== route.exec) {
-        await this.routes.delete(route.sandboxId, route.exec, route.generation);
-      }
-    }
-    this.log.info("reconciled sandboxes after start", {
-      adopted: this.sandboxes.size,
-      removed: removed.map((r) => r.labels.sandboxId || r.instanceId),
-      pooledRemoved,
+    await adoptSandboxes({
+      driver: this.driver,
+      routes: this.routes,
+      sandboxes: this.sandboxes,
+      pauses: this.pauses,
+      routeOf: (summary) => this.routeOf(summary),
+      nodeId: this.config.nodeId,
+      log: this.log,
     });
   }
 

@@ -10,8 +10,13 @@ import { exec } from "../exec.js";
  *   namespace; shared with criu it is neither checked nor dumped, and a restore joins the target's the same way
  *   (a sandbox restored into another instance gets that instance's network).
  * - `--tcp-close`: established connections come back closed (the proxy dropped them at pause anyway);
- *   listening sockets are kept.
+ *   listening sockets are kept. `--skip-in-flight`: a connection a listening socket has not accepted yet when the
+ *   tree is dumped (a client's request racing a snapshot) is left out instead of failing the dump; its client sees
+ *   a reset, as with the established ones.
  * - the sandbox's stdout/stderr (envd.log on the host) is an external file, re-attached at restore.
+ * - bind mounts from the host are external mounts (`--ext-mount-map auto`), which CRIU 4 names by their host
+ *   source path; the instance's own files (resolv.conf, boot id) are named by their path in the sandbox instead,
+ *   so a restore into another instance maps them to that instance's files.
  * - `--freeze-cgroup`: criu seizes the tree from the frozen state, nothing runs in between; a cgroup that was
  *   frozen before the dump is frozen after it (with --leave-running too).
  */
@@ -36,6 +41,8 @@ export interface DumpOptions {
   readonly logFileKey: string;
   /** Keep the tree (frozen, as it was) after the dump: a snapshot, not a checkpoint that ends it. */
   readonly leaveRunning?: boolean;
+  /** Sandbox paths of the instance's own bind-mounted files (RestoreOptions.instanceFiles maps them back). */
+  readonly instanceFiles: readonly string[];
 }
 
 /** Dumps a frozen sandbox's process tree into `imagesDir` (created; removed again on failure). */
@@ -59,8 +66,10 @@ export async function criuDump(o: DumpOptions): Promise<void> {
       ...CRIU_COMMON,
       "--freeze-cgroup",
       o.freezerDir,
+      "--skip-in-flight",
       "--external",
       o.logFileKey,
+      ...o.instanceFiles.flatMap((inside) => ["--ext-mount-map", `${inside}:${inside}`]),
       ...(o.leaveRunning ? ["--leave-running"] : []),
     ],
     { allowFailure: true },

@@ -5,7 +5,7 @@ import type { SandboxResources, SnapshotImage, TemplateImage } from "../driver.j
 import { exec } from "../exec.js";
 import type { CgroupManager } from "./cgroups.js";
 import { criuDump, externalFileKey } from "./criu.js";
-import type { InstanceContainers } from "./instance-container.js";
+import { BOOT_ID, type InstanceContainers, RESOLV_CONF } from "./instance-container.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import { type LayeredSnapshot, LayerStore, type MemoryImage } from "./layer-store.js";
 import type { NetworkPool } from "./network.js";
@@ -120,6 +120,7 @@ export class InstanceSnapshots {
       freezerDir: this.options.cgroups.open(record.instanceId).freezerDir,
       logFileKey,
       leaveRunning: true,
+      instanceFiles: [RESOLV_CONF, BOOT_ID],
     });
     return { logFileKey, bootId };
   }

@@ -80,6 +80,7 @@ export class PauseTiers {
         imagesDir: images,
         freezerDir: cgroup.freezerDir,
         logFileKey,
+        instanceFiles: [RESOLV_CONF, BOOT_ID],
       });
     } catch (error) {
       // A failed dump leaves the tree running or frozen: make it frozen again, as the caller expects.
