@@ -1,0 +1,89 @@
+import { chmod, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { criuDump, criuRestore } from "./criu.js";
+import { BOOT_ID, RESOLV_CONF } from "./instance-container.js";
+
+// A stand-in criu that records its arguments (and, for a restore, writes the pid file CRIU would): the seam between
+// the dump of one instance and the restore into another, checked on any host, CRIU or not. The memory path itself
+// runs against the real CRIU in the whole-cluster tests where the host has it.
+const fakeCriu = (argsPrefix: string) => `#!/bin/sh
+printf '%s\\n' "$@" > "${argsPrefix}.$1"
+prev=""
+for arg in "$@"; do
+  if [ "$prev" = "--pidfile" ]; then echo $$ > "$arg"; fi
+  prev="$arg"
+done
+`;
+
+function mappings(args: string[]): Map<string, string> {
+  const map = new Map<string, string>();
+  args.forEach((arg, i) => {
+    if (arg !== "--ext-mount-map" || args[i + 1] === "auto") return;
+    const value = args[i + 1] ?? "";
+    const colon = value.indexOf(":");
+    map.set(value.slice(0, colon), value.slice(colon + 1));
+  });
+  return map;
+}
+
+describe("criu dump and restore name the instance's own files the same way", () => {
+  let dir = "";
+  let criu = "";
+  const argsOf = async (command: string) =>
+    (await readFile(join(dir, `args.${command}`), "utf8")).split("\n").filter(Boolean);
+
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), "warren-criu-args-"));
+    criu = join(dir, "criu");
+    await writeFile(criu, fakeCriu(join(dir, "args")));
+    await chmod(criu, 0o755);
+  });
+
+  afterAll(async () => {
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it("a restore into another instance maps resolv.conf and the boot id to that instance's files", async () => {
+    await criuDump({
+      criu,
+      netnsPath: "/proc/self/ns/net",
+      pid: process.pid,
+      imagesDir: join(dir, "images"),
+      freezerDir: join(dir, "freezer"),
+      logFileKey: "file[1:2]",
+      leaveRunning: true,
+      instanceFiles: [RESOLV_CONF, BOOT_ID],
+    });
+    const dump = await argsOf("dump");
+    // Named by their path in the sandbox, not by the source instance's host path (CRIU 4's `auto` key).
+    expect(mappings(dump)).toEqual(
+      new Map([
+        [RESOLV_CONF, RESOLV_CONF],
+        [BOOT_ID, BOOT_ID],
+      ]),
+    );
+    expect(dump).toContain("--skip-in-flight");
+
+    const target = { resolv: join(dir, "other", "resolv.conf"), bootId: join(dir, "other", "boot_id") };
+    await criuRestore({
+      criu,
+      netnsPath: "/proc/self/ns/net",
+      procsFiles: [],
+      imagesDir: join(dir, "images"),
+      workDir: join(dir, "other"),
+      rootfs: join(dir, "other", "rootfs"),
+      logPath: join(dir, "envd.log"),
+      logFileKey: "file[1:2]",
+      uid: process.getuid?.() ?? 0,
+      instanceFiles: { [RESOLV_CONF]: target.resolv, [BOOT_ID]: target.bootId },
+    });
+    const restore = mappings(await argsOf("restore"));
+    for (const [mountpoint, name] of mappings(dump)) {
+      expect(restore.get(name), `the restore maps ${mountpoint}`).toBe(
+        mountpoint === RESOLV_CONF ? target.resolv : target.bootId,
+      );
+    }
+  });
+});
