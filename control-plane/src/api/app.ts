@@ -20,7 +20,8 @@ import type { ApiMetrics } from "./metrics.js";
 import { sandboxRoutes } from "./sandboxes.js";
 import { secretInternalRoutes, secretRoutes } from "./secrets.js";
 import { snapshotRoutes } from "./snapshots.js";
-import { templateRoutes, templateUploadRoute } from "./templates.js";
+import { templateUploadRoute } from "./template-uploads.js";
+import { templateRoutes } from "./templates.js";
 import { type VolumeSettings, volumeContentRoutes, volumeRoutes } from "./volumes.js";
 
 export interface AppDeps {

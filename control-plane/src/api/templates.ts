@@ -1,44 +1,37 @@
 import { createHash, randomBytes, randomUUID } from "node:crypto";
 import type { Client } from "@connectrpc/connect";
 import type { MasterService } from "@warren/proto/master/v1/master_pb";
-import type { ApiSchema } from "@warren/proto/openapi";
 import { type NextFunction, type Request, type Response, Router } from "express";
 import { type Db, withTransaction } from "../store/db.js";
 import { teamNamespace } from "../store/snapshots.js";
 import type { Team } from "../store/teams.js";
+import { hasFiles, insertUploadLink } from "../store/template-files.js";
+import { collectUnusedLayers } from "../store/template-layers.js";
 import { findTemplateByRef, parseTag, parseTemplateName, TemplateNameError } from "../store/template-refs.js";
 import { BuildSpecError, parseBuildSpec } from "../store/template-spec.js";
+import { assignTags, DEFAULT_TAG, listTags, removeTags, resolveTag, tagsOfBuild } from "../store/template-tags.js";
 import {
-  assignTags,
   type BuildLogEntry,
   type BuildRecord,
   clearBuildSpec,
-  collectUnusedLayers,
-  DEFAULT_TAG,
   deleteTemplate,
   getBuild,
   getTemplate,
-  hasFiles,
   insertBuild,
   insertTemplate,
-  insertUploadLink,
   listBuilds,
-  listTags,
   listTeamTemplates,
   newTemplateId,
-  putFiles,
   readBuildLogs,
-  removeTags,
-  resolveTag,
   setTemplatePublic,
   storeBuildSpec,
   type TemplateRecord,
-  tagsOfBuild,
-  takeUploadLink,
   templateByAlias,
 } from "../store/templates.js";
 import { ApiError, badRequest } from "./errors.js";
 import { master, team } from "./sandboxes.js";
+import { UPLOAD_PATH } from "./template-uploads.js";
+import { buildView, logEntryView, templateView } from "./template-views.js";
 import { body } from "./validate.js";
 
 export interface TemplateRoutesDeps {
@@ -55,11 +48,6 @@ const ENVD_VERSION = "0.6.4";
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const FILES_HASH = /^[0-9a-f]{64}$/;
 const UPLOAD_LINK_SECONDS = 30 * 60;
-/** How much of an over-limit upload is read and dropped to answer 413 cleanly. */
-const DRAIN_MAX_BYTES = 64 * 1024 * 1024;
-const ZERO_UUID = "00000000-0000-0000-0000-000000000000";
-/** Path of the signed upload links the files handshake hands out (no API key: the token authorizes). */
-export const UPLOAD_PATH = "/warren/v1/template-uploads";
 
 function nameError<T>(fn: () => T): T {
   try {
@@ -98,110 +86,12 @@ function resources(b: Record<string, unknown>): { cpuCount: number; memoryMB: nu
   return { cpuCount, memoryMB };
 }
 
-function logEntryView(entry: BuildLogEntry): ApiSchema<"BuildLogEntry"> {
-  return {
-    timestamp: entry.timestamp.toISOString(),
-    level: entry.level,
-    message: entry.message,
-    ...(entry.step ? { step: entry.step } : {}),
-  };
-}
-
 /** The template a path parameter names (id or name) for the caller: 404 when unknown, 403 when another team's. */
 async function ownTemplate(db: Db, res: Response, ref: string): Promise<TemplateRecord> {
   const resolved = await findTemplateByRef(db, owner(res), ref);
   if (!resolved) throw new ApiError(404, `template '${ref}' not found`);
   if (!resolved.owned) throw new ApiError(403, `template '${ref}' belongs to another team`);
   return resolved.template;
-}
-
-async function templateView(db: Db, t: TemplateRecord, namespace: string): Promise<ApiSchema<"Template">> {
-  const builds = await listBuilds(db, t.id, 100);
-  const defaultBuild = await resolveTag(db, t.id, DEFAULT_TAG);
-  const latest = builds[0];
-  return {
-    templateID: t.id,
-    buildID: defaultBuild?.id ?? ZERO_UUID,
-    buildStatus: latest?.status ?? "waiting",
-    cpuCount: t.cpuCount,
-    memoryMB: t.memoryMB,
-    diskSizeMB: defaultBuild?.diskSizeMB ?? t.diskSizeMB,
-    envdVersion: t.envdVersion,
-    public: t.public,
-    names: t.alias ? [`${namespace}/${t.alias}`] : [],
-    aliases: t.alias ? [t.alias] : [],
-    createdAt: t.createdAt.toISOString(),
-    updatedAt: t.updatedAt.toISOString(),
-    lastSpawnedAt: t.lastSpawnedAt?.toISOString() ?? null,
-    spawnCount: t.spawnCount,
-    buildCount: builds.length,
-    createdBy: null,
-  };
-}
-
-function buildView(b: BuildRecord): ApiSchema<"TemplateBuild"> {
-  return {
-    buildID: b.id,
-    status: b.status,
-    createdAt: b.createdAt.toISOString(),
-    updatedAt: b.updatedAt.toISOString(),
-    ...(b.finishedAt ? { finishedAt: b.finishedAt.toISOString() } : {}),
-    cpuCount: b.cpuCount,
-    memoryMB: b.memoryMB,
-    diskSizeMB: b.diskSizeMB,
-    envdVersion: b.envdVersion,
-  };
-}
-
-/**
- * The signed upload of a COPY archive (the SDK sends no API key): the one-time token in the path authorizes one
- * team and hash for 30 minutes. The body must be a tar archive (gzip or plain) no larger than the limit.
- */
-export function templateUploadRoute(deps: TemplateRoutesDeps): Router {
-  const router = Router();
-  router.put(`${UPLOAD_PATH}/:token`, async (req: Request, res: Response) => {
-    const token = String(req.params.token);
-    if (!/^[A-Za-z0-9_-]{20,100}$/.test(token)) throw new ApiError(403, "invalid or expired upload link");
-    const declared = Number(req.get("content-length") ?? Number.NaN);
-    // Over the limit: the rest of the body is read and dropped (up to a bound), so the client gets its 413 rather
-    // than a reset connection; beyond the bound the connection closes after the answer.
-    const tooLarge = (what: string) =>
-      new ApiError(413, `${what} is larger than the limit of ${deps.maxUploadBytes} bytes`);
-    const drainBound = deps.maxUploadBytes + DRAIN_MAX_BYTES;
-    if (declared > drainBound) {
-      res.setHeader("Connection", "close");
-      throw tooLarge(`upload of ${declared} bytes`);
-    }
-    const chunks: Buffer[] = [];
-    let size = 0;
-    for await (const chunk of req) {
-      size += (chunk as Buffer).length;
-      if (size > drainBound) {
-        res.setHeader("Connection", "close");
-        throw tooLarge("upload");
-      }
-      if (size <= deps.maxUploadBytes) chunks.push(chunk as Buffer);
-    }
-    if (size > deps.maxUploadBytes) throw tooLarge(`upload of ${size} bytes`);
-    const data = Buffer.concat(chunks);
-    if (!looksLikeArchive(data)) throw badRequest("the upload is not a tar archive (gzip-compressed or plain)");
-    const tokenHash = createHash("sha256").update(token).digest("hex");
-    const link = await withTransaction(deps.db, async (tx) => {
-      const taken = await takeUploadLink(tx, tokenHash);
-      if (taken) await putFiles(tx, taken.teamId, taken.hash, data);
-      return taken;
-    });
-    if (!link) throw new ApiError(403, "invalid or expired upload link");
-    res.status(200).end();
-  });
-  return router;
-}
-
-/** A gzip stream, or a ustar/GNU tar header (magic at offset 257), or an empty archive of zero blocks. */
-function looksLikeArchive(data: Buffer): boolean {
-  if (data.length >= 2 && data[0] === 0x1f && data[1] === 0x8b) return true;
-  if (data.length >= 512 && data.subarray(257, 262).toString("latin1") === "ustar") return true;
-  return data.length >= 1024 && data.length % 512 === 0 && data.subarray(0, 1024).every((b) => b === 0);
 }
 
 /**

@@ -13,7 +13,8 @@ import {
 } from "../store/snapshots.js";
 import { getTeam, type Team } from "../store/teams.js";
 import { findTemplateByRef, readyBuildOf } from "../store/template-refs.js";
-import { type BuildRecord, hasPendingBuild, recordSpawn, type TemplateRecord } from "../store/templates.js";
+import { hasPendingBuild } from "../store/template-tags.js";
+import { type BuildRecord, recordSpawn, type TemplateRecord } from "../store/templates.js";
 import { admitSandbox } from "./admission.js";
 import { MasterError, notFound } from "./errors.js";
 import { DEFAULT_TIMEOUT_SECONDS, type LifecycleDeps } from "./lifecycle-deps.js";

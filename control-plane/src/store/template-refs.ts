@@ -1,12 +1,6 @@
 import type { Queryable } from "./db.js";
-import {
-  type BuildRecord,
-  DEFAULT_TAG,
-  getTemplate,
-  resolveTag,
-  type TemplateRecord,
-  templateByAlias,
-} from "./templates.js";
+import { DEFAULT_TAG, resolveTag } from "./template-tags.js";
+import { type BuildRecord, getTemplate, type TemplateRecord, templateByAlias } from "./templates.js";
 
 /** A template name as E2B parses it (`ParseName`): `alias`, `alias:tag`, `namespace/alias:tag`. */
 export interface TemplateName {

@@ -3,15 +3,10 @@ import type { NodeHeartbeat } from "@warren/proto/redis";
 import { effectiveEgress } from "../../runtime/egress/policy.js";
 import type { Db } from "../../store/db.js";
 import { reservedMemoryByNode } from "../../store/nodes.js";
-import {
-  getLiveSnapshot,
-  insertSnapshot,
-  setSnapshotDigest,
-  snapshotHolders,
-  teamNamespace,
-} from "../../store/snapshots.js";
+import { getLiveSnapshot, insertSnapshot, setSnapshotDigest, snapshotHolders } from "../../store/snapshots.js";
 import { getTeam, type Team } from "../../store/teams.js";
-import { findTemplateByRef, readyBuildOf } from "../../store/template-refs.js";
+import { getFiles } from "../../store/template-files.js";
+import { findLayer, type LayerRecord, putLayer } from "../../store/template-layers.js";
 import { parseBuildSpec, type TemplateBuildSpec, type TemplateStep } from "../../store/template-spec.js";
 import {
   addBuildLayerKey,
@@ -20,23 +15,20 @@ import {
   type BuildRecord,
   type BuildResult,
   failAbandonedBuilds,
-  findLayer,
   getBuild,
-  getFiles,
-  type LayerRecord,
   markBuildBuilding,
   markBuildFailed,
   markBuildReady,
-  putLayer,
   touchBuild,
 } from "../../store/templates.js";
 import { MasterError } from "../errors.js";
 import type { Logger } from "../log.js";
-import type { ImportedImage, NodeAgentClient, NodeAgentConnector } from "../node-agent-client.js";
+import type { NodeAgentClient, NodeAgentConnector } from "../node-agent-client.js";
 import type { NodeRegistry } from "../node-registry.js";
 import { rankNodes } from "../placement.js";
 import { ensureSnapshotOn, holdersFirst } from "../snapshot-copies.js";
 import type { TokenIssuer } from "../tokens.js";
+import { type BuildBase, resolveBuildBase } from "./build-base.js";
 import { BuildLog } from "./build-log.js";
 import {
   changesFiles,
@@ -52,6 +44,7 @@ import {
   workdirCommand,
   workdirTarget,
 } from "./build-steps.js";
+import { PhaseError } from "./phase-error.js";
 import { runToExit, StartReadyError, startAndAwaitReady } from "./start-ready.js";
 
 export interface TemplateBuildConfig {
@@ -75,37 +68,12 @@ export interface TemplateBuilderDeps {
   readonly memoryOvercommit: number;
 }
 
-/** Where a build starts: a node template (shipped, or an image prepared on a node) or a parent build's layer. */
-interface BuildBase {
-  readonly nodeTemplateId: string;
-  readonly key: string;
-  readonly description: string;
-  readonly snapshot?: { readonly id: string; readonly nodeId: string };
-  readonly context: BuildContext;
-  readonly startCmd: string | null;
-  readonly readyCmd: string | null;
-}
-
-/** A failure attributed to a phase (`base`, `1`…`N`, `finalize`), E2B's `reason.step`. */
-class PhaseError extends Error {
-  constructor(
-    readonly step: string | undefined,
-    message: string,
-  ) {
-    super(message);
-    this.name = "PhaseError";
-  }
-}
-
 /** Registry credentials of a build's `fromImage`, from the trigger (never stored). */
 export interface RegistryLogin {
   readonly username: string;
   readonly password: string;
 }
 
-const DEFAULT_CONTEXT: BuildContext = { user: "user", workdir: null, env: {} };
-/** Matches E2B's default base image, which is Warren's `base` template. */
-const E2B_BASE_IMAGE = /^(?:(?:docker\.io|index\.docker\.io)\/)?e2bdev\/base(?::[\w.-]+)?$/;
 const HEARTBEAT_MS = 10_000;
 
 /**
@@ -206,7 +174,10 @@ export class TemplateBuilder {
     onPlaced: (placed: { node: NodeAgentClient; nodeId: string }) => void,
   ): Promise<BuildResult> {
     const { db, tokens } = this.deps;
-    const base = await this.resolveBase(team, spec, build, credentials, buildLog);
+    const base = await resolveBuildBase(
+      { ...this.deps, reachable: (snapshotId) => this.reachable(snapshotId) },
+      { team, spec, build, credentials, buildLog },
+    );
     buildLog.info(`[base] ${base.description} [${base.key.slice(0, 12)}]`, "base");
     const defaultUserKey = hashKeys(base.key, "DEFAULT USER", "user");
     const steps = spec.steps;
@@ -323,139 +294,6 @@ export class TemplateBuilder {
       context,
       layerKeys: keys,
       diskSizeMB: this.deps.config.sandboxDiskMB,
-    };
-  }
-
-  private async resolveBase(
-    team: Team,
-    spec: TemplateBuildSpec,
-    build: BuildRecord,
-    credentials: RegistryLogin | undefined,
-    buildLog: BuildLog,
-  ): Promise<BuildBase> {
-    if (spec.fromTemplate) {
-      const resolved = await findTemplateByRef(
-        this.deps.db,
-        { id: team.id, namespace: teamNamespace(team.name) },
-        spec.fromTemplate,
-      );
-      if (!resolved) throw new PhaseError("base", `template '${spec.fromTemplate}' not found`);
-      const { template } = resolved;
-      if (template.teamId === null) {
-        return {
-          nodeTemplateId: template.id,
-          key: hashKeys("warren-v1", `template:${template.id}`),
-          description: `FROM TEMPLATE ${spec.fromTemplate}`,
-          context: DEFAULT_CONTEXT,
-          startCmd: null,
-          readyCmd: null,
-        };
-      }
-      const parent = await readyBuildOf(this.deps.db, resolved);
-      if (!parent) throw new PhaseError("base", `template '${spec.fromTemplate}' has no ready build`);
-      return {
-        nodeTemplateId: parent.baseTemplateId as string,
-        key: hashKeys("warren-v1", `template:${parent.id}`),
-        description: `FROM TEMPLATE ${spec.fromTemplate}`,
-        ...(parent.layerSnapshotId
-          ? { snapshot: { id: parent.layerSnapshotId, nodeId: parent.nodeId as string } }
-          : {}),
-        // E2B's default-user phase runs for child templates too: they start as `user`.
-        context: { user: "user", workdir: parent.defaultWorkdir, env: parent.envVars },
-        startCmd: parent.startCmd,
-        readyCmd: parent.readyCmd,
-      };
-    }
-    const image = spec.fromImage ?? "";
-    if (E2B_BASE_IMAGE.test(image)) {
-      return {
-        nodeTemplateId: "base",
-        key: hashKeys("warren-v1", "template:base"),
-        description: `FROM ${image}`,
-        context: DEFAULT_CONTEXT,
-        startCmd: null,
-        readyCmd: null,
-      };
-    }
-    return this.imageBase(team, spec, build, credentials, buildLog);
-  }
-
-  /**
-   * An OCI image as the base: pulled by a node (ImportImage) into a files-only snapshot over the empty `scratch`
-   * template, cached as the team's layer under E2B's base key (the reference as text: a moved tag needs `force`).
-   * The context is E2B's after the default-user phase: `user`, no workdir, the image's environment.
-   */
-  private async imageBase(
-    team: Team,
-    spec: TemplateBuildSpec,
-    build: BuildRecord,
-    credentials: RegistryLogin | undefined,
-    buildLog: BuildLog,
-  ): Promise<BuildBase> {
-    const { db } = this.deps;
-    const image = spec.fromImage ?? "";
-    const key = hashKeys("warren-v1", "image", image);
-    const description = `FROM ${image}`;
-    const cached = spec.force ? undefined : await findLayer(db, team.id, key);
-    if (cached && (await this.reachable(cached.snapshotId))) {
-      buildLog.info(`CACHED [base] ${description}`, "base");
-      await addBuildLayerKey(db, build.id, key);
-      return {
-        nodeTemplateId: "scratch",
-        key,
-        description,
-        snapshot: { id: cached.snapshotId, nodeId: cached.nodeId },
-        context: cached.context,
-        startCmd: null,
-        readyCmd: null,
-      };
-    }
-    const [nodes, reserved] = await Promise.all([this.deps.registry.placeableNodes(), reservedMemoryByNode(db)]);
-    const node = rankNodes(
-      nodes,
-      reserved,
-      { templateId: "scratch", memoryMB: build.memoryMB },
-      { memoryOvercommit: this.deps.memoryOvercommit },
-    )[0];
-    if (!node) throw new PhaseError("base", "no node can pull an image now");
-    const id = `l${randomBytes(10).toString("hex")}`;
-    buildLog.info(`[base] pulling ${image} on node ${node.nodeId}`, "base");
-    let imported: ImportedImage;
-    try {
-      imported = await this.deps.nodeAgent(node.nodeId, node.addr).importImage(id, image, credentials);
-    } catch (error) {
-      throw new PhaseError("base", (error as Error).message.replace(/^[A-Z][a-z]+: /, ""));
-    }
-    for (const line of imported.log) buildLog.info(`[base] ${line}`, "base");
-    const context: BuildContext = { user: "user", workdir: null, env: imageEnv(imported.env) };
-    await insertSnapshot(db, {
-      id,
-      teamId: team.id,
-      name: null,
-      kind: "layer",
-      sourceSandboxId: build.buildSandboxId as string,
-      nodeId: node.nodeId,
-      templateId: imported.snapshot.templateId,
-      driver: imported.snapshot.driver,
-      memory: false,
-      sizeBytes: imported.snapshot.sizeBytes,
-      cpuCount: build.cpuCount,
-      memoryMB: build.memoryMB,
-      diskSizeMB: this.deps.config.sandboxDiskMB,
-      envVars: { ...context.env },
-      metadata: { image: imported.resolved, digest: imported.digest },
-    });
-    await putLayer(db, team.id, { key, snapshotId: id, nodeId: node.nodeId, context });
-    await addBuildLayerKey(db, build.id, key);
-    buildLog.info(`[base] ${description} (${imported.resolved}@${imported.digest}) [${key.slice(0, 12)}]`, "base");
-    return {
-      nodeTemplateId: "scratch",
-      key,
-      description,
-      snapshot: { id, nodeId: node.nodeId },
-      context,
-      startCmd: null,
-      readyCmd: null,
     };
   }
 
@@ -689,16 +527,6 @@ function connectReason(error: unknown): string {
   if (!match) return message;
   const code = (match[1] as string).replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
   return `${code}: ${match[2]}`;
-}
-
-/** An image config's `K=V` list as a map (a later duplicate wins, as in Docker). */
-function imageEnv(env: readonly string[]): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const entry of env) {
-    const eq = entry.indexOf("=");
-    if (eq > 0) out[entry.slice(0, eq)] = entry.slice(eq + 1);
-  }
-  return out;
 }
 
 function failureReason(error: unknown, signal: AbortSignal): BuildReason {

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { mkdir, readFile, rm, stat } from "node:fs/promises";
+import { mkdir, readFile, rm } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
 import type {
@@ -20,10 +20,11 @@ import { DEFAULT_LOG_CAP, LogCap, type LogCapLimits } from "../log-cap.js";
 import { bootLimits } from "./boot.js";
 import { VmEgress } from "./egress.js";
 import { type InstanceRecord, InstanceRecords, toInstance } from "./instance-records.js";
+import { vmStats } from "./instance-stats.js";
 import { InstanceVms } from "./instance-vm.js";
 import { VmNetwork, type VmNetworkSlot } from "./network.js";
 import { PauseTiers } from "./pause-tiers.js";
-import { type Accel, kernelCmdline, killVm, processUsage } from "./qemu.js";
+import { type Accel, kernelCmdline, killVm } from "./qemu.js";
 import { reconcileInstances } from "./reconcile.js";
 import { qemuVersion, SnapshotTransfer } from "./snapshot-transfer.js";
 import {
@@ -415,31 +416,10 @@ export class MicrovmDriver implements RuntimeDriver {
     return [...this.instances.values()].map((r) => this.toInstance(r));
   }
 
-  /**
-   * Host-side view: memory (the guest's RAM, QEMU's own, their page cache) and CPU time of QEMU's cgroup, against
-   * the cgroup's memory limit (guest + QEMU's allowance, also when no QEMU runs); the disk layer's allocated
-   * bytes. A QEMU without a cgroup (adoption failed) is measured by its process.
-   */
+  /** Host-side view of the VM (instance-stats.ts). */
   async stats(instanceId: string): Promise<InstanceStats> {
     const record = this.require(instanceId);
-    const cgroup = record.pid !== undefined ? this.cgroups.find(instanceId) : undefined;
-    const usage = cgroup
-      ? await cgroup.usage()
-      : record.pid !== undefined
-        ? await processUsage(record.pid).then((u) => ({ memoryBytes: u.rssBytes, cpuUsec: u.cpuUsec }))
-        : { memoryBytes: 0, cpuUsec: 0 };
-    const disk = await stat(join(this.instanceDir(instanceId), "disk.qcow2")).catch(() => undefined);
-    return {
-      memoryUsageBytes: usage.memoryBytes,
-      // The sandbox's memory is its guest's (what E2B's memTotal means); the usage above is what the whole VM costs
-      // the host (its cgroup: guest pages QEMU touched plus QEMU's own), which may exceed it under TCG.
-      memoryLimitBytes: record.resources.memoryMiB * 2 ** 20,
-      cpuUsageUsec: usage.cpuUsec,
-      pids: 0,
-      pidsLimit: record.resources.pidsMax,
-      diskUsageBytes: disk ? disk.blocks * 512 : 0,
-      diskLimitBytes: record.resources.diskMiB * 2 ** 20,
-    };
+    return vmStats(record, this.instanceDir(instanceId), this.cgroups);
   }
 
   async reconcile(): Promise<ReconcileResult> {
