@@ -1,8 +1,6 @@
 import { randomBytes } from "node:crypto";
-import { stat } from "node:fs/promises";
 import { cpus, freemem, totalmem } from "node:os";
 import { join } from "node:path";
-import { ENVD_ACCESS_TOKEN_HEADER, ENVD_LEASE_EVENTS_PATH, type EnvdLeaseEvents } from "@warren/proto/envd-http";
 import { isSandboxId } from "@warren/proto/redis";
 import type { Instance, InstanceStats, RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
 import {
@@ -17,7 +15,7 @@ import type { ImageCredentials } from "../templates/oci/pull.js";
 import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
 import { adoptSandboxes } from "./adoption.js";
 import type { NodeAgentConfig } from "./config.js";
-import { initEnvd } from "./envd-client.js";
+import { fetchLeaseEvents, initEnvd } from "./envd-client.js";
 import { AgentError } from "./errors.js";
 import { type ImportedImage, importImage } from "./image-import.js";
 import type { Logger } from "./log.js";
@@ -41,6 +39,7 @@ import { SandboxQueue } from "./sandbox-queue.js";
 import { SnapshotPools } from "./snapshot-pools.js";
 import { type PublishedSnapshot, SnapshotStore } from "./snapshot-store.js";
 import { StartGate, StartQueueFull } from "./start-gate.js";
+import { volumeBinds } from "./volume-binds.js";
 import { WarmPool, type WarmPoolOptions } from "./warm-pool.js";
 import { SandboxWatchdog } from "./watchdog.js";
 
@@ -280,7 +279,7 @@ export class NodeAgent {
     const log = this.log.child({ sandboxId: input.sandboxId, templateId: input.templateId });
     try {
       const defaults = template.recipe.defaults;
-      const volumes = await this.volumeBinds(input);
+      const volumes = await volumeBinds(input, this.config.volumesDir, this.driver);
       const poolable =
         volumes.length === 0 &&
         !input.command &&
@@ -332,35 +331,6 @@ export class NodeAgent {
     } finally {
       this.creating.delete(input.sandboxId);
     }
-  }
-
-  /**
-   * The host folders of the create's volumes. Each must exist already (the api makes it when the volume is
-   * created): a missing one means this node does not share the api's WARREN_VOLUMES_DIR, or the volume was deleted.
-   */
-  private async volumeBinds(input: CreateSandboxInput): Promise<{ source: string; destination: string }[]> {
-    const binds: { source: string; destination: string }[] = [];
-    if (input.volumeMounts?.length && !this.driver.mountsVolumes) {
-      throw new AgentError("unimplemented", `the ${this.driver.name} driver cannot mount volumes`);
-    }
-    for (const mount of input.volumeMounts ?? []) {
-      if (!/^[0-9a-f-]{36}$/.test(mount.volumeId) || !/^[A-Za-z0-9_-]+$/.test(input.teamId)) {
-        throw new AgentError("invalid_argument", `invalid volume mount '${mount.volumeId}' of team '${input.teamId}'`);
-      }
-      if (!mount.path.startsWith("/") || mount.path.split("/").some((p) => p === "." || p === "..")) {
-        throw new AgentError("invalid_argument", `volume mount path must be absolute and clean, got '${mount.path}'`);
-      }
-      const source = join(this.config.volumesDir, input.teamId, mount.volumeId);
-      const found = await stat(source).catch(() => undefined);
-      if (!found?.isDirectory()) {
-        throw new AgentError(
-          "failed_precondition",
-          `volume ${mount.volumeId} is not on this node (${this.config.volumesDir} must be the filesystem the api writes)`,
-        );
-      }
-      binds.push({ source, destination: mount.path });
-    }
-    return binds;
   }
 
   /** Captures a sandbox as snapshot `snapshotId` on this node (NodeSnapshots.capture). */
@@ -615,21 +585,7 @@ export class NodeAgent {
   async leaseEvents(sandboxId: string, envdAccessToken: string, after: number): Promise<LeaseJournalEntry[]> {
     const sandbox = this.sandboxes.get(sandboxId);
     if (!sandbox || sandbox.paused) return [];
-    try {
-      const url = `${sandbox.envdUrl}${ENVD_LEASE_EVENTS_PATH}?after=${Math.max(0, Math.floor(after))}`;
-      const res = await fetch(url, {
-        headers: { [ENVD_ACCESS_TOKEN_HEADER]: envdAccessToken },
-        signal: AbortSignal.timeout(1000),
-      });
-      if (!res.ok) {
-        await res.body?.cancel();
-        return [];
-      }
-      const body = (await res.json()) as Partial<EnvdLeaseEvents>;
-      return Array.isArray(body.events) ? body.events.slice(0, 1000) : [];
-    } catch {
-      return [];
-    }
+    return fetchLeaseEvents(sandbox.envdUrl, envdAccessToken, after);
   }
 
   info(): NodeInfo {

@@ -2,8 +2,11 @@ import { request } from "node:http";
 import {
   ENVD_ACCESS_TOKEN_HEADER,
   ENVD_INIT_PATH,
+  ENVD_LEASE_EVENTS_PATH,
   ENVD_VERSION_HEADER,
   type EnvdInitBody,
+  type EnvdLeaseEvent,
+  type EnvdLeaseEvents,
 } from "@warren/proto/envd-http";
 
 /** What the node agent sets in a sandbox's envd: every field of envd's /init body (the contract) but the clock. */
@@ -52,4 +55,26 @@ export function initEnvd(envdUrl: string, init: EnvdInit, timeoutMs = 5000): Pro
     req.once("error", reject);
     req.end(body);
   });
+}
+
+/**
+ * envd's process lease journal after `after` (at most 1000 entries). Best effort: an envd that does not answer
+ * within a second, or predates leases, has none to report now.
+ */
+export async function fetchLeaseEvents(envdUrl: string, accessToken: string, after: number): Promise<EnvdLeaseEvent[]> {
+  try {
+    const url = `${envdUrl}${ENVD_LEASE_EVENTS_PATH}?after=${Math.max(0, Math.floor(after))}`;
+    const res = await fetch(url, {
+      headers: { [ENVD_ACCESS_TOKEN_HEADER]: accessToken },
+      signal: AbortSignal.timeout(1000),
+    });
+    if (!res.ok) {
+      await res.body?.cancel();
+      return [];
+    }
+    const body = (await res.json()) as Partial<EnvdLeaseEvents>;
+    return Array.isArray(body.events) ? body.events.slice(0, 1000) : [];
+  } catch {
+    return [];
+  }
 }
