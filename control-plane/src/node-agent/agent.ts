@@ -1,26 +1,20 @@
-import { randomBytes } from "node:crypto";
 import { cpus, freemem, totalmem } from "node:os";
 import { join } from "node:path";
 import { isSandboxId } from "@warren/proto/redis";
 import type { Instance, InstanceStats, RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
-import {
-  CLOSED_EGRESS,
-  compileEgress,
-  type EgressPolicy,
-  EgressPolicyError,
-  OPEN_EGRESS,
-} from "../runtime/egress/policy.js";
+import { CLOSED_EGRESS, type EgressPolicy, OPEN_EGRESS } from "../runtime/egress/policy.js";
 import { driverServes } from "../templates/catalog.js";
 import type { ImageCredentials } from "../templates/oci/pull.js";
 import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
 import { adoptSandboxes } from "./adoption.js";
 import type { NodeAgentConfig } from "./config.js";
-import { fetchLeaseEvents, initEnvd } from "./envd-client.js";
+import { fetchLeaseEvents } from "./envd-client.js";
 import { AgentError } from "./errors.js";
 import { type ImportedImage, importImage } from "./image-import.js";
 import type { Logger } from "./log.js";
 import { NodeSnapshots } from "./node-snapshots.js";
 import type { RoutePublisher } from "./routes.js";
+import { activateSandbox, checkEgress } from "./sandbox-activation.js";
 import { type CommandEvent, type CommandSpec, runInSandbox, writeInSandbox } from "./sandbox-exec.js";
 import { parseSandboxLog, type SandboxLogLine } from "./sandbox-log.js";
 import {
@@ -32,7 +26,6 @@ import {
   type SandboxPlacement,
   type SandboxSummary,
   sandboxRoute,
-  summaryOf,
 } from "./sandbox-model.js";
 import { SandboxPauses } from "./sandbox-pauses.js";
 import { SandboxQueue } from "./sandbox-queue.js";
@@ -274,7 +267,7 @@ export class NodeAgent {
     const snapshot = input.snapshotId ? await this.snapshots.find(input.snapshotId, input.templateId) : undefined;
     // A memory snapshot's processes run in the memory they had: the snapshot's resources, not the request's.
     const resources = snapshot?.memory ? snapshot.resources : resolveResources(template, input.resources);
-    const egress = this.checkEgress(input.egress ?? CLOSED_EGRESS);
+    const egress = checkEgress(input.egress ?? CLOSED_EGRESS, this.driver);
     this.creating.add(input.sandboxId);
     const log = this.log.child({ sandboxId: input.sandboxId, templateId: input.templateId });
     try {
@@ -412,11 +405,8 @@ export class NodeAgent {
     return this.snapshots.import(snapshotId, data);
   }
 
-  /**
-   * Makes a started instance the sandbox: envd /init (token, env vars), egress policy, labels, route. On failure
-   * the instance is removed and the route deleted.
-   */
-  private async activate(
+  /** Makes a started instance the sandbox (sandbox-activation.ts). */
+  private activate(
     started: Instance,
     input: Omit<CreateSandboxInput, "templateId">,
     egress: EgressPolicy,
@@ -424,81 +414,21 @@ export class NodeAgent {
     log: Logger,
     currentAccessToken?: string,
   ): Promise<SandboxPlacement> {
-    let instance = started;
-    const exec = randomBytes(8).toString("hex");
-    const generation = this.nextGeneration();
-    let routeWritten = false;
-    try {
-      const claimed = instance;
-      const [envdVersion] = await Promise.all([
-        initEnvd(
-          claimed.envdUrl,
-          {
-            envVars: input.envVars ?? {},
-            accessToken: input.envdAccessToken ?? "",
-            defaultUser: input.defaultUser || "user",
-            defaultWorkdir: input.defaultWorkdir || "/home/user",
-            ...(currentAccessToken ? { currentAccessToken } : {}),
-          },
-          this.driver.envdInitTimeoutMs,
-        ),
-        this.driver.setEgress?.(claimed.instanceId, egress),
-      ]);
-      const labels = {
-        pooled: "",
-        sandboxId: input.sandboxId,
-        exec,
-        generation: String(generation),
-        teamId: input.teamId,
-        publicTraffic: input.publicTraffic ? "1" : "0",
-        trafficTokenHash: input.trafficTokenHash ?? "",
-        autoResume: input.autoResume ? "1" : "0",
-        maskRequestHost: input.maskRequestHost ?? "",
-        defaultUser: input.defaultUser || "user",
-        metadata: JSON.stringify(input.metadata ?? {}),
-      };
-      instance = await this.driver.label(instance.instanceId, labels);
-      const summary = summaryOf(instance);
-      if (!summary) throw new Error("instance lost its labels");
-      routeWritten = await this.routes.write(this.routeOf(summary));
-      if (!routeWritten) throw new Error("Redis holds a newer route for this sandbox id");
-      this.sandboxes.set(input.sandboxId, summary);
-      log.info("sandbox created", { exec, pooled, addr: instance.addr, instanceId: instance.instanceId });
-      return {
-        sandboxId: input.sandboxId,
-        exec,
-        generation,
-        sandboxAddr: instance.addr,
-        envdUrl: instance.envdUrl,
-        envdVersion,
-        pooled,
-      };
-    } catch (error) {
-      log.warn("create failed after start; removing the sandbox", { error });
-      if (routeWritten) await this.routes.delete(input.sandboxId, exec, generation).catch(() => undefined);
-      await this.driver.kill(instance.instanceId).catch((e) => log.error("cleanup failed", { error: e }));
-      throw error instanceof AgentError
-        ? error
-        : new AgentError("internal", `create failed: ${(error as Error).message}`);
-    }
-  }
-
-  /** Validates a policy and refuses ones the driver cannot enforce (it keeps egress closed). */
-  private checkEgress(policy: EgressPolicy): EgressPolicy {
-    let compiled: ReturnType<typeof compileEgress>;
-    try {
-      compiled = compileEgress(policy);
-    } catch (error) {
-      if (error instanceof EgressPolicyError) throw new AgentError("invalid_argument", error.message);
-      throw error;
-    }
-    if (!this.driver.setEgress && compiled.key !== compileEgress(CLOSED_EGRESS).key) {
-      throw new AgentError(
-        "failed_precondition",
-        `the ${this.driver.name} driver cannot open sandbox egress on this node; ask for allow_internet_access: false`,
-      );
-    }
-    return policy;
+    const deps = {
+      driver: this.driver,
+      routes: this.routes,
+      sandboxes: this.sandboxes,
+      routeOf: (summary: SandboxSummary) => this.routeOf(summary),
+      nextGeneration: () => this.nextGeneration(),
+    };
+    return activateSandbox(deps, {
+      started,
+      input,
+      egress,
+      pooled,
+      log,
+      ...(currentAccessToken ? { currentAccessToken } : {}),
+    });
   }
 
   /** The newest `limit` lines of the sandbox's own log (envd), oldest first. */
@@ -512,7 +442,7 @@ export class NodeAgent {
 
   /** Replaces a sandbox's egress policy while it runs or is paused (E2B `PUT /sandboxes/{id}/network`). */
   async updateEgress(sandboxId: string, policy: EgressPolicy): Promise<void> {
-    const checked = this.checkEgress(policy);
+    const checked = checkEgress(policy, this.driver);
     await this.queue.run(sandboxId, async () => {
       const sandbox = this.requireSandbox(sandboxId);
       await this.driver.setEgress?.(sandbox.instanceId, checked);
