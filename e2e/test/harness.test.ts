@@ -33,6 +33,8 @@ beforeAll(async () => {
       PROXY_RESUME_URL: `http://127.0.0.1:${apiPort}`,
       // The leader's sampling pass also brings envd's lease journal into the ledger.
       WARREN_METRICS_INTERVAL_MS: "1000",
+      // A deleted snapshot leaves the template store at the leader's next collection, not minutes later.
+      WARREN_STORE_GC_INTERVAL_MS: "1000",
     },
   });
   const env = await cluster.start();
@@ -239,10 +241,13 @@ describe("secrets in one command", () => {
       memory: boolean;
     };
     // Where CRIU works, the snapshot holds the holder's memory, and a process's memory is where its secret lives:
-    // only the checkpoint's page images may hold it. Files-only (no CRIU on the host): nothing may.
+    // only the checkpoint's page images may hold it, on the node and (once the snapshot is durable) as the layer
+    // blob in the cluster's store. Files-only (no CRIU on the host): nothing may.
     const holding = filesHolding(value);
-    if (snapshot.memory) for (const file of holding) expect(file).toMatch(/\/memory\/pages-\d+\.img$/);
-    else expect(holding).toEqual([]);
+    if (snapshot.memory) {
+      for (const file of holding)
+        expect(file).toMatch(/(\/memory\/pages-\d+\.img|\/store\/blobs\/sha256\/[0-9a-f]{64})$/);
+    } else expect(holding).toEqual([]);
     const events = await api("GET", `/warren/v1/sandboxes/${sandboxId}/events`);
     expect(await events.text()).not.toContain(value);
     const logs = await api("GET", `/v2/sandboxes/${sandboxId}/logs`);
