@@ -114,7 +114,10 @@ function instanceOf(sandboxId: string): InstanceRecord {
  */
 async function awaitDeepTier(sandboxId: string): Promise<void> {
   if (checkpointTier().usable) {
-    await eventually(async () => (instanceOf(sandboxId).checkpoint ? true : undefined), 30_000);
+    // A hung dump is killed at its deadline (30 s and more) and tried again 5 s later: room for one such retry.
+    await eventually(async () => (instanceOf(sandboxId).checkpoint ? true : undefined), 90_000).catch((error) => {
+      throw new Error(`${(error as Error).message}; the agent said: ${checkpointLog(sandboxId)}`);
+    });
     return;
   }
   await new Promise((r) => setTimeout(r, CHECKPOINT_AFTER_MS + 1000));
@@ -122,6 +125,16 @@ async function awaitDeepTier(sandboxId: string): Promise<void> {
   expect(checkpoint).toBeUndefined();
   expect(cgroupFile(instanceId, "freezer", "freezer.state")).toBe("FROZEN");
   expect(cgroupFile(instanceId, "pids", "cgroup.procs")).not.toBe("");
+}
+
+/** The node agent's log lines about this sandbox's checkpoints, for a failure's message. */
+function checkpointLog(sandboxId: string): string {
+  const logs = join(dataDir, "logs");
+  const lines = readdirSync(logs)
+    .filter((name) => name.startsWith("node-agent-pa"))
+    .flatMap((name) => readFileSync(join(logs, name), "utf8").split("\n"))
+    .filter((line) => line.includes(sandboxId) && line.includes("checkpoint"));
+  return lines.slice(-5).join("\n") || "(nothing about checkpoints)";
 }
 
 function cgroupFile(instanceId: string, controller: string, file: string): string {

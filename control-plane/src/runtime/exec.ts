@@ -12,6 +12,8 @@ export interface ExecOptions {
   /** Return the result instead of throwing when the command fails. */
   readonly allowFailure?: boolean;
   readonly timeoutMs?: number;
+  /** The signal a command past `timeoutMs` gets (SIGTERM unless said). */
+  readonly killSignal?: NodeJS.Signals;
   /** Called with each complete line of output (stdout and stderr), for progress reporting. */
   readonly onLine?: (line: string) => void;
 }
@@ -41,6 +43,7 @@ export function exec(command: string, args: readonly string[], options: ExecOpti
       env: { ...TOOL_ENV, ...options.env },
       stdio: [options.input === undefined ? "ignore" : "pipe", "pipe", "pipe"],
       timeout: options.timeoutMs,
+      killSignal: options.killSignal ?? "SIGTERM",
     });
     let stdout = "";
     let stderr = "";

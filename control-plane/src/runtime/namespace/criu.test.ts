@@ -2,7 +2,7 @@ import { chmod, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { criuDump, criuRestore } from "./criu.js";
+import { criuDeadlineMs, criuDump, criuRestore } from "./criu.js";
 import { BOOT_ID, RESOLV_CONF } from "./instance-container.js";
 
 // A stand-in criu that records its arguments (and, for a restore, writes the pid file CRIU would): the seam between
@@ -55,6 +55,7 @@ describe("criu dump and restore name the instance's own files the same way", () 
       logFileKey: "file[1:2]",
       leaveRunning: true,
       instanceFiles: [RESOLV_CONF, BOOT_ID],
+      deadlineMs: 10_000,
     });
     const dump = await argsOf("dump");
     // Named by their path in the sandbox, not by the source instance's host path (CRIU 4's `auto` key).
@@ -78,6 +79,7 @@ describe("criu dump and restore name the instance's own files the same way", () 
       logFileKey: "file[1:2]",
       uid: process.getuid?.() ?? 0,
       instanceFiles: { [RESOLV_CONF]: target.resolv, [BOOT_ID]: target.bootId },
+      deadlineMs: 10_000,
     });
     const restore = mappings(await argsOf("restore"));
     for (const [mountpoint, name] of mappings(dump)) {
@@ -85,5 +87,68 @@ describe("criu dump and restore name the instance's own files the same way", () 
         mountpoint === RESOLV_CONF ? target.resolv : target.bootId,
       );
     }
+  });
+});
+
+describe("a criu that hangs (as inside its parasite on one PVM host) is killed at its deadline", () => {
+  let dir = "";
+  let criu = "";
+
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), "warren-criu-hang-"));
+    criu = join(dir, "criu");
+    // exec: the sleep is the process the caller spawned, so the kill reaches it (as it reaches the real criu).
+    await writeFile(criu, `#!/bin/sh\necho "$$" > "${join(dir, "pid")}.$1"\nexec sleep 600\n`);
+    await chmod(criu, 0o755);
+  });
+
+  afterAll(async () => {
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  const alive = async (command: string) => {
+    const pid = Number((await readFile(join(dir, `pid.${command}`), "utf8")).trim());
+    try {
+      process.kill(pid, 0);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+
+  it("dump and restore fail with a message saying so, and leave no criu behind", async () => {
+    const dump = criuDump({
+      criu,
+      netnsPath: "/proc/self/ns/net",
+      pid: process.pid,
+      imagesDir: join(dir, "images"),
+      freezerDir: join(dir, "freezer"),
+      logFileKey: "file[1:2]",
+      instanceFiles: [RESOLV_CONF, BOOT_ID],
+      deadlineMs: 300,
+    });
+    await expect(dump).rejects.toThrow(/criu dump did not finish within 300 ms \(killed\)/);
+    expect(await alive("dump")).toBe(false);
+
+    const restore = criuRestore({
+      criu,
+      netnsPath: "/proc/self/ns/net",
+      procsFiles: [],
+      imagesDir: join(dir, "images"),
+      workDir: join(dir, "work"),
+      rootfs: join(dir, "rootfs"),
+      logPath: join(dir, "envd.log"),
+      logFileKey: "file[1:2]",
+      uid: process.getuid?.() ?? 0,
+      instanceFiles: {},
+      deadlineMs: 300,
+    });
+    await expect(restore).rejects.toThrow(/criu restore did not finish within 300 ms \(killed\)/);
+    expect(await alive("restore")).toBe(false);
+  });
+
+  it("gives bigger sandboxes more time", () => {
+    expect(criuDeadlineMs(0)).toBe(30_000);
+    expect(criuDeadlineMs(512 * 2 ** 20)).toBe(90_000);
   });
 });

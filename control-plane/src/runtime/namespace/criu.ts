@@ -30,6 +30,15 @@ const CRIU_COMMON = [
   "--manage-cgroups=ignore",
 ];
 
+/**
+ * How long a dump or restore of `bytes` of memory may take before criu is killed: CRIU has been seen to hang for
+ * ever inside its parasite on one host kind (criu-probe.ts), and one hung dump would hold the sandbox's queue, so
+ * the sandbox could never be resumed. Generous: 30 s plus 10 s per 100 MiB (dumps run at 100+ MiB/s here).
+ */
+export function criuDeadlineMs(bytes: number): number {
+  return 30_000 + Math.ceil(bytes / (100 * 2 ** 20)) * 10_000;
+}
+
 export interface DumpOptions {
   readonly criu: string;
   readonly netnsPath: string;
@@ -43,6 +52,8 @@ export interface DumpOptions {
   readonly leaveRunning?: boolean;
   /** Sandbox paths of the instance's own bind-mounted files (RestoreOptions.instanceFiles maps them back). */
   readonly instanceFiles: readonly string[];
+  /** criu is killed (SIGKILL) past this (criuDeadlineMs). */
+  readonly deadlineMs: number;
 }
 
 /** Dumps a frozen sandbox's process tree into `imagesDir` (created; removed again on failure). */
@@ -51,6 +62,7 @@ export async function criuDump(o: DumpOptions): Promise<void> {
   // A restore opens images with the sandbox's credentials (inside its user namespace): they must be readable by
   // the sandbox's host uids, like the rest of the instance directory (no sandbox can see host paths).
   await mkdir(o.imagesDir, { mode: 0o755 });
+  const startedAt = performance.now();
   const result = await exec(
     "nsenter",
     [
@@ -72,12 +84,17 @@ export async function criuDump(o: DumpOptions): Promise<void> {
       ...o.instanceFiles.flatMap((inside) => ["--ext-mount-map", `${inside}:${inside}`]),
       ...(o.leaveRunning ? ["--leave-running"] : []),
     ],
-    { allowFailure: true },
+    { allowFailure: true, timeoutMs: o.deadlineMs, killSignal: "SIGKILL" },
   );
   if (result.code !== 0) {
     const log = await criuLog(join(o.imagesDir, "dump.log"));
     await rm(o.imagesDir, { recursive: true, force: true });
-    throw new Error(`criu dump failed (${result.code}): ${log}`);
+    const hung = performance.now() - startedAt >= o.deadlineMs;
+    throw new Error(
+      hung
+        ? `criu dump did not finish within ${o.deadlineMs} ms (killed): ${log}`
+        : `criu dump failed (${result.code}): ${log}`,
+    );
   }
 }
 
@@ -99,6 +116,8 @@ export interface RestoreOptions {
   readonly uid: number;
   /** Sandbox path → host file (the target instance's resolv.conf and boot id, bind-mounted into the sandbox). */
   readonly instanceFiles: Readonly<Record<string, string>>;
+  /** criu is killed (SIGKILL) past this (criuDeadlineMs). */
+  readonly deadlineMs: number;
 }
 
 /**
@@ -113,6 +132,7 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
   const logFile = await open(o.logPath, "a");
   await chown(o.logPath, o.uid, o.uid);
   let code: number;
+  let hung = false;
   try {
     code = await new Promise<number>((resolve, reject) => {
       const child = spawn(
@@ -148,13 +168,31 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
           stdio: ["ignore", "ignore", "ignore", logFile.fd],
         },
       );
-      child.once("error", reject);
-      child.once("exit", (exitCode) => resolve(exitCode ?? 1));
+      // The launcher shell execs nsenter, which execs criu: one process to kill.
+      const deadline = setTimeout(() => {
+        hung = true;
+        child.kill("SIGKILL");
+      }, o.deadlineMs);
+      child.once("error", (error) => {
+        clearTimeout(deadline);
+        reject(error);
+      });
+      child.once("exit", (exitCode) => {
+        clearTimeout(deadline);
+        resolve(exitCode ?? 1);
+      });
     });
   } finally {
     await logFile.close();
   }
-  if (code !== 0) throw new Error(`criu restore failed (${code}): ${await criuLog(join(o.workDir, "restore.log"))}`);
+  if (code !== 0) {
+    const log = await criuLog(join(o.workDir, "restore.log"));
+    throw new Error(
+      hung
+        ? `criu restore did not finish within ${o.deadlineMs} ms (killed): ${log}`
+        : `criu restore failed (${code}): ${log}`,
+    );
+  }
   return Number((await readFile(pidFile, "utf8")).trim());
 }
 

@@ -4,7 +4,7 @@ import type { Logger } from "@warren/platform/log";
 import type { SandboxResources, SnapshotImage, TemplateImage } from "../driver.js";
 import { exec } from "../exec.js";
 import type { CgroupManager } from "./cgroups.js";
-import { criuDump, externalFileKey } from "./criu.js";
+import { criuDeadlineMs, criuDump, externalFileKey } from "./criu.js";
 import { BOOT_ID, type InstanceContainers, RESOLV_CONF } from "./instance-container.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import { type LayeredSnapshot, LayerStore, type MemoryImage } from "./layer-store.js";
@@ -112,15 +112,17 @@ export class InstanceSnapshots {
     const criu = this.options.criu;
     if (!criu || record.pid === undefined) throw new Error(`instance '${record.instanceId}' has no processes to dump`);
     const logFileKey = await externalFileKey(record.pid, join(dir, "envd.log"));
+    const cgroup = this.options.cgroups.open(record.instanceId);
     await criuDump({
       criu,
       netnsPath: this.options.network.slot(record.slot).netnsPath,
       pid: record.pid,
       imagesDir,
-      freezerDir: this.options.cgroups.open(record.instanceId).freezerDir,
+      freezerDir: cgroup.freezerDir,
       logFileKey,
       leaveRunning: true,
       instanceFiles: [RESOLV_CONF, BOOT_ID],
+      deadlineMs: criuDeadlineMs((await cgroup.usage()).memoryBytes),
     });
     return { logFileKey, bootId };
   }

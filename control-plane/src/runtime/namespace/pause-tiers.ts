@@ -5,7 +5,7 @@ import type { Logger } from "@warren/platform/log";
 import type { CheckpointResult, ResumeResult } from "../driver.js";
 import { processStartTime } from "../sandbox-process.js";
 import type { CgroupManager } from "./cgroups.js";
-import { criuDump, criuRestore, directorySize, externalFileKey } from "./criu.js";
+import { criuDeadlineMs, criuDump, criuRestore, directorySize, externalFileKey } from "./criu.js";
 import { probeCriu } from "./criu-probe.js";
 import { BOOT_ID, type InstanceContainers, RESOLV_CONF } from "./instance-container.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
@@ -81,6 +81,7 @@ export class PauseTiers {
         freezerDir: cgroup.freezerDir,
         logFileKey,
         instanceFiles: [RESOLV_CONF, BOOT_ID],
+        deadlineMs: criuDeadlineMs(memoryBeforeBytes),
       });
     } catch (error) {
       // A failed dump leaves the tree running or frozen: make it frozen again, as the caller expects.
@@ -169,6 +170,7 @@ export class PauseTiers {
       logFileKey,
       uid: this.options.uidBase,
       instanceFiles: { [RESOLV_CONF]: join(dir, "resolv.conf"), [BOOT_ID]: join(dir, "boot_id") },
+      deadlineMs: criuDeadlineMs(await directorySize(images)),
     });
     record.pid = pid;
     record.pidStartTime = await processStartTime(pid);
