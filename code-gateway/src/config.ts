@@ -45,6 +45,10 @@ export interface GatewayConfig {
   readonly executionTimeoutMs: number;
   /** Timeout of the GET /envs call to envd. */
   readonly envdTimeoutMs: number;
+  /** RLIMIT_NPROC of every kernel (KernelLaunch.processLimit); unset: none. */
+  readonly processLimit: number | undefined;
+  /** An inherited descriptor of the sandbox's workload cgroup, which every kernel joins (@warren/platform/workload). */
+  readonly workloadFd: number | undefined;
 }
 
 export const USAGE = `usage: warren-code-gateway [--port 49999] [--host 127.0.0.1]
@@ -54,7 +58,8 @@ environment: CODE_GATEWAY_PORT, CODE_GATEWAY_HOST, CODE_GATEWAY_ACCESS_TOKEN (el
   CODE_GATEWAY_NODE (this node), CODE_GATEWAY_R (R), CODE_GATEWAY_JAVA (java), CODE_GATEWAY_RUNTIME_DIR (<tmp>/warren-cg-<pid>),
   CODE_GATEWAY_KEEPALIVE_MS (5000), CODE_GATEWAY_KERNEL_START_TIMEOUT_MS (30000),
   CODE_GATEWAY_INTERRUPT_GRACE_MS (5000), CODE_GATEWAY_EXECUTION_TIMEOUT_MS (0 = none),
-  CODE_GATEWAY_ENVD_TIMEOUT_MS (2000)`;
+  CODE_GATEWAY_ENVD_TIMEOUT_MS (2000), CODE_GATEWAY_PROCESS_LIMIT (RLIMIT_NPROC of kernels; unset = none),
+  CODE_GATEWAY_WORKLOAD_FD (the workload cgroup's cgroup.procs, inherited; unset = none)`;
 
 export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): GatewayConfig {
   let values: ReturnType<typeof parseFlags>["values"];
@@ -106,6 +111,14 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Gat
       86_400_000,
     ),
     envdTimeoutMs: integer("CODE_GATEWAY_ENVD_TIMEOUT_MS", env.CODE_GATEWAY_ENVD_TIMEOUT_MS ?? "2000", 1, 60_000),
+    processLimit:
+      env.CODE_GATEWAY_PROCESS_LIMIT === undefined || env.CODE_GATEWAY_PROCESS_LIMIT === ""
+        ? undefined
+        : integer("CODE_GATEWAY_PROCESS_LIMIT", env.CODE_GATEWAY_PROCESS_LIMIT, 1, 4_194_304),
+    workloadFd:
+      env.CODE_GATEWAY_WORKLOAD_FD === undefined || env.CODE_GATEWAY_WORKLOAD_FD === ""
+        ? undefined
+        : integer("CODE_GATEWAY_WORKLOAD_FD", env.CODE_GATEWAY_WORKLOAD_FD, 3, 1023),
   };
 }
 

@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { stat } from "node:fs/promises";
+import { WorkloadCgroup } from "@warren/platform/workload";
 import type { GatewayConfig } from "./config.js";
 import { badRequest, internal, notFound } from "./errors.js";
 import { Kernel } from "./kernels/kernel.js";
@@ -93,12 +94,15 @@ export class CodeContext implements ContextInfo {
 export class ContextRegistry {
   private readonly contexts = new Map<string, CodeContext>();
   private readonly defaults = new Map<Language, Promise<CodeContext>>();
+  private readonly workload: WorkloadCgroup;
 
   constructor(
     private readonly config: GatewayConfig,
     private readonly kernelEnv: Readonly<Record<string, string>>,
     private readonly log: Logger,
-  ) {}
+  ) {
+    this.workload = new WorkloadCgroup(config.workloadFd, log);
+  }
 
   async create(language: Language, cwd: string | undefined): Promise<CodeContext> {
     const directory = cwd || this.config.defaultCwd;
@@ -111,7 +115,14 @@ export class ContextRegistry {
       directory,
       () =>
         Kernel.start(
-          { language, argv: kernelArgv(language, this.config), cwd: directory, env: this.kernelEnv },
+          {
+            language,
+            argv: kernelArgv(language, this.config),
+            cwd: directory,
+            env: this.kernelEnv,
+            ...(this.config.processLimit === undefined ? {} : { processLimit: this.config.processLimit }),
+            onSpawn: (pid) => this.workload.join(pid),
+          },
           this.config.runtimeDir,
           this.config.kernelStartTimeoutMs,
           this.log,

@@ -112,6 +112,48 @@ describe("disk", () => {
   }, 300_000);
 });
 
+/** The command lines (arguments joined by spaces) of the host pids in a cgroup.procs of the sandbox's. */
+function commandLines(instanceId: string, procs: string): string[] {
+  return cgroupFile("memory", instanceId, procs)
+    .split("\n")
+    .filter(Boolean)
+    .map((pid) => readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ").trim());
+}
+
+describe("memory", () => {
+  it("envd keeps a reserve: what it starts runs in the workload cgroup, where a memory bomb as root is killed while envd goes on", async () => {
+    const sandbox = await Sandbox.create();
+    try {
+      const { instanceId } = instanceOf(sandbox.sandboxId);
+      await sandbox.commands.run("sleep 600", { background: true });
+      // The sandbox's 512 MiB less envd's reserve (an eighth).
+      expect(Number(cgroupFile("memory", instanceId, "workload/memory.limit_in_bytes"))).toBe(448 * MiB);
+      // The command's shell, or the sleep it became.
+      expect(commandLines(instanceId, "workload/cgroup.procs").some((line) => line.endsWith("sleep 600"))).toBe(true);
+      const own = commandLines(instanceId, "cgroup.procs");
+      const envd = own.find((line) => line.includes("/opt/warren/envd/"));
+      expect(envd).toBeDefined();
+      expect(own.some((line) => line.includes("sleep"))).toBe(false);
+
+      const outcome = await sandbox.commands.run("python3 -c 'b = bytearray(3 * 1024 ** 3)'", { user: "root" }).then(
+        () => "exited",
+        (error: unknown) => String(error),
+      );
+      expect(outcome).toMatch(/killed/);
+      // Killed in the workload; the sandbox's own cgroup (envd's) never reached its limit.
+      expect(cgroupFile("memory", instanceId, "workload/memory.oom_control")).toMatch(/^oom_kill [1-9]/m);
+      expect(cgroupFile("memory", instanceId, "memory.oom_control")).toMatch(/^oom_kill 0$/m);
+      expect(commandLines(instanceId, "cgroup.procs")).toContain(envd);
+      expect((await sandbox.commands.run("echo alive")).stdout).toBe("alive\n");
+      expect(
+        await eventually(async () => (await events(sandbox.sandboxId)).find((e) => e.type === "sandbox.oom"), 60_000),
+      ).toBeDefined();
+    } finally {
+      await sandbox.kill();
+    }
+  }, 120_000);
+});
+
 describe("pids", () => {
   it("a fork bomb stops short of the pids limit: envd still starts a command, kills the bomb, and the sandbox recovers", async () => {
     const sandbox = await Sandbox.create();
@@ -150,6 +192,41 @@ describe("pids", () => {
       await eventually(() => (pids() < 32 ? true : undefined), 60_000);
       expect((await sandbox.commands.run("echo ok")).stdout).toBe("ok\n");
       expect((await Sandbox.getInfo(sandbox.sandboxId)).state).toBe("running");
+    } finally {
+      await sandbox.kill();
+    }
+  }, 300_000);
+
+  it("a bomb as root (sudo) stops at the same limit: a command as `user` still starts and forks, commands.kill ends the bomb", async () => {
+    const sandbox = await Sandbox.create();
+    try {
+      const { instanceId } = instanceOf(sandbox.sandboxId);
+      const pidsMax = Number(cgroupFile("pids", instanceId, "pids.max"));
+      const pids = () => Number(cgroupFile("pids", instanceId, "pids.current"));
+      // sudo cannot raise the hard limit envd set (that takes CAP_SYS_RESOURCE on the host), and root's count
+      // includes envd's own processes.
+      expect((await sandbox.commands.run("sudo bash -c 'ulimit -Hu'")).stdout.trim()).toBe(
+        (await sandbox.commands.run("ulimit -Hu")).stdout.trim(),
+      );
+      const bomb = await sandbox.commands.run(
+        "sudo bash -c 'for j in $(seq 16); do (for i in $(seq 256); do sleep 600 & done; wait) & done; wait'",
+        { background: true },
+      );
+      let peak = 0;
+      await eventually(() => {
+        peak = Math.max(peak, pids());
+        return peak >= pidsMax * 0.8 ? true : undefined;
+      }, 120_000);
+      for (let i = 0; i < 10; i++) {
+        peak = Math.max(peak, pids());
+        await new Promise((resolve) => setTimeout(resolve, 200));
+      }
+      expect(peak).toBeLessThan(pidsMax);
+      // Root's uid is at its limit; `user`'s is not, and the cgroup has room.
+      expect((await sandbox.commands.run("echo ok | cat", { timeoutMs: 30_000 })).stdout).toBe("ok\n");
+      expect(await sandbox.commands.kill(bomb.pid)).toBe(true);
+      await eventually(() => (pids() < 32 ? true : undefined), 60_000);
+      expect((await sandbox.commands.run("echo ok", { user: "root" })).stdout).toBe("ok\n");
     } finally {
       await sandbox.kill();
     }

@@ -40,12 +40,16 @@ beforeAll(async () => {
 }, 900_000);
 
 /** The node agent's on-disk record of the sandbox's instance (the driver's state). */
-function instanceOf(sandboxId: string): { labels: Record<string, string>; checkpoint?: unknown } {
+function instanceOf(sandboxId: string): { instanceId: string; labels: Record<string, string>; checkpoint?: unknown } {
   const dir = join(dataDir, "agent-ga", "instances");
   for (const name of readdirSync(dir)) {
     const file = join(dir, name, "instance.json");
     if (!existsSync(file)) continue;
-    const record = JSON.parse(readFileSync(file, "utf8")) as { labels: Record<string, string>; checkpoint?: unknown };
+    const record = JSON.parse(readFileSync(file, "utf8")) as {
+      instanceId: string;
+      labels: Record<string, string>;
+      checkpoint?: unknown;
+    };
     if (record.labels.sandboxId === sandboxId) return record;
   }
   throw new Error(`no instance for ${sandboxId}`);
@@ -266,6 +270,42 @@ describe("the official @e2b/code-interpreter SDK against a whole Warren cluster"
       await sandbox.kill();
     }
   }, 120_000);
+
+  it("a fork bomb in a cell stops short of the pids limit: commands still start, and restarting the context ends it", async () => {
+    const sandbox = await Sandbox.create("code-interpreter-v1");
+    try {
+      const { instanceId } = instanceOf(sandbox.sandboxId);
+      const pidsFile = (file: string) =>
+        Number(readFileSync(join("/sys/fs/cgroup/pids/warren/ga", instanceId, file), "utf8").trim());
+      const pidsMax = pidsFile("pids.max");
+      const context = await sandbox.createCodeContext({ language: "python" });
+      // Each child holds its pid (a small `sleep`, so memory is not what ends the bomb); the cell stops forking at
+      // its first failure and says how many it made.
+      const bomb = await sandbox.runCode(
+        "import os\nkids = 0\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError:\n        break\n    if pid == 0:\n        os.execv('/bin/sleep', ['sleep', '600'])\n    kids += 1\nkids",
+        { context, timeoutMs: 120_000 },
+      );
+      expect(bomb.error).toBeUndefined();
+      const kids = Number(bomb.text);
+      // The kernel's uid (sandbox root, envd's too) is at its process limit, an eighth of the pids limit short.
+      expect(kids).toBeGreaterThan(pidsMax / 2);
+      expect(pidsFile("pids.current")).toBeLessThan(pidsMax);
+      // The kernel and what it forked run in the workload cgroup, out of envd's and the gateway's memory reserve.
+      const workload = readFileSync(
+        join("/sys/fs/cgroup/memory/warren/ga", instanceId, "workload/cgroup.procs"),
+        "utf8",
+      );
+      expect(workload.split("\n").filter(Boolean).length).toBeGreaterThan(kids);
+      // envd still starts a command (as `user`, whose count is low) and it can fork.
+      expect((await sandbox.commands.run("echo ok | cat")).stdout).toBe("ok\n");
+      // A restart kills the kernel's process group, the bomb with it.
+      await sandbox.restartCodeContext(context);
+      await eventually(async () => (pidsFile("pids.current") < 64 ? true : undefined), 60_000);
+      expect((await sandbox.runCode("1 + 1", { context })).text).toBe("2");
+    } finally {
+      await sandbox.kill();
+    }
+  }, 300_000);
 
   it("a kill during an execution ends runCode with the SDK's 'sandbox was killed' TimeoutError", async () => {
     const sandbox = await Sandbox.create("code-interpreter-v1");

@@ -44,9 +44,14 @@ export interface EnvdConfig {
    * command or `kill` (the driver passes the sandbox's pids limit minus a reserve). Unset: no limit of envd's own.
    */
   readonly processLimit: number | undefined;
+  /**
+   * `--workload-fd N`: an inherited descriptor of the sandbox's workload cgroup (process/workload.ts), which every
+   * process envd starts joins. Unset: processes stay in envd's cgroup.
+   */
+  readonly workloadFd: number | undefined;
 }
 
-export const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback] [--process-limit N]
+export const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback] [--process-limit N] [--workload-fd N]
 environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000), ENVD_WARMUP (1)`;
 
 export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): EnvdConfig {
@@ -79,6 +84,8 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
       values["process-limit"] === undefined
         ? undefined
         : integer("--process-limit", values["process-limit"], 1, 4_194_304),
+    workloadFd:
+      values["workload-fd"] === undefined ? undefined : integer("--workload-fd", values["workload-fd"], 3, 1023),
   };
 }
 
@@ -92,6 +99,7 @@ function parseFlags(argv: readonly string[]) {
       "default-workdir": { type: "string" },
       "expose-loopback": { type: "boolean" },
       "process-limit": { type: "string" },
+      "workload-fd": { type: "string" },
     },
     strict: true,
   });

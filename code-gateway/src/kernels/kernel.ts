@@ -19,6 +19,14 @@ export interface KernelLaunch {
   readonly argv: readonly string[];
   readonly cwd: string;
   readonly env: Readonly<Record<string, string>>;
+  /**
+   * RLIMIT_NPROC of the kernel and all it forks (GatewayConfig.processLimit): kernels run as sandbox root, whose
+   * process count includes envd's, so a fork bomb in a cell stops short of the sandbox's pids limit and envd can
+   * still start commands and signal it.
+   */
+  readonly processLimit?: number;
+  /** Called with the kernel's pid as soon as it exists (it joins the workload cgroup). */
+  readonly onSpawn?: (pid: number) => void;
 }
 
 /** Thrown into every pending request when the kernel process exits on its own. */
@@ -127,12 +135,16 @@ export class Kernel {
     const argv = launch.argv.map((a) => a.replaceAll("{connection_file}", connectionFile));
     // The kernel runs the user's code: under memory pressure the OOM killer picks it (score 1000, set before it
     // starts, inherited by what it forks) before the gateway and envd, which keep theirs; the gateway restarts it.
-    const child = spawn("setpriv", ["--pdeathsig", "KILL", "--", "choom", "-n", "1000", "--", ...argv], {
+    // Set before the kernel runs: root in a sandbox cannot raise a hard limit (CAP_SYS_RESOURCE is the host's).
+    const limit = launch.processLimit === undefined ? [] : ["prlimit", `--nproc=${launch.processLimit}`, "--"];
+    const [command, ...args] = [...limit, "setpriv", "--pdeathsig", "KILL", "--", "choom", "-n", "1000", "--", ...argv];
+    const child = spawn(command as string, args, {
       cwd: launch.cwd,
       env: launch.env,
       detached: true,
       stdio: ["ignore", "pipe", "pipe"],
     });
+    if (child.pid !== undefined) launch.onSpawn?.(child.pid);
     const spawnError = new Promise<never>((_, reject) => child.once("error", reject));
     spawnError.catch(() => undefined);
     forwardLines(child, launch.language, log);

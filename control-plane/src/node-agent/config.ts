@@ -99,6 +99,8 @@ export interface NodeAgentConfig {
   readonly criu: string | undefined;
   readonly dnsUpstream: string | undefined;
   readonly uplinkForwarding: boolean;
+  /** WARREN_DISK_OVERCOMMIT: how many times its free disk a node may promise to sandbox disks (disk-budget.ts). */
+  readonly diskOvercommit: number;
   readonly checkpointAfterMs: number;
   readonly driver: DriverRequest;
   readonly microvmDir: string;
@@ -128,6 +130,16 @@ function list(env: NodeJS.ProcessEnv, name: string, fallback: string): string[] 
 }
 
 const DEFAULT_CRIU = "/var/lib/warren/criu/criu";
+
+/** A positive ratio such as 1 or 2.5 (not 0, not a word), or `fallback` when unset. */
+function ratioFromEnv(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
+  const value = env[name];
+  if (value === undefined || value === "") return fallback;
+  if (!/^\d+(\.\d+)?$/.test(value) || !(Number(value) > 0)) {
+    throw new ConfigError(`${name} must be a positive number such as 1 or 2.5, got '${value}'`);
+  }
+  return Number(value);
+}
 
 function criuPath(value: string | undefined): string | undefined {
   if (value === "off") return undefined;
@@ -218,6 +230,7 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     criu: criuPath(env.WARREN_CRIU),
     dnsUpstream: env.WARREN_DNS_UPSTREAM || undefined,
     uplinkForwarding: env.WARREN_UPLINK_FORWARDING !== "0",
+    diskOvercommit: ratioFromEnv(env, "WARREN_DISK_OVERCOMMIT", 1),
     checkpointAfterMs: integer(env, "WARREN_CHECKPOINT_AFTER_MS", 30_000, -1, 7 * 24 * 3600_000),
     killOnStop: ["1", "true", "yes"].includes((env.WARREN_KILL_ON_STOP ?? "").toLowerCase()),
     driver,

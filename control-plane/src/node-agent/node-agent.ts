@@ -52,6 +52,7 @@ export async function startNodeAgent(
     ...(config.criu ? { criu: config.criu } : {}),
     ...(config.dnsUpstream ? { dnsUpstream: config.dnsUpstream } : {}),
     uplinkForwarding: config.uplinkForwarding,
+    diskOvercommit: config.diskOvercommit,
   });
   const templates = new TemplateStore({
     dir: config.templatesDir,

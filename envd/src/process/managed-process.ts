@@ -22,6 +22,8 @@ export interface ProcessOptions {
   readonly log: Logger;
   /** The values of the secrets this process was started with: masked as `***` in its output. */
   readonly mask?: SecretMask;
+  /** Called with the pid as soon as the process exists (it joins the workload cgroup). */
+  readonly onSpawn?: (pid: number) => void;
 }
 
 /**
@@ -60,7 +62,9 @@ export class ManagedProcess implements ChildEvents, SubscriptionOwner {
   }
 
   static async start(plan: SpawnPlan, options: ProcessOptions): Promise<ManagedProcess> {
-    return new ManagedProcess(await spawnChild(plan, options.log), plan, options);
+    const child = await spawnChild(plan, options.log);
+    options.onSpawn?.(child.pid);
+    return new ManagedProcess(child, plan, options);
   }
 
   get running(): boolean {

@@ -1,5 +1,6 @@
 import { existsSync } from "node:fs";
 import { Code, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
+import { WorkloadCgroup } from "@warren/platform/workload";
 import type { Process, ProcessInput, StartRequest, StreamInputRequest } from "@warren/proto/process/process_pb";
 import { Signal } from "@warren/proto/process/process_pb";
 import { requestUser } from "../auth.js";
@@ -37,6 +38,7 @@ export function createProcessService(
   const leases = new LeaseBook(ctx.config.leaseGraceMs, ctx.log);
   const envdPath = ctx.config.processPath;
   const processLimit = usableProcessLimit(ctx);
+  const workload = new WorkloadCgroup(ctx.config.workloadFd, ctx.log);
   let closing = false;
 
   const writeInput = async (target: ManagedProcess, input: ProcessInput | undefined) => {
@@ -128,6 +130,7 @@ export function createProcessService(
       outputBufferBytes: ctx.config.outputBufferBytes,
       log: ctx.log,
       mask: new SecretMask(Object.values(secretEnv)),
+      onSpawn: (pid) => workload.join(pid),
     });
     try {
       registry.add(started);

@@ -12,6 +12,12 @@ import { exec } from "../exec.js";
 export interface SandboxCgroup {
   /** `cgroup.procs` files a process writes its pid to, to join every controller. */
   readonly procsFiles: readonly string[];
+  /**
+   * The `cgroup.procs` of the sandbox's workload cgroup: a child with the sandbox's memory less envd's reserve
+   * (workloadMemoryMiB), which every process envd and the code gateway start joins. The sandbox gets it as a
+   * descriptor opened on the host (instance-container.ts), never as a path.
+   */
+  readonly workloadProcsFile: string;
   usage(): Promise<{
     memoryBytes: number;
     memoryLimitBytes: number;
@@ -22,6 +28,8 @@ export interface SandboxCgroup {
     oomKills: number;
   }>;
   pids(): Promise<number[]>;
+  /** Processes in the sandbox's cgroup but not in its workload (memory controller). */
+  outsideWorkload(): Promise<number[]>;
   freeze(): Promise<void>;
   thaw(): Promise<void>;
   /** The directory CRIU's `--freeze-cgroup` takes (v1: the freezer hierarchy's; v2: the sandbox's). */
@@ -44,6 +52,18 @@ export interface CgroupManager {
 }
 
 const ROOT = "/sys/fs/cgroup";
+/** The workload cgroup's name under a sandbox's. */
+const WORKLOAD = "workload";
+
+/**
+ * The memory of a sandbox's workload cgroup: all of it but a reserve that only envd, tini and the code gateway can
+ * use (an eighth, 32 to 128 MiB, at most half), so a memory bomb is killed inside the workload while envd still
+ * answers. envd idles at about 40 MiB, the gateway at about 50.
+ */
+export function workloadMemoryMiB(memoryMiB: number): number {
+  const reserve = Math.min(Math.floor(memoryMiB / 2), Math.min(128, Math.max(32, Math.round(memoryMiB / 8))));
+  return memoryMiB - reserve;
+}
 
 export function detectCgroupManager(parent: string): CgroupManager {
   return existsSync(join(ROOT, "cgroup.controllers")) ? new CgroupV2(parent) : new CgroupV1(parent);
@@ -154,8 +174,12 @@ class CgroupV1 implements CgroupManager {
       throw new Error("freezer did not reach FROZEN");
     };
     const pids = () => readPids(join(dir("pids"), "cgroup.procs"));
+    // v1: only the memory hierarchy has the workload child (pids, cpu and the freezer stay flat).
+    const workloadDir = join(dir("memory"), WORKLOAD);
     return {
       procsFiles: dirs.map((d) => join(d, "cgroup.procs")),
+      workloadProcsFile: join(workloadDir, "cgroup.procs"),
+      outsideWorkload: () => readPids(join(dir("memory"), "cgroup.procs")),
       exists: () => dirs.some((d) => existsSync(d)),
       pids,
       usage: async () => ({
@@ -164,7 +188,10 @@ class CgroupV1 implements CgroupManager {
         cpuUsec: Math.round((await readNumber(join(dir("cpuacct"), "cpuacct.usage"))) / 1000),
         pids: await readNumber(join(dir("pids"), "pids.current")),
         pidsLimit: await readNumber(join(dir("pids"), "pids.max")),
-        oomKills: oomKillCount(await readFile(join(dir("memory"), "memory.oom_control"), "utf8").catch(() => "")),
+        // v1 counts a kill only in the cgroup it happened in: the workload's kills are the sandbox's too.
+        oomKills:
+          oomKillCount(await readFile(join(dir("memory"), "memory.oom_control"), "utf8").catch(() => "")) +
+          oomKillCount(await readFile(join(workloadDir, "memory.oom_control"), "utf8").catch(() => "")),
       }),
       freezerDir: dir("freezer"),
       freeze: () => setFreezer("FROZEN"),
@@ -179,6 +206,7 @@ class CgroupV1 implements CgroupManager {
         await waitEmpty(pids, true);
       },
       remove: async () => {
+        await removeDir(workloadDir);
         for (const d of dirs) await removeDir(d);
       },
     };
@@ -199,6 +227,13 @@ class CgroupV1 implements CgroupManager {
       String(Math.max(1000, Math.round(resources.cpuCount * 100000))),
     );
     await writeFile(join(dir("pids"), "pids.max"), String(resources.pidsMax));
+    const workload = join(dir("memory"), WORKLOAD);
+    await mkdir(workload);
+    const workloadMemory = String(workloadMemoryMiB(resources.memoryMiB) * 1024 * 1024);
+    await writeFile(join(workload, "memory.limit_in_bytes"), workloadMemory);
+    if (existsSync(join(workload, "memory.memsw.limit_in_bytes"))) {
+      await writeFile(join(workload, "memory.memsw.limit_in_bytes"), workloadMemory);
+    }
     return cgroup;
   }
 
@@ -235,7 +270,14 @@ class CgroupV2 implements CgroupManager {
 
   open(name: string): SandboxCgroup {
     const dir = join(ROOT, this.parent, name);
-    const pids = () => readPids(join(dir, "cgroup.procs"));
+    // v2 has no processes in inner cgroups: envd and the gateway live in `system`, what they start in `workload`.
+    const system = join(dir, "system");
+    const workload = join(dir, WORKLOAD);
+    const pids = async () => [
+      ...(await readPids(join(dir, "cgroup.procs"))),
+      ...(await readPids(join(system, "cgroup.procs"))),
+      ...(await readPids(join(workload, "cgroup.procs"))),
+    ];
     const setFrozen = async (frozen: boolean) => {
       await writeFile(join(dir, "cgroup.freeze"), frozen ? "1" : "0");
       for (let i = 0; i < 5000; i++) {
@@ -246,7 +288,13 @@ class CgroupV2 implements CgroupManager {
       throw new Error("cgroup did not change its frozen state");
     };
     return {
-      procsFiles: [join(dir, "cgroup.procs")],
+      // A sandbox made before the split (adopted after an upgrade) has no `system` leaf.
+      procsFiles: [join(existsSync(system) ? system : dir, "cgroup.procs")],
+      workloadProcsFile: join(workload, "cgroup.procs"),
+      outsideWorkload: async () => [
+        ...(await readPids(join(dir, "cgroup.procs"))),
+        ...(await readPids(join(system, "cgroup.procs"))),
+      ],
       exists: () => existsSync(dir),
       pids,
       usage: async () => {
@@ -268,7 +316,11 @@ class CgroupV2 implements CgroupManager {
         await writeFile(join(dir, "cgroup.kill"), "1");
         await waitEmpty(pids, false);
       },
-      remove: () => removeDir(dir),
+      remove: async () => {
+        await removeDir(system);
+        await removeDir(workload);
+        await removeDir(dir);
+      },
     };
   }
 
@@ -280,6 +332,12 @@ class CgroupV2 implements CgroupManager {
     if (existsSync(join(dir, "memory.swap.max"))) await writeFile(join(dir, "memory.swap.max"), "0");
     await writeFile(join(dir, "cpu.max"), `${Math.max(1000, Math.round(resources.cpuCount * 100000))} 100000`);
     await writeFile(join(dir, "pids.max"), String(resources.pidsMax));
+    await mkdir(join(dir, "system"));
+    await mkdir(join(dir, WORKLOAD));
+    await writeFile(join(dir, "cgroup.subtree_control"), "+memory");
+    await writeFile(join(dir, WORKLOAD, "memory.max"), String(workloadMemoryMiB(resources.memoryMiB) * 1024 * 1024));
+    if (existsSync(join(dir, WORKLOAD, "memory.swap.max")))
+      await writeFile(join(dir, WORKLOAD, "memory.swap.max"), "0");
     return this.open(name);
   }
 

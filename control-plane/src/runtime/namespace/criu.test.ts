@@ -10,6 +10,7 @@ import { BOOT_ID, RESOLV_CONF } from "./instance-container.js";
 // runs against the real CRIU in the whole-cluster tests where the host has it.
 const fakeCriu = (argsPrefix: string) => `#!/bin/sh
 printf '%s\\n' "$@" > "${argsPrefix}.$1"
+readlink /proc/$$/fd/4 > "${argsPrefix}.$1.fd4" || true
 prev=""
 for arg in "$@"; do
   if [ "$prev" = "--pidfile" ]; then echo $$ > "$arg"; fi
@@ -53,11 +54,14 @@ describe("criu dump and restore name the instance's own files the same way", () 
       imagesDir: join(dir, "images"),
       freezerDir: join(dir, "freezer"),
       logFileKey: "file[1:2]",
+      workloadFileKey: "file[1:3]",
       leaveRunning: true,
       instanceFiles: [RESOLV_CONF, BOOT_ID],
       deadlineMs: 10_000,
     });
     const dump = await argsOf("dump");
+    // Both host files the tree holds are external: envd.log and the workload cgroup's descriptor.
+    expect(dump.join(" ")).toContain("--external file[1:2] --external file[1:3]");
     // Named by their path in the sandbox, not by the source instance's host path (CRIU 4's `auto` key).
     expect(mappings(dump)).toEqual(
       new Map([
@@ -67,7 +71,12 @@ describe("criu dump and restore name the instance's own files the same way", () 
     );
     expect(dump).toContain("--skip-in-flight");
 
-    const target = { resolv: join(dir, "other", "resolv.conf"), bootId: join(dir, "other", "boot_id") };
+    const target = {
+      resolv: join(dir, "other", "resolv.conf"),
+      bootId: join(dir, "other", "boot_id"),
+      workload: join(dir, "workload.procs"),
+    };
+    await writeFile(target.workload, "");
     await criuRestore({
       criu,
       netnsPath: "/proc/self/ns/net",
@@ -77,10 +86,14 @@ describe("criu dump and restore name the instance's own files the same way", () 
       rootfs: join(dir, "other", "rootfs"),
       logPath: join(dir, "envd.log"),
       logFileKey: "file[1:2]",
+      workload: { fileKey: "file[1:3]", procsFile: target.workload },
       uid: process.getuid?.() ?? 0,
       instanceFiles: { [RESOLV_CONF]: target.resolv, [BOOT_ID]: target.bootId },
       deadlineMs: 10_000,
     });
+    // The restored tree gets the target instance's workload descriptor (opened here, as host root) in its place.
+    expect((await argsOf("restore")).join(" ")).toContain("--inherit-fd fd[3]:file[1:2] --inherit-fd fd[4]:file[1:3]");
+    expect((await readFile(join(dir, "args.restore.fd4"), "utf8")).trim()).toBe(target.workload);
     const restore = mappings(await argsOf("restore"));
     for (const [mountpoint, name] of mappings(dump)) {
       expect(restore.get(name), `the restore maps ${mountpoint}`).toBe(

@@ -13,7 +13,10 @@ import { exec } from "../exec.js";
  *   listening sockets are kept. `--skip-in-flight`: a connection a listening socket has not accepted yet when the
  *   tree is dumped (a client's request racing a snapshot) is left out instead of failing the dump; its client sees
  *   a reset, as with the established ones.
- * - the sandbox's stdout/stderr (envd.log on the host) is an external file, re-attached at restore.
+ * - the sandbox's stdout/stderr (envd.log on the host) is an external file, re-attached at restore; so is the
+ *   workload cgroup's descriptor that PID 1, envd and the gateway hold (instance-container.ts WORKLOAD_FD): a
+ *   restore hands them the target instance's. Restored processes land in the sandbox's cgroup
+ *   (`--manage-cgroups=ignore`); restored-workload.ts moves the user's back into the workload.
  * - bind mounts from the host are external mounts (`--ext-mount-map auto`), which CRIU 4 names by their host
  *   source path; the instance's own files (resolv.conf, boot id) are named by their path in the sandbox instead,
  *   so a restore into another instance maps them to that instance's files.
@@ -48,6 +51,8 @@ export interface DumpOptions {
   readonly freezerDir: string;
   /** CRIU's key of envd.log, the external file PID 1's stdout/stderr point to (externalFileKey). */
   readonly logFileKey: string;
+  /** CRIU's key of the workload cgroup's descriptor the tree holds (WORKLOAD_FD), when it holds one. */
+  readonly workloadFileKey?: string;
   /** Keep the tree (frozen, as it was) after the dump: a snapshot, not a checkpoint that ends it. */
   readonly leaveRunning?: boolean;
   /** Sandbox paths of the instance's own bind-mounted files (RestoreOptions.instanceFiles maps them back). */
@@ -81,6 +86,7 @@ export async function criuDump(o: DumpOptions): Promise<void> {
       "--skip-in-flight",
       "--external",
       o.logFileKey,
+      ...(o.workloadFileKey ? ["--external", o.workloadFileKey] : []),
       ...o.instanceFiles.flatMap((inside) => ["--ext-mount-map", `${inside}:${inside}`]),
       ...(o.leaveRunning ? ["--leave-running"] : []),
     ],
@@ -112,6 +118,11 @@ export interface RestoreOptions {
   /** The target instance's envd.log, handed to the restored tree as its stdout/stderr. */
   readonly logPath: string;
   readonly logFileKey: string;
+  /**
+   * The dumped tree's workload descriptor (DumpOptions.workloadFileKey) and the target instance's workload
+   * `cgroup.procs`, which the restore opens as host root and hands to the tree in its place.
+   */
+  readonly workload?: { readonly fileKey: string; readonly procsFile: string };
   /** Host uid of the sandbox's root: the log is reopened through /proc/self/fd with the restored tree's creds. */
   readonly uid: number;
   /** Sandbox path → host file (the target instance's resolv.conf and boot id, bind-mounted into the sandbox). */
@@ -131,6 +142,7 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
   await rm(pidFile, { force: true });
   const logFile = await open(o.logPath, "a");
   await chown(o.logPath, o.uid, o.uid);
+  const workloadFile = o.workload ? await open(o.workload.procsFile, "a").catch(() => undefined) : undefined;
   let code: number;
   let hung = false;
   try {
@@ -156,6 +168,7 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
           ...CRIU_COMMON,
           "--inherit-fd",
           `fd[3]:${o.logFileKey}`,
+          ...(o.workload && workloadFile ? ["--inherit-fd", `fd[4]:${o.workload.fileKey}`] : []),
           "--pidfile",
           pidFile,
         ],
@@ -165,7 +178,7 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
             CGROUP_PROCS: o.procsFiles.join(" "),
             NETNS: o.netnsPath,
           },
-          stdio: ["ignore", "ignore", "ignore", logFile.fd],
+          stdio: ["ignore", "ignore", "ignore", logFile.fd, ...(workloadFile ? [workloadFile.fd] : [])],
         },
       );
       // The launcher shell execs nsenter, which execs criu: one process to kill.
@@ -184,6 +197,7 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
     });
   } finally {
     await logFile.close();
+    await workloadFile?.close();
   }
   if (code !== 0) {
     const log = await criuLog(join(o.workDir, "restore.log"));
@@ -200,12 +214,44 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
  * CRIU's key for a host file a sandbox process holds open (`file[<mnt_id>:<inode>]`, hex), found on PID 1's
  * stdout, which the launcher pointed at `path`.
  */
-export async function externalFileKey(pid: number, path: string): Promise<string> {
-  const fdinfo = await readFile(`/proc/${pid}/fdinfo/1`, "utf8");
+export async function externalFileKey(pid: number, path: string, fd = 1): Promise<string> {
+  const fdinfo = await readFile(`/proc/${pid}/fdinfo/${fd}`, "utf8");
   const mntId = Number(/^mnt_id:\s*(\d+)/m.exec(fdinfo)?.[1]);
-  if (!Number.isInteger(mntId)) throw new Error(`no mnt_id for fd 1 of pid ${pid}`);
+  if (!Number.isInteger(mntId)) throw new Error(`no mnt_id for fd ${fd} of pid ${pid}`);
   const inode = (await stat(path, { bigint: true })).ino;
   return `file[${mntId.toString(16)}:${inode.toString(16)}]`;
+}
+
+/** The host files a dumped tree holds open, re-attached to the target instance's on restore. */
+export interface CriuExternalFiles {
+  /** CRIU's key of the file the sandbox's stdout/stderr point to (envd.log). */
+  readonly logFileKey: string;
+  /** CRIU's key of the workload cgroup's descriptor (instance-container.ts WORKLOAD_FD); absent in older dumps. */
+  readonly workloadFileKey?: string;
+}
+
+/** The external files of the tree whose PID 1 is `pid`: envd.log at `logPath`, the workload's descriptor `fd`. */
+export async function criuExternalFiles(
+  pid: number,
+  logPath: string,
+  workload: { readonly procsFile: string; readonly fd: number },
+): Promise<CriuExternalFiles> {
+  const logFileKey = await externalFileKey(pid, logPath);
+  const workloadFileKey = await heldFileKey(pid, workload.procsFile, workload.fd);
+  return workloadFileKey ? { logFileKey, workloadFileKey } : { logFileKey };
+}
+
+/**
+ * CRIU's key of the file at `path` when `pid` holds it open as `fd`, else undefined (a sandbox started before it
+ * was handed that descriptor).
+ */
+export async function heldFileKey(pid: number, path: string, fd: number): Promise<string | undefined> {
+  const [held, file] = await Promise.all([
+    stat(`/proc/${pid}/fd/${fd}`, { bigint: true }).catch(() => undefined),
+    stat(path, { bigint: true }).catch(() => undefined),
+  ]);
+  if (!held || !file || held.ino !== file.ino || held.dev !== file.dev) return undefined;
+  return externalFileKey(pid, path, fd);
 }
 
 /** The error lines of a CRIU log (without the harmless RLIMIT_NOFILE one), for error messages. */

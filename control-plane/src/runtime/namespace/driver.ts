@@ -19,6 +19,7 @@ import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/polic
 import { DEFAULT_LOG_CAP, LogCap, type LogCapLimits } from "../log-cap.js";
 import { processStartTime, processState } from "../sandbox-process.js";
 import { type CgroupManager, detectCgroupManager } from "./cgroups.js";
+import { DiskBudget } from "./disk-budget.js";
 import { InstanceContainers } from "./instance-container.js";
 import { type InstanceRecord, InstanceRecords, newInstanceRecord, toInstance } from "./instance-records.js";
 import { InstanceSnapshots } from "./instance-snapshots.js";
@@ -93,6 +94,8 @@ export interface NamespaceDriverOptions {
   readonly dnsUpstream?: string;
   /** See NetworkPoolOptions.uplinkForwarding (default on). */
   readonly uplinkForwarding?: boolean;
+  /** How many times its free disk the node may promise to sandbox disks (disk-budget.ts; default 1). */
+  readonly diskOvercommit?: number;
 }
 
 export class NamespaceDriver implements RuntimeDriver {
@@ -111,6 +114,7 @@ export class NamespaceDriver implements RuntimeDriver {
   /** Keeps each sandbox's envd.log (PID 1's stdout/stderr, writable by the sandbox) under its cap. */
   private readonly logCap: LogCap;
   private readonly disks: SandboxDisks;
+  private readonly diskBudget: DiskBudget;
 
   constructor(private readonly options: NamespaceDriverOptions) {
     this.cgroups = detectCgroupManager(`warren/${options.instance}`);
@@ -126,6 +130,7 @@ export class NamespaceDriver implements RuntimeDriver {
     const { records, cgroups, network } = this;
     const { criu, uidBase, log } = options;
     this.disks = new SandboxDisks(join(options.stateDir, "disks"), uidBase, log.child({ part: "disks" }));
+    this.diskBudget = new DiskBudget(options.stateDir, options.diskOvercommit ?? 1);
     const containers = new InstanceContainers({
       instance: options.instance,
       crunRoot: this.crunRoot,
@@ -213,6 +218,7 @@ export class NamespaceDriver implements RuntimeDriver {
       // The record goes to disk before anything else exists, so a crash at any later step is cleaned up.
       await this.records.persist(record);
       this.instances.set(instanceId, record);
+      await this.admitDisk(record);
       const cgroup = await this.cgroups.create(instanceId, spec.resources);
       await this.containers.writeFiles(record, slot, spec.command);
       await this.egress.apply(record);
@@ -220,9 +226,9 @@ export class NamespaceDriver implements RuntimeDriver {
       const memory = base?.snapshot.criu;
       if (memory && spec.snapshotId) {
         // The snapshot's processes continue here: same boot, this instance's root, network and cgroups.
-        await this.snapshots.startFromMemory(record, cgroup.procsFiles, spec.snapshotId, memory);
+        await this.snapshots.startFromMemory(record, cgroup, spec.snapshotId, memory);
       } else {
-        await this.containers.launch(record, cgroup.procsFiles);
+        await this.containers.launch(record, cgroup);
       }
       const readyAt = performance.now();
       if (!memory) await this.containers.waitReady(record, log);
@@ -244,6 +250,21 @@ export class NamespaceDriver implements RuntimeDriver {
     } finally {
       base?.release();
     }
+  }
+
+  /**
+   * Refuses (DiskBudgetExceeded) a disk the node cannot promise beside those of its other instances, counted while
+   * they are being made too (an image not there yet may still take all of its size). A tmpfs layer is memory.
+   */
+  private async admitDisk(record: InstanceRecord): Promise<void> {
+    if (this.disks.kind !== "image") return;
+    const promised = [...this.instances.values()]
+      .filter((other) => other.instanceId !== record.instanceId)
+      .map((other) => ({
+        image: join(this.instanceDir(other.instanceId), "disk.img"),
+        sizeBytes: other.resources.diskMiB * 2 ** 20,
+      }));
+    await this.diskBudget.admit(record.resources.diskMiB * 2 ** 20, [...promised, ...this.disks.readyImages()]);
   }
 
   /** See InstanceSnapshots.capture: a running sandbox is frozen for the copy and runs on, a paused one stays paused. */

@@ -6,10 +6,19 @@ import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
 import { exec } from "../exec.js";
 import { CODE_GATEWAY_PORT, ENVD_PORT, healthy, processStartTime } from "../sandbox-process.js";
+import type { SandboxCgroup } from "./cgroups.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import type { NetworkSlot } from "./network.js";
 import { sandboxSpec } from "./oci-spec.js";
 import { type DiskLaunch, MAKE_DISK, MAKE_LAYER_DIRS, type SandboxDisks } from "./sandbox-disks.js";
+
+/**
+ * The descriptor of the sandbox's workload cgroup (cgroups.ts) in PID 1 and what inherits it (envd, the code
+ * gateway): the launcher opens its `cgroup.procs` as host root and crun passes it on (--preserve-fds). A write to a
+ * cgroup v1 file is checked against the credentials it was opened with, so envd can move its commands there after
+ * they dropped to `user`; the sandbox never sees the node's cgroup tree.
+ */
+export const WORKLOAD_FD = 3;
 
 /**
  * PID 1's child in code templates (`tini -g -- sh -c SANDBOX_INIT sandbox-init <envd command>`): starts the code
@@ -19,9 +28,10 @@ import { type DiskLaunch, MAKE_DISK, MAKE_LAYER_DIRS, type SandboxDisks } from "
  * from the gateway (setpriv --pdeathsig KILL: they never outlive it). The runtime directory is the gateway's
  * default, /tmp/warren-cg-<pid> (a restarted gateway removes the dead one's).
  */
-const SANDBOX_INIT = `env CODE_GATEWAY_HOST=0.0.0.0 CODE_GATEWAY_PORT=${CODE_GATEWAY_PORT} \
+const sandboxInit = (processLimit: number) => `env CODE_GATEWAY_HOST=0.0.0.0 CODE_GATEWAY_PORT=${CODE_GATEWAY_PORT} \
   CODE_GATEWAY_ENVD_URL=http://127.0.0.1:${ENVD_PORT} CODE_GATEWAY_AUTH=envd \
   CODE_GATEWAY_NODE=/usr/local/bin/node CODE_GATEWAY_PYTHON=/usr/bin/python3 \
+  CODE_GATEWAY_PROCESS_LIMIT=${processLimit} CODE_GATEWAY_WORKLOAD_FD=${WORKLOAD_FD} \
   setsid -f /bin/sh -c 'while :; do /usr/local/bin/node --max-semi-space-size=1 /opt/warren/code-gateway/dist/main.js; sleep 1; done' </dev/null
 exec "$@"
 `;
@@ -31,7 +41,8 @@ const ID_COUNT = 65536;
 /**
  * The process limit (RLIMIT_NPROC) of everything envd starts: the sandbox's pids limit minus a reserve that only
  * envd, tini and the code gateway can use, so a fork bomb stops short of the cgroup's limit and envd can still
- * start a command (as root: the bomb's uid is at its limit) or signal the bomb. An eighth of the limit, 16 to 128.
+ * start a command (as root when the bomb is the user's, as `user` when it is root's: sudo and kernels cannot raise a
+ * hard limit in a sandbox) or signal the bomb. An eighth of the limit, 16 to 128.
  */
 export function userProcessLimit(pidsMax: number): number {
   const reserve = Math.min(128, Math.max(16, Math.round(pidsMax / 8)));
@@ -65,7 +76,8 @@ mount -t overlay -o "lowerdir=$LOWER,upperdir=$D/disk/upper,workdir=$D/disk/work
 `;
 
 const START_CONTAINER = `for f in $CGROUP_PROCS; do echo $$ > "$f"; done
-exec crun --root "$CRUN_ROOT" --cgroup-manager=disabled run --detach --bundle "$D/bundle" --pid-file "$D/pid" "$CID"
+exec 3>>"$WORKLOAD_PROCS"
+exec crun --root "$CRUN_ROOT" --cgroup-manager=disabled run --preserve-fds 1 --detach --bundle "$D/bundle" --pid-file "$D/pid" "$CID"
 `;
 
 const LAUNCHER = MOUNT_ROOT + START_CONTAINER;
@@ -74,6 +86,9 @@ const LAUNCHER = MOUNT_ROOT + START_CONTAINER;
 const RELAUNCHER = `set -e
 D="$1"
 ${START_CONTAINER}`;
+
+/** The cgroups a launched sandbox joins: all of the sandbox's, and the workload's descriptor for PID 1. */
+export type LaunchCgroups = Pick<SandboxCgroup, "procsFiles" | "workloadProcsFile">;
 
 export interface InstanceContainersOptions {
   /** Tag in each container's name (`warren-<instance>-<id>`). */
@@ -112,6 +127,8 @@ export class InstanceContainers {
   async writeFiles(record: InstanceRecord, slot: NetworkSlot, command: readonly string[] | undefined): Promise<void> {
     const dir = this.options.records.dir(record.instanceId);
     const maxOldSpace = Math.max(32, Math.floor(record.resources.memoryMiB / 2));
+    // envd's commands and the gateway's kernels (RLIMIT_NPROC): both stop short of the pids limit.
+    const processLimit = userProcessLimit(record.resources.pidsMax);
     const envd = [
       "/usr/local/bin/node",
       `--max-old-space-size=${maxOldSpace}`,
@@ -127,9 +144,11 @@ export class InstanceContainers {
       // Ports sandbox processes listen on at loopback only are reachable through the proxy, as on E2B.
       "--expose-loopback",
       "--process-limit",
-      String(userProcessLimit(record.resources.pidsMax)),
+      String(processLimit),
+      "--workload-fd",
+      String(WORKLOAD_FD),
     ];
-    const init = record.codeGateway ? ["/bin/sh", "-c", SANDBOX_INIT, "sandbox-init"] : [];
+    const init = record.codeGateway ? ["/bin/sh", "-c", sandboxInit(processLimit), "sandbox-init"] : [];
     const args = command ?? ["/usr/bin/tini", "-g", "--", ...init, ...envd];
     const config = sandboxSpec({
       rootfs: join(dir, "rootfs"),
@@ -167,18 +186,18 @@ export class InstanceContainers {
   }
 
   /** Mounts the instance's writable layer and root, then starts its container in the cgroups of `procsFiles`. */
-  async launch(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
-    return this.startContainer(record, procsFiles, LAUNCHER, await this.diskLaunch(record));
+  async launch(record: InstanceRecord, cgroup: LaunchCgroups): Promise<void> {
+    return this.startContainer(record, cgroup, LAUNCHER, await this.diskLaunch(record));
   }
 
   /** Starts the container again over the root that is still mounted (a reboot). */
-  relaunch(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
-    return this.startContainer(record, procsFiles, RELAUNCHER);
+  relaunch(record: InstanceRecord, cgroup: LaunchCgroups): Promise<void> {
+    return this.startContainer(record, cgroup, RELAUNCHER);
   }
 
   /** Mounts the writable layer and root only (a CRIU restore then brings the processes). */
-  async mountRoot(record: InstanceRecord, procsFiles: readonly string[]): Promise<void> {
-    return this.runLauncher(record, procsFiles, MOUNT_ROOT, await this.diskLaunch(record));
+  async mountRoot(record: InstanceRecord, cgroup: LaunchCgroups): Promise<void> {
+    return this.runLauncher(record, cgroup, MOUNT_ROOT, await this.diskLaunch(record));
   }
 
   private diskLaunch(record: InstanceRecord): Promise<DiskLaunch> {
@@ -187,11 +206,11 @@ export class InstanceContainers {
 
   private async startContainer(
     record: InstanceRecord,
-    procsFiles: readonly string[],
+    cgroup: LaunchCgroups,
     script: string,
     disk: DiskLaunch = {},
   ): Promise<void> {
-    await this.runLauncher(record, procsFiles, script, disk);
+    await this.runLauncher(record, cgroup, script, disk);
     const pid = Number((await readFile(join(this.options.records.dir(record.instanceId), "pid"), "utf8")).trim());
     record.pid = pid;
     record.pidStartTime = await processStartTime(pid);
@@ -200,7 +219,7 @@ export class InstanceContainers {
 
   private async runLauncher(
     record: InstanceRecord,
-    procsFiles: readonly string[],
+    cgroup: LaunchCgroups,
     script: string,
     disk: DiskLaunch = {},
   ): Promise<void> {
@@ -215,7 +234,8 @@ export class InstanceContainers {
             ...disk,
             UID_BASE: String(this.options.uidBase),
             LOWER: [...(record.layers ?? []), record.lowerDir].join(":"),
-            CGROUP_PROCS: procsFiles.join(" "),
+            CGROUP_PROCS: cgroup.procsFiles.join(" "),
+            WORKLOAD_PROCS: cgroup.workloadProcsFile,
             CRUN_ROOT: this.options.crunRoot,
             CID: this.containerId(record.instanceId),
           },

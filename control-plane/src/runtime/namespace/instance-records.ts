@@ -1,6 +1,7 @@
 import type { Instance, InstanceSpec, SandboxResources } from "../driver.js";
 import { CLOSED_EGRESS, type EgressPolicy } from "../egress/policy.js";
 import { InstanceRecordFiles, instanceOf } from "../instance-record-files.js";
+import type { CriuExternalFiles } from "./criu.js";
 import type { LayeredSnapshot } from "./layer-store.js";
 import type { NetworkSlot } from "./network.js";
 
@@ -31,10 +32,7 @@ export interface InstanceRecord {
   /** Paused with its processes ended (filesystem-only pause): the next start is a reboot. */
   stopped?: boolean;
   /** Set while the instance is checkpointed to `<dir>/checkpoint` (no process runs). */
-  checkpoint?: {
-    /** CRIU's key of the host file the sandbox's stdout/stderr point to (envd.log), re-attached on restore. */
-    readonly logFileKey: string;
-  };
+  checkpoint?: CriuExternalFiles;
 }
 
 /** This driver's instance directories and records (instance-record-files.ts). */

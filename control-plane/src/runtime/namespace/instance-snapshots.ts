@@ -4,8 +4,14 @@ import type { Logger } from "@warren/platform/log";
 import type { SandboxResources, SnapshotImage, TemplateImage } from "../driver.js";
 import { exec } from "../exec.js";
 import type { CgroupManager } from "./cgroups.js";
-import { criuDeadlineMs, criuDump, externalFileKey } from "./criu.js";
-import { BOOT_ID, type InstanceContainers, RESOLV_CONF } from "./instance-container.js";
+import { criuDeadlineMs, criuDump, criuExternalFiles } from "./criu.js";
+import {
+  BOOT_ID,
+  type InstanceContainers,
+  type LaunchCgroups,
+  RESOLV_CONF,
+  WORKLOAD_FD,
+} from "./instance-container.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import { type LayeredSnapshot, LayerStore, type MemoryImage } from "./layer-store.js";
 import type { NetworkPool } from "./network.js";
@@ -107,36 +113,39 @@ export class InstanceSnapshots {
     const bootId = (await readFile(join(dir, "boot_id"), "utf8")).trim();
     if (record.checkpoint) {
       await exec("cp", ["-a", "--", join(dir, "checkpoint"), imagesDir]);
-      return { logFileKey: record.checkpoint.logFileKey, bootId };
+      return { ...record.checkpoint, bootId };
     }
     const criu = this.options.criu;
     if (!criu || record.pid === undefined) throw new Error(`instance '${record.instanceId}' has no processes to dump`);
-    const logFileKey = await externalFileKey(record.pid, join(dir, "envd.log"));
     const cgroup = this.options.cgroups.open(record.instanceId);
+    const files = await criuExternalFiles(record.pid, join(dir, "envd.log"), {
+      procsFile: cgroup.workloadProcsFile,
+      fd: WORKLOAD_FD,
+    });
     await criuDump({
       criu,
       netnsPath: this.options.network.slot(record.slot).netnsPath,
       pid: record.pid,
       imagesDir,
       freezerDir: cgroup.freezerDir,
-      logFileKey,
+      ...files,
       leaveRunning: true,
       instanceFiles: [RESOLV_CONF, BOOT_ID],
       deadlineMs: criuDeadlineMs((await cgroup.usage()).memoryBytes),
     });
-    return { logFileKey, bootId };
+    return { ...files, bootId };
   }
 
   /** The snapshot's processes continue in `record`: same boot, this instance's root, network and cgroups. */
   async startFromMemory(
     record: InstanceRecord,
-    procsFiles: readonly string[],
+    cgroup: LaunchCgroups,
     snapshotId: string,
     memory: MemoryImage,
   ): Promise<void> {
     await writeFile(join(this.options.records.dir(record.instanceId), "boot_id"), `${memory.bootId}\n`);
-    await this.options.containers.mountRoot(record, procsFiles);
-    await this.options.tiers.restoreFrom(record, this.store.memoryDir(snapshotId), memory.logFileKey);
+    await this.options.containers.mountRoot(record, cgroup);
+    await this.options.tiers.restoreFrom(record, this.store.memoryDir(snapshotId), memory);
   }
 
   async delete(snapshotId: string): Promise<void> {

@@ -9,11 +9,10 @@ import type { Logger } from "@warren/platform/log";
 import { isSnapshotId } from "@warren/proto/redis";
 import type { SandboxResources, SnapshotImage } from "../driver.js";
 import { exec } from "../exec.js";
+import type { CriuExternalFiles } from "./criu.js";
 
 /** A CRIU dump kept with a snapshot (`snapshots/<id>/memory/`): what a restore into a new instance needs. */
-export interface MemoryImage {
-  /** CRIU's key of the source's envd.log (stdout/stderr of PID 1), re-attached to the new instance's. */
-  readonly logFileKey: string;
+export interface MemoryImage extends CriuExternalFiles {
   /** The source's boot id: a memory copy continues the same boot. */
   readonly bootId: string;
 }

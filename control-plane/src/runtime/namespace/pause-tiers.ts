@@ -5,11 +5,19 @@ import type { Logger } from "@warren/platform/log";
 import type { CheckpointResult, ResumeResult } from "../driver.js";
 import { processStartTime } from "../sandbox-process.js";
 import type { CgroupManager } from "./cgroups.js";
-import { criuDeadlineMs, criuDump, criuRestore, directorySize, externalFileKey } from "./criu.js";
+import {
+  type CriuExternalFiles,
+  criuDeadlineMs,
+  criuDump,
+  criuExternalFiles,
+  criuRestore,
+  directorySize,
+} from "./criu.js";
 import { probeCriu } from "./criu-probe.js";
-import { BOOT_ID, type InstanceContainers, RESOLV_CONF } from "./instance-container.js";
+import { BOOT_ID, type InstanceContainers, RESOLV_CONF, WORKLOAD_FD } from "./instance-container.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import type { NetworkPool } from "./network.js";
+import { moveRestoredIntoWorkload } from "./restored-workload.js";
 
 export interface PauseTiersOptions {
   readonly records: InstanceRecords;
@@ -71,7 +79,10 @@ export class PauseTiers {
     const images = join(dir, "checkpoint");
     const cgroup = this.options.cgroups.open(instanceId);
     const memoryBeforeBytes = (await cgroup.usage()).memoryBytes;
-    const logFileKey = await externalFileKey(record.pid, join(dir, "envd.log"));
+    const files = await criuExternalFiles(record.pid, join(dir, "envd.log"), {
+      procsFile: cgroup.workloadProcsFile,
+      fd: WORKLOAD_FD,
+    });
     try {
       await criuDump({
         criu,
@@ -79,7 +90,7 @@ export class PauseTiers {
         pid: record.pid,
         imagesDir: images,
         freezerDir: cgroup.freezerDir,
-        logFileKey,
+        ...files,
         instanceFiles: [RESOLV_CONF, BOOT_ID],
         deadlineMs: criuDeadlineMs(memoryBeforeBytes),
       });
@@ -88,7 +99,7 @@ export class PauseTiers {
       await cgroup.freeze().catch(() => undefined);
       throw error;
     }
-    record.checkpoint = { logFileKey };
+    record.checkpoint = files;
     await this.options.records.persist(record);
     return {
       imageBytes: await directorySize(images),
@@ -119,7 +130,7 @@ export class PauseTiers {
     await this.stop(record);
     const dir = this.options.records.dir(instanceId);
     await writeFile(join(dir, "boot_id"), `${randomUUID()}\n`);
-    await this.options.containers.relaunch(record, this.options.cgroups.open(instanceId).procsFiles);
+    await this.options.containers.relaunch(record, this.options.cgroups.open(instanceId));
     await this.options.containers.waitReady(record, this.options.log.child({ instanceId }));
     record.stopped = false;
     record.paused = false;
@@ -145,7 +156,7 @@ export class PauseTiers {
   private async restore(record: InstanceRecord): Promise<void> {
     if (!record.checkpoint) throw new Error("no checkpoint to restore");
     const images = join(this.options.records.dir(record.instanceId), "checkpoint");
-    await this.restoreFrom(record, images, record.checkpoint.logFileKey);
+    await this.restoreFrom(record, images, record.checkpoint);
     record.checkpoint = undefined;
     await this.options.records.persist(record);
     await rm(images, { recursive: true, force: true });
@@ -155,25 +166,30 @@ export class PauseTiers {
    * CRIU restore of `images` into this instance (criu.ts): its cgroups, network and mounted root; its own
    * resolv.conf and boot id. Ready when envd (and the gateway) answer; a tree that does not is ended again.
    */
-  async restoreFrom(record: InstanceRecord, images: string, logFileKey: string): Promise<void> {
+  async restoreFrom(record: InstanceRecord, images: string, files: CriuExternalFiles): Promise<void> {
     const criu = this.options.criu;
     if (!criu || !this.criuUsable) throw new Error("no working CRIU on this node");
     const dir = this.options.records.dir(record.instanceId);
+    const cgroup = this.options.cgroups.open(record.instanceId);
     const pid = await criuRestore({
       criu,
       netnsPath: this.options.network.slot(record.slot).netnsPath,
-      procsFiles: this.options.cgroups.open(record.instanceId).procsFiles,
+      procsFiles: cgroup.procsFiles,
       imagesDir: images,
       workDir: join(dir, "criu"),
       rootfs: join(dir, "rootfs"),
       logPath: join(dir, "envd.log"),
-      logFileKey,
+      logFileKey: files.logFileKey,
+      ...(files.workloadFileKey
+        ? { workload: { fileKey: files.workloadFileKey, procsFile: cgroup.workloadProcsFile } }
+        : {}),
       uid: this.options.uidBase,
       instanceFiles: { [RESOLV_CONF]: join(dir, "resolv.conf"), [BOOT_ID]: join(dir, "boot_id") },
       deadlineMs: criuDeadlineMs(await directorySize(images)),
     });
     record.pid = pid;
     record.pidStartTime = await processStartTime(pid);
+    await moveRestoredIntoWorkload(cgroup, this.options.log);
     try {
       await this.options.containers.waitReady(record, this.options.log.child({ instanceId: record.instanceId }));
     } catch (error) {

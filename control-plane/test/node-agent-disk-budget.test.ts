@@ -1,0 +1,60 @@
+import { statfsSync } from "node:fs";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { RunningNodeAgent } from "../src/node-agent/node-agent.js";
+import {
+  agentClient,
+  BUILD_TIMEOUT_MS,
+  hostFootprint,
+  purgeAgent,
+  startTestAgent,
+  testConfig,
+} from "./node-agent-harness.js";
+
+// A node never promises sandbox disks (sparse images) beyond its free space times WARREN_DISK_OVERCOMMIT: here the
+// ratio is set so that the agent's state directory has about 3 GiB to promise, whatever this host's disk holds.
+const GiB = 2 ** 30;
+const fs = statfsSync("/var/lib/warren");
+const OVERCOMMIT = ((3 * GiB) / (fs.bavail * fs.bsize)).toFixed(6);
+const SETUP = { instance: "tk", cidr: "10.210.48.0/22", extraEnv: { WARREN_DISK_OVERCOMMIT: OVERCOMMIT } };
+const config = testConfig(SETUP);
+let running: RunningNodeAgent;
+let client: ReturnType<typeof agentClient>;
+
+beforeAll(async () => {
+  running = await startTestAgent(SETUP);
+  client = agentClient(running);
+}, BUILD_TIMEOUT_MS);
+
+afterAll(async () => {
+  await running?.stop({ killAll: true });
+  await purgeAgent(config);
+}, 120_000);
+
+const create = (sandboxId: string, diskSizeMb: number) =>
+  client.create({
+    sandboxId,
+    teamId: "team-a",
+    templateId: "base",
+    envdAccessToken: `token-${sandboxId}`,
+    resources: { diskSizeMb },
+  });
+
+describe("disk budget", () => {
+  it("refuses a disk the node cannot promise (resource_exhausted, so the master tries another node), leaving nothing; a kill frees its promise", async () => {
+    await create("diskone", 1024);
+    const before = hostFootprint(config);
+    const refused = await create("disktwo", 2048).then(
+      () => undefined,
+      (error: unknown) => ConnectError.from(error),
+    );
+    expect(refused?.code).toBe(Code.ResourceExhausted);
+    expect(refused?.rawMessage).toMatch(/cannot promise a 2048 MiB sandbox disk: .*WARREN_DISK_OVERCOMMIT=/);
+    expect(hostFootprint(config)).toEqual(before);
+    expect(running.agent.get("disktwo")).toBeUndefined();
+
+    await client.kill({ sandboxId: "diskone" });
+    await create("disktwo", 2048);
+    await client.kill({ sandboxId: "disktwo" });
+  }, 120_000);
+});
