@@ -101,7 +101,7 @@ export class ContextRegistry {
     private readonly kernelEnv: Readonly<Record<string, string>>,
     private readonly log: Logger,
   ) {
-    this.workload = new WorkloadCgroup(config.workloadFd, log);
+    this.workload = new WorkloadCgroup({ procsFd: config.workloadFd, oomControlFd: undefined }, log);
   }
 
   async create(language: Language, cwd: string | undefined): Promise<CodeContext> {

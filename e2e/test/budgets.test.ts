@@ -139,7 +139,12 @@ describe("memory", () => {
         () => "exited",
         (error: unknown) => String(error),
       );
-      expect(outcome).toMatch(/killed/);
+      // envd saw the workload's OOM count rise: the command's error (E2B's CommandExitError) says why.
+      expect(outcome).toMatch(/signal: killed \(out of memory: the sandbox's processes reached its memory limit\)/);
+      // A command killed on request is not called out of memory.
+      const sleeper = await sandbox.commands.run("sleep 600", { background: true });
+      await sandbox.commands.kill(sleeper.pid);
+      expect(String((await sleeper.wait().catch((error: unknown) => error)) as unknown)).not.toMatch(/out of memory/);
       // Killed in the workload; the sandbox's own cgroup (envd's) never reached its limit.
       expect(cgroupFile("memory", instanceId, "workload/memory.oom_control")).toMatch(/^oom_kill [1-9]/m);
       expect(cgroupFile("memory", instanceId, "memory.oom_control")).toMatch(/^oom_kill 0$/m);

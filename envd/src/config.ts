@@ -49,9 +49,14 @@ export interface EnvdConfig {
    * process envd starts joins. Unset: processes stay in envd's cgroup.
    */
   readonly workloadFd: number | undefined;
+  /**
+   * `--workload-oom-fd N`: an inherited, readable descriptor of the workload cgroup's `memory.oom_control`: a process
+   * killed by SIGKILL while its count rose says "out of memory" in its error.
+   */
+  readonly workloadOomFd: number | undefined;
 }
 
-export const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback] [--process-limit N] [--workload-fd N]
+export const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback] [--process-limit N] [--workload-fd N] [--workload-oom-fd N]
 environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000), ENVD_WARMUP (1)`;
 
 export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): EnvdConfig {
@@ -86,6 +91,10 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
         : integer("--process-limit", values["process-limit"], 1, 4_194_304),
     workloadFd:
       values["workload-fd"] === undefined ? undefined : integer("--workload-fd", values["workload-fd"], 3, 1023),
+    workloadOomFd:
+      values["workload-oom-fd"] === undefined
+        ? undefined
+        : integer("--workload-oom-fd", values["workload-oom-fd"], 3, 1023),
   };
 }
 
@@ -100,6 +109,7 @@ function parseFlags(argv: readonly string[]) {
       "expose-loopback": { type: "boolean" },
       "process-limit": { type: "string" },
       "workload-fd": { type: "string" },
+      "workload-oom-fd": { type: "string" },
     },
     strict: true,
   });

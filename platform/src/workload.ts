@@ -1,15 +1,23 @@
-import { writeSync } from "node:fs";
+import { readSync, writeSync } from "node:fs";
 import type { Logger } from "./log.js";
 
+/** The descriptors of a sandbox's workload cgroup its node handed to PID 1 (each undefined: not given). */
+export interface WorkloadDescriptors {
+  /** Its `cgroup.procs`, open for writing: a pid written there joins the workload. */
+  readonly procsFd: number | undefined;
+  /** Its `memory.oom_control`, open for reading: `oom_kill N` counts the OOM kills inside it. */
+  readonly oomControlFd: number | undefined;
+}
+
 /**
- * The sandbox's workload cgroup: every process envd (or the code gateway: its kernels) starts is moved into it right after it starts, so their memory
- * is held to the sandbox's limit less a reserve that only envd, tini and the code gateway can use, and a memory bomb
- * is killed inside it while envd keeps answering.
+ * The sandbox's workload cgroup: every process envd (or the code gateway: its kernels) starts is moved into it right
+ * after it starts, so their memory is held to the sandbox's limit less a reserve that only envd, tini and the code
+ * gateway can use, and a memory bomb is killed inside it while envd keeps answering.
  *
- * envd cannot see the node's cgroups: the node's launcher opened the workload's `cgroup.procs` as host root and
- * handed the open file to the sandbox (crun --preserve-fds). A cgroup v1 write is allowed by the credentials the
- * file was opened with (Linux ≥ 5.16), so envd can move a process even after it has dropped to `user`. Node gives
- * the descriptor to none of its children, so no command can use it. Moving only adds limits: at worst (a process
+ * envd cannot see the node's cgroups: the node's launcher opened the workload's files as host root and handed the
+ * open files to the sandbox (crun --preserve-fds). A cgroup v1 write is allowed by the credentials the file was
+ * opened with (Linux ≥ 5.16), so envd can move a process even after it has dropped to `user`. Node gives these
+ * descriptors to none of its children, so no command can use them. Moving only adds limits: at worst (a process
  * that forks before it is moved) the sandbox's own limits still hold, and the user's processes are still the OOM
  * killer's first pick.
  */
@@ -17,16 +25,15 @@ export class WorkloadCgroup {
   private warned = false;
 
   constructor(
-    /** The inherited descriptor (`--workload-fd`); undefined: no workload cgroup (outside a sandbox). */
-    private readonly fd: number | undefined,
+    private readonly fds: WorkloadDescriptors,
     private readonly log: Logger,
   ) {}
 
   /** Moves `pid` (and what it forks from now on) into the workload cgroup; a process already gone is fine. */
   join(pid: number): void {
-    if (this.fd === undefined) return;
+    if (this.fds.procsFd === undefined) return;
     try {
-      writeSync(this.fd, `${pid}\n`);
+      writeSync(this.fds.procsFd, `${pid}\n`);
     } catch (error) {
       const code = (error as NodeJS.ErrnoException).code;
       if (code === "ESRCH") return;
@@ -38,6 +45,19 @@ export class WorkloadCgroup {
           error: (error as Error).message,
         });
       }
+    }
+  }
+
+  /** How many processes the kernel has killed at the workload's memory limit; undefined when unknown. */
+  oomKills(): number | undefined {
+    if (this.fds.oomControlFd === undefined) return undefined;
+    try {
+      const buffer = Buffer.alloc(256);
+      const length = readSync(this.fds.oomControlFd, buffer, 0, buffer.length, 0);
+      const match = /^oom_kill (\d+)$/m.exec(buffer.subarray(0, length).toString("latin1"));
+      return match ? Number(match[1]) : undefined;
+    } catch {
+      return undefined;
     }
   }
 }

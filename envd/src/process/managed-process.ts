@@ -24,6 +24,8 @@ export interface ProcessOptions {
   readonly mask?: SecretMask;
   /** Called with the pid as soon as the process exists (it joins the workload cgroup). */
   readonly onSpawn?: (pid: number) => void;
+  /** The OOM kills in the sandbox's workload so far (WorkloadCgroup.oomKills); undefined when unknown. */
+  readonly oomKills?: () => number | undefined;
 }
 
 /**
@@ -45,10 +47,15 @@ export class ManagedProcess implements ChildEvents, SubscriptionOwner {
   private outcome: ProcessExit | undefined;
   private lifetimeTimer: NodeJS.Timeout | undefined;
 
+  /** Set once envd signalled the process (a kill the client asked for is not the OOM killer's). */
+  private signalled = false;
+
   private constructor(
     private readonly child: ChildHandle,
     private readonly plan: SpawnPlan,
     private readonly options: ProcessOptions,
+    /** The workload's OOM kills when the process started (ProcessOptions.oomKills). */
+    private readonly oomKillsBefore: number | undefined,
   ) {
     this.pid = child.pid;
     this.tag = options.tag;
@@ -62,9 +69,10 @@ export class ManagedProcess implements ChildEvents, SubscriptionOwner {
   }
 
   static async start(plan: SpawnPlan, options: ProcessOptions): Promise<ManagedProcess> {
+    const oomKillsBefore = options.oomKills?.();
     const child = await spawnChild(plan, options.log);
     options.onSpawn?.(child.pid);
-    return new ManagedProcess(child, plan, options);
+    return new ManagedProcess(child, plan, options, oomKillsBefore);
   }
 
   get running(): boolean {
@@ -117,7 +125,9 @@ export class ManagedProcess implements ChildEvents, SubscriptionOwner {
   }
 
   signal(signal: NodeJS.Signals): void {
-    if (this.running) this.child.signalGroup(signal);
+    if (!this.running) return;
+    this.signalled = true;
+    this.child.signalGroup(signal);
   }
 
   async writeStdin(data: Uint8Array): Promise<void> {
@@ -173,13 +183,27 @@ export class ManagedProcess implements ChildEvents, SubscriptionOwner {
         if (chunk) for (const subscription of this.subscriptions) subscription.push({ kind: "data", chunk });
       }
     }
-    this.outcome = exit;
+    const ended = this.withOomCause(exit);
+    this.outcome = ended;
     clearTimeout(this.lifetimeTimer);
-    this.options.log.info("process ended", { pid: this.pid, status: exit.status });
-    for (const subscription of this.subscriptions) subscription.push({ kind: "end", exit });
+    this.options.log.info("process ended", { pid: this.pid, status: ended.status });
+    for (const subscription of this.subscriptions) subscription.push({ kind: "end", exit: ended });
     this.subscriptions.clear();
     this.laggards.clear();
-    this.resolveExit(exit);
+    this.resolveExit(ended);
+  }
+
+  /**
+   * A process envd did not signal that ended by SIGKILL (or its shell's 137) while the workload's OOM kills rose
+   * was, as far as envd can tell, killed at the sandbox's memory limit: its error says so (E2B's SDK shows `error`
+   * in CommandExitError); `status` stays Go's text, as E2B's envd sends it.
+   */
+  private withOomCause(exit: ProcessExit): ProcessExit {
+    const killed = exit.status === "signal: killed" || exit.status === "exit status 137";
+    if (!killed || this.signalled || this.oomKillsBefore === undefined) return exit;
+    const after = this.options.oomKills?.();
+    if (after === undefined || after <= this.oomKillsBefore) return exit;
+    return { ...exit, error: `${exit.status} (out of memory: the sandbox's processes reached its memory limit)` };
   }
 
   // SubscriptionOwner

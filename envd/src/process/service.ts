@@ -38,7 +38,10 @@ export function createProcessService(
   const leases = new LeaseBook(ctx.config.leaseGraceMs, ctx.log);
   const envdPath = ctx.config.processPath;
   const processLimit = usableProcessLimit(ctx);
-  const workload = new WorkloadCgroup(ctx.config.workloadFd, ctx.log);
+  const workload = new WorkloadCgroup(
+    { procsFd: ctx.config.workloadFd, oomControlFd: ctx.config.workloadOomFd },
+    ctx.log,
+  );
   let closing = false;
 
   const writeInput = async (target: ManagedProcess, input: ProcessInput | undefined) => {
@@ -131,6 +134,7 @@ export function createProcessService(
       log: ctx.log,
       mask: new SecretMask(Object.values(secretEnv)),
       onSpawn: (pid) => workload.join(pid),
+      oomKills: () => workload.oomKills(),
     });
     try {
       registry.add(started);

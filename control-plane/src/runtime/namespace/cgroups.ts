@@ -18,6 +18,8 @@ export interface SandboxCgroup {
    * descriptor opened on the host (instance-container.ts), never as a path.
    */
   readonly workloadProcsFile: string;
+  /** The workload's OOM kill count (`oom_kill N`): v1 `memory.oom_control`, v2 `memory.events`. */
+  readonly workloadOomControlFile: string;
   usage(): Promise<{
     memoryBytes: number;
     memoryLimitBytes: number;
@@ -179,6 +181,7 @@ class CgroupV1 implements CgroupManager {
     return {
       procsFiles: dirs.map((d) => join(d, "cgroup.procs")),
       workloadProcsFile: join(workloadDir, "cgroup.procs"),
+      workloadOomControlFile: join(workloadDir, "memory.oom_control"),
       outsideWorkload: () => readPids(join(dir("memory"), "cgroup.procs")),
       exists: () => dirs.some((d) => existsSync(d)),
       pids,
@@ -291,6 +294,7 @@ class CgroupV2 implements CgroupManager {
       // A sandbox made before the split (adopted after an upgrade) has no `system` leaf.
       procsFiles: [join(existsSync(system) ? system : dir, "cgroup.procs")],
       workloadProcsFile: join(workload, "cgroup.procs"),
+      workloadOomControlFile: join(workload, "memory.events"),
       outsideWorkload: async () => [
         ...(await readPids(join(dir, "cgroup.procs"))),
         ...(await readPids(join(system, "cgroup.procs"))),

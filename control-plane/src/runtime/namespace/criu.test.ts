@@ -11,6 +11,7 @@ import { BOOT_ID, RESOLV_CONF } from "./instance-container.js";
 const fakeCriu = (argsPrefix: string) => `#!/bin/sh
 printf '%s\\n' "$@" > "${argsPrefix}.$1"
 readlink /proc/$$/fd/4 > "${argsPrefix}.$1.fd4" || true
+readlink /proc/$$/fd/5 > "${argsPrefix}.$1.fd5" || true
 prev=""
 for arg in "$@"; do
   if [ "$prev" = "--pidfile" ]; then echo $$ > "$arg"; fi
@@ -55,13 +56,14 @@ describe("criu dump and restore name the instance's own files the same way", () 
       freezerDir: join(dir, "freezer"),
       logFileKey: "file[1:2]",
       workloadFileKey: "file[1:3]",
+      workloadOomFileKey: "file[1:4]",
       leaveRunning: true,
       instanceFiles: [RESOLV_CONF, BOOT_ID],
       deadlineMs: 10_000,
     });
     const dump = await argsOf("dump");
-    // Both host files the tree holds are external: envd.log and the workload cgroup's descriptor.
-    expect(dump.join(" ")).toContain("--external file[1:2] --external file[1:3]");
+    // The host files the tree holds are external: envd.log and the workload cgroup's two descriptors.
+    expect(dump.join(" ")).toContain("--external file[1:2] --external file[1:3] --external file[1:4]");
     // Named by their path in the sandbox, not by the source instance's host path (CRIU 4's `auto` key).
     expect(mappings(dump)).toEqual(
       new Map([
@@ -75,8 +77,10 @@ describe("criu dump and restore name the instance's own files the same way", () 
       resolv: join(dir, "other", "resolv.conf"),
       bootId: join(dir, "other", "boot_id"),
       workload: join(dir, "workload.procs"),
+      oom: join(dir, "workload.oom_control"),
     };
     await writeFile(target.workload, "");
+    await writeFile(target.oom, "oom_kill 0\n");
     await criuRestore({
       criu,
       netnsPath: "/proc/self/ns/net",
@@ -86,14 +90,21 @@ describe("criu dump and restore name the instance's own files the same way", () 
       rootfs: join(dir, "other", "rootfs"),
       logPath: join(dir, "envd.log"),
       logFileKey: "file[1:2]",
-      workload: { fileKey: "file[1:3]", procsFile: target.workload },
+      workload: {
+        fileKey: "file[1:3]",
+        procsFile: target.workload,
+        oom: { fileKey: "file[1:4]", file: target.oom },
+      },
       uid: process.getuid?.() ?? 0,
       instanceFiles: { [RESOLV_CONF]: target.resolv, [BOOT_ID]: target.bootId },
       deadlineMs: 10_000,
     });
     // The restored tree gets the target instance's workload descriptor (opened here, as host root) in its place.
-    expect((await argsOf("restore")).join(" ")).toContain("--inherit-fd fd[3]:file[1:2] --inherit-fd fd[4]:file[1:3]");
+    expect((await argsOf("restore")).join(" ")).toContain(
+      "--inherit-fd fd[3]:file[1:2] --inherit-fd fd[4]:file[1:3] --inherit-fd fd[5]:file[1:4]",
+    );
     expect((await readFile(join(dir, "args.restore.fd4"), "utf8")).trim()).toBe(target.workload);
+    expect((await readFile(join(dir, "args.restore.fd5"), "utf8")).trim()).toBe(target.oom);
     const restore = mappings(await argsOf("restore"));
     for (const [mountpoint, name] of mappings(dump)) {
       expect(restore.get(name), `the restore maps ${mountpoint}`).toBe(

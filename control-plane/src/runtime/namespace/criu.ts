@@ -51,8 +51,9 @@ export interface DumpOptions {
   readonly freezerDir: string;
   /** CRIU's key of envd.log, the external file PID 1's stdout/stderr point to (externalFileKey). */
   readonly logFileKey: string;
-  /** CRIU's key of the workload cgroup's descriptor the tree holds (WORKLOAD_FD), when it holds one. */
+  /** CRIU's keys of the workload cgroup's descriptors the tree holds (CriuExternalFiles), when it holds them. */
   readonly workloadFileKey?: string;
+  readonly workloadOomFileKey?: string;
   /** Keep the tree (frozen, as it was) after the dump: a snapshot, not a checkpoint that ends it. */
   readonly leaveRunning?: boolean;
   /** Sandbox paths of the instance's own bind-mounted files (RestoreOptions.instanceFiles maps them back). */
@@ -87,6 +88,7 @@ export async function criuDump(o: DumpOptions): Promise<void> {
       "--external",
       o.logFileKey,
       ...(o.workloadFileKey ? ["--external", o.workloadFileKey] : []),
+      ...(o.workloadOomFileKey ? ["--external", o.workloadOomFileKey] : []),
       ...o.instanceFiles.flatMap((inside) => ["--ext-mount-map", `${inside}:${inside}`]),
       ...(o.leaveRunning ? ["--leave-running"] : []),
     ],
@@ -122,7 +124,12 @@ export interface RestoreOptions {
    * The dumped tree's workload descriptor (DumpOptions.workloadFileKey) and the target instance's workload
    * `cgroup.procs`, which the restore opens as host root and hands to the tree in its place.
    */
-  readonly workload?: { readonly fileKey: string; readonly procsFile: string };
+  readonly workload?: {
+    readonly fileKey: string;
+    readonly procsFile: string;
+    /** The same for the workload's OOM count (read-only), when the dump held it. */
+    readonly oom?: { readonly fileKey: string; readonly file: string };
+  };
   /** Host uid of the sandbox's root: the log is reopened through /proc/self/fd with the restored tree's creds. */
   readonly uid: number;
   /** Sandbox path → host file (the target instance's resolv.conf and boot id, bind-mounted into the sandbox). */
@@ -143,6 +150,7 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
   const logFile = await open(o.logPath, "a");
   await chown(o.logPath, o.uid, o.uid);
   const workloadFile = o.workload ? await open(o.workload.procsFile, "a").catch(() => undefined) : undefined;
+  const oomFile = o.workload?.oom ? await open(o.workload.oom.file, "r").catch(() => undefined) : undefined;
   let code: number;
   let hung = false;
   try {
@@ -169,6 +177,7 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
           "--inherit-fd",
           `fd[3]:${o.logFileKey}`,
           ...(o.workload && workloadFile ? ["--inherit-fd", `fd[4]:${o.workload.fileKey}`] : []),
+          ...(o.workload?.oom && workloadFile && oomFile ? ["--inherit-fd", `fd[5]:${o.workload.oom.fileKey}`] : []),
           "--pidfile",
           pidFile,
         ],
@@ -178,7 +187,13 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
             CGROUP_PROCS: o.procsFiles.join(" "),
             NETNS: o.netnsPath,
           },
-          stdio: ["ignore", "ignore", "ignore", logFile.fd, ...(workloadFile ? [workloadFile.fd] : [])],
+          stdio: [
+            "ignore",
+            "ignore",
+            "ignore",
+            logFile.fd,
+            ...(workloadFile ? [workloadFile.fd, ...(oomFile ? [oomFile.fd] : [])] : []),
+          ],
         },
       );
       // The launcher shell execs nsenter, which execs criu: one process to kill.
@@ -198,6 +213,7 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
   } finally {
     await logFile.close();
     await workloadFile?.close();
+    await oomFile?.close();
   }
   if (code !== 0) {
     const log = await criuLog(join(o.workDir, "restore.log"));
@@ -228,17 +244,24 @@ export interface CriuExternalFiles {
   readonly logFileKey: string;
   /** CRIU's key of the workload cgroup's descriptor (instance-container.ts WORKLOAD_FD); absent in older dumps. */
   readonly workloadFileKey?: string;
+  /** CRIU's key of the workload's OOM count descriptor (WORKLOAD_OOM_FD); absent in older dumps. */
+  readonly workloadOomFileKey?: string;
 }
 
 /** The external files of the tree whose PID 1 is `pid`: envd.log at `logPath`, the workload's descriptor `fd`. */
 export async function criuExternalFiles(
   pid: number,
   logPath: string,
-  workload: { readonly procsFile: string; readonly fd: number },
+  workload: { readonly procsFile: string; readonly fd: number; readonly oomFile: string; readonly oomFd: number },
 ): Promise<CriuExternalFiles> {
   const logFileKey = await externalFileKey(pid, logPath);
   const workloadFileKey = await heldFileKey(pid, workload.procsFile, workload.fd);
-  return workloadFileKey ? { logFileKey, workloadFileKey } : { logFileKey };
+  const workloadOomFileKey = await heldFileKey(pid, workload.oomFile, workload.oomFd);
+  return {
+    logFileKey,
+    ...(workloadFileKey ? { workloadFileKey } : {}),
+    ...(workloadOomFileKey ? { workloadOomFileKey } : {}),
+  };
 }
 
 /**

@@ -19,6 +19,8 @@ import { type DiskLaunch, MAKE_DISK, MAKE_LAYER_DIRS, type SandboxDisks } from "
  * they dropped to `user`; the sandbox never sees the node's cgroup tree.
  */
 export const WORKLOAD_FD = 3;
+/** The workload's OOM kill count, open for reading, for envd to tell an OOM kill from another SIGKILL. */
+export const WORKLOAD_OOM_FD = 4;
 
 /**
  * PID 1's child in code templates (`tini -g -- sh -c SANDBOX_INIT sandbox-init <envd command>`): starts the code
@@ -76,8 +78,8 @@ mount -t overlay -o "lowerdir=$LOWER,upperdir=$D/disk/upper,workdir=$D/disk/work
 `;
 
 const START_CONTAINER = `for f in $CGROUP_PROCS; do echo $$ > "$f"; done
-exec 3>>"$WORKLOAD_PROCS"
-exec crun --root "$CRUN_ROOT" --cgroup-manager=disabled run --preserve-fds 1 --detach --bundle "$D/bundle" --pid-file "$D/pid" "$CID"
+exec 3>>"$WORKLOAD_PROCS" 4<"$WORKLOAD_OOM_CONTROL"
+exec crun --root "$CRUN_ROOT" --cgroup-manager=disabled run --preserve-fds 2 --detach --bundle "$D/bundle" --pid-file "$D/pid" "$CID"
 `;
 
 const LAUNCHER = MOUNT_ROOT + START_CONTAINER;
@@ -88,7 +90,7 @@ D="$1"
 ${START_CONTAINER}`;
 
 /** The cgroups a launched sandbox joins: all of the sandbox's, and the workload's descriptor for PID 1. */
-export type LaunchCgroups = Pick<SandboxCgroup, "procsFiles" | "workloadProcsFile">;
+export type LaunchCgroups = Pick<SandboxCgroup, "procsFiles" | "workloadProcsFile" | "workloadOomControlFile">;
 
 export interface InstanceContainersOptions {
   /** Tag in each container's name (`warren-<instance>-<id>`). */
@@ -147,6 +149,8 @@ export class InstanceContainers {
       String(processLimit),
       "--workload-fd",
       String(WORKLOAD_FD),
+      "--workload-oom-fd",
+      String(WORKLOAD_OOM_FD),
     ];
     const init = record.codeGateway ? ["/bin/sh", "-c", sandboxInit(processLimit), "sandbox-init"] : [];
     const args = command ?? ["/usr/bin/tini", "-g", "--", ...init, ...envd];
@@ -236,6 +240,7 @@ export class InstanceContainers {
             LOWER: [...(record.layers ?? []), record.lowerDir].join(":"),
             CGROUP_PROCS: cgroup.procsFiles.join(" "),
             WORKLOAD_PROCS: cgroup.workloadProcsFile,
+            WORKLOAD_OOM_CONTROL: cgroup.workloadOomControlFile,
             CRUN_ROOT: this.options.crunRoot,
             CID: this.containerId(record.instanceId),
           },

@@ -11,6 +11,7 @@ import {
   type LaunchCgroups,
   RESOLV_CONF,
   WORKLOAD_FD,
+  WORKLOAD_OOM_FD,
 } from "./instance-container.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import { type LayeredSnapshot, LayerStore, type MemoryImage } from "./layer-store.js";
@@ -121,6 +122,8 @@ export class InstanceSnapshots {
     const files = await criuExternalFiles(record.pid, join(dir, "envd.log"), {
       procsFile: cgroup.workloadProcsFile,
       fd: WORKLOAD_FD,
+      oomFile: cgroup.workloadOomControlFile,
+      oomFd: WORKLOAD_OOM_FD,
     });
     await criuDump({
       criu,

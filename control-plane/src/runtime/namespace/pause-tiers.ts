@@ -14,7 +14,7 @@ import {
   directorySize,
 } from "./criu.js";
 import { probeCriu } from "./criu-probe.js";
-import { BOOT_ID, type InstanceContainers, RESOLV_CONF, WORKLOAD_FD } from "./instance-container.js";
+import { BOOT_ID, type InstanceContainers, RESOLV_CONF, WORKLOAD_FD, WORKLOAD_OOM_FD } from "./instance-container.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import type { NetworkPool } from "./network.js";
 import { moveRestoredIntoWorkload } from "./restored-workload.js";
@@ -82,6 +82,8 @@ export class PauseTiers {
     const files = await criuExternalFiles(record.pid, join(dir, "envd.log"), {
       procsFile: cgroup.workloadProcsFile,
       fd: WORKLOAD_FD,
+      oomFile: cgroup.workloadOomControlFile,
+      oomFd: WORKLOAD_OOM_FD,
     });
     try {
       await criuDump({
@@ -181,7 +183,15 @@ export class PauseTiers {
       logPath: join(dir, "envd.log"),
       logFileKey: files.logFileKey,
       ...(files.workloadFileKey
-        ? { workload: { fileKey: files.workloadFileKey, procsFile: cgroup.workloadProcsFile } }
+        ? {
+            workload: {
+              fileKey: files.workloadFileKey,
+              procsFile: cgroup.workloadProcsFile,
+              ...(files.workloadOomFileKey
+                ? { oom: { fileKey: files.workloadOomFileKey, file: cgroup.workloadOomControlFile } }
+                : {}),
+            },
+          }
         : {}),
       uid: this.options.uidBase,
       instanceFiles: { [RESOLV_CONF]: join(dir, "resolv.conf"), [BOOT_ID]: join(dir, "boot_id") },
