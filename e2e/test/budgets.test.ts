@@ -57,11 +57,11 @@ function unreclaimableBytes(instanceId: string): number {
   return field("total_rss") + field("total_shmem");
 }
 
-async function events(sandboxId: string): Promise<{ type: string }[]> {
+async function events(sandboxId: string): Promise<{ type: string; data?: unknown }[]> {
   const res = await fetch(`${process.env.E2B_API_URL}/warren/v1/sandboxes/${sandboxId}/events`, {
     headers: { "X-API-KEY": process.env.E2B_API_KEY as string },
   });
-  return ((await res.json()) as { events: { type: string }[] }).events;
+  return ((await res.json()) as { events: { type: string; data?: unknown }[] }).events;
 }
 
 async function eventually<T>(probe: () => Promise<T | undefined> | T | undefined, timeoutMs: number): Promise<T> {
@@ -150,9 +150,14 @@ describe("memory", () => {
       expect(cgroupFile("memory", instanceId, "memory.oom_control")).toMatch(/^oom_kill 0$/m);
       expect(commandLines(instanceId, "cgroup.procs")).toContain(envd);
       expect((await sandbox.commands.run("echo alive")).stdout).toBe("alive\n");
-      expect(
-        await eventually(async () => (await events(sandbox.sandboxId)).find((e) => e.type === "sandbox.oom"), 60_000),
-      ).toBeDefined();
+      // The ledger names the victim from the kernel's log: the process and the memory it held.
+      const oom = await eventually(
+        async () => (await events(sandbox.sandboxId)).find((e) => e.type === "sandbox.oom"),
+        60_000,
+      );
+      const victims = (oom.data as { victims?: { process: string; memoryMB: number }[] }).victims ?? [];
+      expect(victims.map((v) => v.process)).toContain("python3");
+      expect(Math.max(...victims.map((v) => v.memoryMB))).toBeGreaterThan(256);
     } finally {
       await sandbox.kill();
     }

@@ -129,12 +129,22 @@ export function logEntry(event: SandboxEvent): LogEntry {
         ? "warn"
         : "info";
   // An OOM kill says what happened in words a reader of the logs recognises.
-  const oom = event.type === "sandbox.oom" ? (event.data as { kills?: number; memoryLimitMB?: number }) : undefined;
+  const oom =
+    event.type === "sandbox.oom"
+      ? (event.data as {
+          kills?: number;
+          memoryLimitMB?: number;
+          victims?: { process: string; memoryMB: number }[];
+        })
+      : undefined;
+  const victims = oom?.victims?.length
+    ? `: ${oom.victims.map((v) => `${v.process} (${v.memoryMB} MB)`).join(", ")}`
+    : "";
   return {
     timestamp: event.createdAt.toISOString(),
     level,
     message: oom
-      ? `sandbox.oom: ${oom.kills ?? 1} process(es) killed at the memory limit (${oom.memoryLimitMB ?? "?"} MB)`
+      ? `sandbox.oom: ${oom.kills ?? 1} process(es) killed at the memory limit (${oom.memoryLimitMB ?? "?"} MB)${victims}`
       : event.toState
         ? `${event.type}: ${event.fromState ?? "-"} -> ${event.toState}`
         : event.type,

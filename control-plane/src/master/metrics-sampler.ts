@@ -2,7 +2,12 @@ import { type Db, withTransaction } from "../store/db.js";
 import { appendEvent } from "../store/events.js";
 import { getSandbox, type SandboxRow, toSandboxRow } from "../store/sandboxes.js";
 import { notFound } from "./errors.js";
-import { type LeaseEventOnNode, type NodeAgentConnector, NodeAgentError } from "./node-agent-client.js";
+import {
+  type LeaseEventOnNode,
+  type NodeAgentConnector,
+  NodeAgentError,
+  type OomVictimOnNode,
+} from "./node-agent-client.js";
 import type { NodeRegistry } from "./node-registry.js";
 import type { TokenIssuer } from "./tokens.js";
 
@@ -34,6 +39,7 @@ export class SandboxMetricsSampler {
   private readonly previous = new Map<string, { at: number; cpuUsec: number }>();
   /** Each sandbox's OOM kill count at its last sample, and the count its ledger has reported. */
   private readonly oomKills = new Map<string, number>();
+  private readonly oomVictims = new Map<string, readonly OomVictimOnNode[]>();
   private readonly oomReported = new Map<string, number>();
   /** Each sandbox's last envd lease journal entry in the ledger (read back from it after a master restart). */
   private readonly leaseSeen = new Map<string, number>();
@@ -135,7 +141,17 @@ export class SandboxMetricsSampler {
           sandboxId: row.id,
           teamId: row.teamId,
           type: "sandbox.oom",
-          data: { kills: total - reported, total, memoryLimitMB: row.memoryMB },
+          data: {
+            kills: total - reported,
+            total,
+            memoryLimitMB: row.memoryMB,
+            // The node names the newest kills where the kernel's log tells it: the process and what it held.
+            victims: (this.oomVictims.get(row.id) ?? []).slice(-(total - reported)).map((v) => ({
+              process: v.process,
+              memoryMB: Math.round(v.memoryBytes / 2 ** 20),
+              at: v.at,
+            })),
+          },
         }),
       );
     }
@@ -199,7 +215,10 @@ export class SandboxMetricsSampler {
     }
     if (stats.leaseEvents?.length) await this.reportLeaseEvents(row, stats.leaseEvents);
     if (stats.oomKills !== undefined) this.oomKills.set(sandboxId, stats.oomKills);
+    if (stats.oomVictims?.length) this.oomVictims.set(sandboxId, stats.oomVictims);
+    else this.oomVictims.delete(sandboxId);
     if (this.oomKills.size > 10_000) this.oomKills.delete(this.oomKills.keys().next().value as string);
+    if (this.oomVictims.size > 10_000) this.oomVictims.delete(this.oomVictims.keys().next().value as string);
     const now = Date.now();
     const before = this.previous.get(sandboxId) ?? { at: row.startedAt.getTime(), cpuUsec: 0 };
     this.previous.set(sandboxId, { at: now, cpuUsec: stats.cpuUsageUsec });

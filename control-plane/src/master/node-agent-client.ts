@@ -110,8 +110,16 @@ export interface SandboxStats {
   readonly diskLimitBytes: number;
   /** Processes the kernel killed at the sandbox's memory limit since it started. */
   readonly oomKills?: number;
+  /** The latest of those kills by name, oldest first (empty where the node cannot tell). */
+  readonly oomVictims?: readonly OomVictimOnNode[];
   /** envd's process lease journal after the asked sequence number (only when the envd token was given). */
   readonly leaseEvents?: readonly LeaseEventOnNode[];
+}
+
+export interface OomVictimOnNode {
+  readonly process: string;
+  readonly memoryBytes: number;
+  readonly at: string;
 }
 
 export interface LeaseEventOnNode {

@@ -84,6 +84,11 @@ export function statsOf(response: StatsResponse): SandboxStats {
     diskUsageBytes: Number(response.diskUsageBytes),
     diskLimitBytes: Number(response.diskLimitBytes),
     oomKills: response.oomKills,
+    oomVictims: response.oomVictims.map((v) => ({
+      process: v.process,
+      memoryBytes: Number(v.memoryBytes),
+      at: v.at,
+    })),
     leaseEvents: response.leaseEvents.map((e) => ({
       seq: Number(e.seq),
       type: e.type,

@@ -137,6 +137,11 @@ export function statsResponseOf(
     diskUsageBytes: BigInt(stats.diskUsageBytes),
     diskLimitBytes: BigInt(stats.diskLimitBytes),
     oomKills: stats.oomKills ?? 0,
+    oomVictims: (stats.oomVictims ?? []).map((v) => ({
+      process: v.process,
+      memoryBytes: BigInt(v.memoryBytes),
+      at: v.at,
+    })),
   };
 }
 

@@ -72,9 +72,21 @@ export interface Instance {
   readonly stopped: boolean;
 }
 
+/** A process the kernel killed at a sandbox's memory limit. */
+export interface OomKill {
+  /** Its name (the kernel's `comm`, at most 15 characters). */
+  readonly process: string;
+  /** Its anonymous and shared memory when killed. */
+  readonly memoryBytes: number;
+  /** When (ISO 8601). */
+  readonly at: string;
+}
+
 export interface InstanceStats {
   /** Processes the kernel killed at the sandbox's memory limit since it started (0 where the driver cannot tell). */
   readonly oomKills?: number;
+  /** The latest of those kills by name, where the driver can tell (the kernel's log), oldest first. */
+  readonly oomVictims?: readonly OomKill[];
   readonly memoryUsageBytes: number;
   readonly memoryLimitBytes: number;
   readonly cpuUsageUsec: number;

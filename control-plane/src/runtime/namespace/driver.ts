@@ -23,6 +23,7 @@ import { DiskBudget } from "./disk-budget.js";
 import { InstanceContainers } from "./instance-container.js";
 import { type InstanceRecord, InstanceRecords, newInstanceRecord, toInstance } from "./instance-records.js";
 import { InstanceSnapshots } from "./instance-snapshots.js";
+import { KernelOomLog } from "./kernel-oom-log.js";
 import { unmountTree } from "./mounts.js";
 import { NetworkPool, type NetworkSlot } from "./network.js";
 import { PauseTiers } from "./pause-tiers.js";
@@ -115,6 +116,8 @@ export class NamespaceDriver implements RuntimeDriver {
   private readonly logCap: LogCap;
   private readonly disks: SandboxDisks;
   private readonly diskBudget: DiskBudget;
+  /** The kernel's OOM reports, which name the processes the cgroup counters only count. */
+  private readonly oomLog: KernelOomLog;
 
   constructor(private readonly options: NamespaceDriverOptions) {
     this.cgroups = detectCgroupManager(`warren/${options.instance}`);
@@ -131,6 +134,7 @@ export class NamespaceDriver implements RuntimeDriver {
     const { criu, uidBase, log } = options;
     this.disks = new SandboxDisks(join(options.stateDir, "disks"), uidBase, log.child({ part: "disks" }));
     this.diskBudget = new DiskBudget(options.stateDir, options.diskOvercommit ?? 1);
+    this.oomLog = new KernelOomLog(log.child({ part: "oom-log" }));
     const containers = new InstanceContainers({
       instance: options.instance,
       crunRoot: this.crunRoot,
@@ -363,6 +367,9 @@ export class NamespaceDriver implements RuntimeDriver {
       pids: usage.pids,
       pidsLimit: usage.pidsLimit,
       oomKills: usage.oomKills,
+      oomVictims: this.oomLog
+        .victimsUnder(this.memcgPath(instanceId))
+        .map(({ process, memoryBytes, at }) => ({ process, memoryBytes, at })),
       diskUsageBytes: (fs.blocks - fs.bfree) * fs.bsize,
       // The size asked for: an ext4 disk's statfs leaves out its own metadata (inode tables, bitmaps).
       diskLimitBytes: record.resources.diskMiB * 2 ** 20,
@@ -383,7 +390,13 @@ export class NamespaceDriver implements RuntimeDriver {
     });
   }
 
+  /** The instance's memory cgroup as the kernel names it in its log. */
+  private memcgPath(instanceId: string): string {
+    return `/warren/${this.options.instance}/${instanceId}`;
+  }
+
   async close(): Promise<void> {
+    this.oomLog.close();
     this.logCap.close();
     await this.disks.close();
     await this.network.close();
@@ -438,6 +451,7 @@ export class NamespaceDriver implements RuntimeDriver {
     this.egress.forget(record);
     await this.network.release(this.network.slot(record.slot));
     this.instances.delete(record.instanceId);
+    this.oomLog.forget(this.memcgPath(record.instanceId));
     await rm(dir, { recursive: true, force: true });
     if (record.layers?.length) await this.snapshots.collectLayers();
   }
