@@ -1,6 +1,9 @@
 import { type HttpMethod, OPENAPI_DOCUMENT } from "@warren/proto/openapi";
 import { describe, expect, it } from "vitest";
 import { API_SCHEMAS } from "../src/api/openapi-requests.js";
+import { TEAM_EGRESS_MODES } from "../src/runtime/egress/policy.js";
+import { SNAPSHOT_NAME } from "../src/store/snapshots.js";
+import { VOLUME_NAME } from "../src/store/volumes.js";
 import { documentedPath, expectDocumentedAnswer } from "./api-contract.js";
 
 const json = new Headers({ "content-type": "application/json; charset=utf-8" });
@@ -35,6 +38,15 @@ describe("answers checked against the OpenAPI document", () => {
       }
     }
     expect(compiled).toBeGreaterThan(100);
+  });
+
+  it("the document's name rules are the ones the stores apply", () => {
+    const bodyProperty = (path: string, method: HttpMethod, name: string) =>
+      (API_SCHEMAS.requestBodySchema(path, method)?.properties as Record<string, { pattern?: string }>)[name];
+    expect(bodyProperty("/sandboxes/{sandboxID}/snapshots", "post", "name")?.pattern).toBe(SNAPSHOT_NAME.source);
+    expect(bodyProperty("/volumes", "post", "name")?.pattern).toBe(VOLUME_NAME.source);
+    const limits = API_SCHEMAS.resolve(OPENAPI_DOCUMENT.components.schemas.TeamLimits);
+    expect((limits.properties as Record<string, { enum?: string[] }>).egressMode?.enum).toEqual([...TEAM_EGRESS_MODES]);
   });
 
   it("maps request paths to the document's templates, literal paths first", () => {

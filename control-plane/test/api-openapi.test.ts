@@ -132,6 +132,37 @@ describe("api answers match the OpenAPI document", () => {
     });
   });
 
+  it("template, volume, secret, exec policy and admin bodies are refused from the document's schemas", async () => {
+    const headers = { "X-Admin-Token": env.adminToken };
+    const cases: [string, string, Record<string, unknown>, unknown, string][] = [
+      ["POST", "/v3/templates", { apiKey }, { name: "web", cpuCount: 3 }, "cpuCount must be 1 or an even number"],
+      ["POST", "/v3/templates", { apiKey }, { name: "web", memoryMB: 129 }, "memoryMB must be an even number"],
+      ["POST", "/v3/templates", { apiKey }, { name: "web", tags: "v1" }, "tags must be an array of strings"],
+      ["POST", "/v3/templates", { apiKey }, { cpuCount: 2 }, "Name is required"],
+      ["POST", "/v2/templates", { apiKey }, { name: "web" }, "Name is required"],
+      ["POST", "/templates/tags", { apiKey }, { target: "web" }, "tags is required"],
+      ["DELETE", "/templates/tags", { apiKey }, { name: "web:v1", tags: ["v1"] }, "name must be a template's name"],
+      ["POST", "/volumes", { apiKey }, { name: "bad name" }, 'Invalid volume name "bad name"'],
+      ["POST", "/secrets", { apiKey }, { name: "a{b}", value: "x" }, "name must be 1-128 characters without"],
+      ["POST", "/secrets", { apiKey }, { name: "ok" }, "value is required"],
+      ["PUT", "/warren/v1/exec-policy", { apiKey: approverKey }, { rules: [], extra: 1 }, "extra"],
+      [
+        "PUT",
+        "/warren/v1/exec-policy",
+        { apiKey: approverKey },
+        { rules: [{ action: "deny", paths: ["rel"] }] },
+        "rules[0].paths[0] must be an absolute path",
+      ],
+      ["POST", "/warren/v1/admin/teams", { headers }, { name: "t", egressMode: "wide" }, "egressMode must be one of"],
+      ["POST", "/warren/v1/admin/teams", { headers }, { name: "t", maxLengthHours: 0 }, "maxLengthHours must be at"],
+    ];
+    for (const [method, path, auth, body, message] of cases) {
+      const res = await env.request(method, path, { ...auth, body });
+      expect(res.status, `${method} ${path} ${JSON.stringify(body)}: ${res.text}`).toBe(400);
+      expect((res.body as { message: string }).message).toContain(message);
+    }
+  });
+
   it("admin: teams, keys and nodes", async () => {
     const headers = { "X-Admin-Token": env.adminToken };
     const created = await env.request("POST", "/warren/v1/admin/teams", { headers, body: { name: "other" } });

@@ -1,6 +1,6 @@
 import { timingSafeEqual } from "node:crypto";
+import type { ApiSchema } from "@warren/proto/openapi";
 import { type NextFunction, type Request, type Response, Router } from "express";
-import { TEAM_EGRESS_MODES, type TeamEgressMode } from "../runtime/egress/policy.js";
 import type { Db } from "../store/db.js";
 import { listNodes, setNodeCordon } from "../store/nodes.js";
 import {
@@ -14,7 +14,7 @@ import {
   updateTeam,
 } from "../store/teams.js";
 import { ApiError, badRequest } from "./errors.js";
-import { body } from "./validate.js";
+import { parseRequestBody } from "./openapi-requests.js";
 
 function sameSecret(a: string, b: string): boolean {
   const x = Buffer.from(a);
@@ -22,25 +22,15 @@ function sameSecret(a: string, b: string): boolean {
   return x.length === y.length && timingSafeEqual(x, y);
 }
 
-function limits(obj: Record<string, unknown>): TeamLimits {
-  const out: { -readonly [K in keyof TeamLimits]: TeamLimits[K] } = {};
-  if (obj.egressMode !== undefined) {
-    if (!TEAM_EGRESS_MODES.includes(obj.egressMode as TeamEgressMode)) {
-      throw badRequest(
-        `egressMode must be one of ${TEAM_EGRESS_MODES.join(", ")}, got ${JSON.stringify(obj.egressMode)}`,
-      );
-    }
-    out.egressMode = obj.egressMode as TeamEgressMode;
-  }
-  for (const field of ["maxConcurrentSandboxes", "maxLengthHours", "maxCreatesPerMinute"] as const) {
-    const value = obj[field];
-    if (value === undefined) continue;
-    if (typeof value !== "number" || !Number.isInteger(value) || value < 1) {
-      throw badRequest(`${field} must be a positive integer, got ${JSON.stringify(value)}`);
-    }
-    out[field] = value;
-  }
-  return out;
+/** The limits a request sets (the document's `TeamLimits`, checked); fields left out keep their value. */
+function limits(body: ApiSchema<"TeamLimits">): TeamLimits {
+  const { maxConcurrentSandboxes, maxLengthHours, maxCreatesPerMinute, egressMode } = body;
+  return {
+    ...(maxConcurrentSandboxes !== undefined ? { maxConcurrentSandboxes } : {}),
+    ...(maxLengthHours !== undefined ? { maxLengthHours } : {}),
+    ...(maxCreatesPerMinute !== undefined ? { maxCreatesPerMinute } : {}),
+    ...(egressMode !== undefined ? { egressMode } : {}),
+  };
 }
 
 /**
@@ -57,8 +47,8 @@ export function adminRoutes(db: Db, adminToken: string): Router {
   router.use("/warren/v1/admin", guard);
 
   router.post("/warren/v1/admin/teams", async (req, res) => {
-    const obj = body(req.body);
-    if (typeof obj.name !== "string" || obj.name.trim() === "") throw badRequest("name is required");
+    const obj = parseRequestBody("/warren/v1/admin/teams", "post", req.body);
+    if (obj.name.trim() === "") throw badRequest("name is required");
     const team = await createTeam(db, obj.name, limits(obj));
     const key = await createApiKey(db, team.id, "default");
     res.status(201).json({ team, apiKey: { id: key.id, key: key.key, prefix: key.prefix } });
@@ -67,7 +57,11 @@ export function adminRoutes(db: Db, adminToken: string): Router {
   // Changes a team's limits and egress mode; applies to sandboxes created (or network-updated) from now on.
   router.patch("/warren/v1/admin/teams/:teamID", async (req, res) => {
     const teamId = String(req.params.teamID);
-    const team = await updateTeam(db, teamId, limits(body(req.body)));
+    const team = await updateTeam(
+      db,
+      teamId,
+      limits(parseRequestBody("/warren/v1/admin/teams/{teamID}", "patch", req.body)),
+    );
     if (!team) throw new ApiError(404, `team '${teamId}' not found`);
     res.status(200).json(team);
   });
@@ -79,12 +73,9 @@ export function adminRoutes(db: Db, adminToken: string): Router {
   router.post("/warren/v1/admin/teams/:teamID/api-keys", async (req, res) => {
     const teamId = String(req.params.teamID);
     if (!(await getTeam(db, teamId))) throw new ApiError(404, `team '${teamId}' not found`);
-    const obj = body(req.body);
-    if (obj.approver !== undefined && typeof obj.approver !== "boolean") {
-      throw new ApiError(400, "approver must be a boolean");
-    }
-    const approver = obj.approver === true;
-    const key = await createApiKey(db, teamId, typeof obj.name === "string" ? obj.name : "", approver);
+    const obj = parseRequestBody("/warren/v1/admin/teams/{teamID}/api-keys", "post", req.body);
+    const approver = obj.approver ?? false;
+    const key = await createApiKey(db, teamId, obj.name ?? "", approver);
     res.status(201).json({ id: key.id, key: key.key, prefix: key.prefix, approver });
   });
 

@@ -23,6 +23,7 @@ import { getVisibleSandbox } from "../store/sandboxes.js";
 import { ArtifactBlobs, type StagedBlob } from "./artifact-blobs.js";
 import type { ArtifactConfig } from "./config.js";
 import { ApiError, badRequest, fromMasterError, sandboxNotFound } from "./errors.js";
+import { parseRequestBody } from "./openapi-requests.js";
 import { sandboxId, team } from "./sandboxes.js";
 
 export interface ArtifactRoutesDeps {
@@ -35,7 +36,6 @@ export interface ArtifactRoutesDeps {
 const MAX_PATH_CHARS = 4096;
 const STALE_STAGING_MS = 60 * 60_000;
 const DEFAULT_URL_TTL_SECONDS = 15 * 60;
-const MAX_URL_TTL_SECONDS = 24 * 60 * 60;
 const DEFAULT_LIST = 100;
 const MAX_LIST = 1000;
 const CONTENT_TYPES: Record<ArtifactFormat, string> = { tar: "application/x-tar", zip: "application/zip" };
@@ -57,26 +57,14 @@ function artifactView(row: ArtifactRow): ApiSchema<"Artifact"> {
   };
 }
 
-const objectBody = (value: unknown): Record<string, unknown> => {
-  if (value === undefined || value === null) return {};
-  if (typeof value !== "object" || Array.isArray(value)) throw badRequest("request body must be a JSON object");
-  return value as Record<string, unknown>;
-};
-
-function parsePath(value: unknown): string {
-  if (typeof value !== "string" || value === "") throw badRequest("path must be a non-empty string");
+/** The path to freeze, normalised; the document has checked it is a non-empty string. */
+function parsePath(value: string): string {
   if (value.length > MAX_PATH_CHARS) throw badRequest(`path is longer than ${MAX_PATH_CHARS} characters`);
   if (!value.startsWith("/")) throw badRequest(`path '${value.slice(0, 200)}' must be absolute (start with /)`);
   if (value.includes("\0")) throw badRequest("path must not contain a NUL byte");
   const path = posix.normalize(value).replace(/\/+$/, "");
   if (path === "") throw badRequest("path '/' is the whole sandbox; name a file or folder in it");
   return path;
-}
-
-function parseFormat(value: unknown): ArtifactFormat {
-  if (value === undefined || value === null) return "tar";
-  if (value === "tar" || value === "zip") return value;
-  throw badRequest(`format must be "tar" or "zip", got ${JSON.stringify(value)}`);
 }
 
 function parseIntParam(value: unknown, name: string, fallback: number, max: number): number {
@@ -298,9 +286,11 @@ export function artifactRoutes(service: ArtifactService, db: Db): Router {
 
   router.post("/warren/v1/sandboxes/:sandboxID/artifacts", async (req: Request, res: Response) => {
     const id = sandboxId(req);
-    const obj = objectBody(req.body);
+    const obj = parseRequestBody("/warren/v1/sandboxes/{sandboxID}/artifacts", "post", req.body, (problem) =>
+      problem.field === "path" && problem.keyword !== "maxLength" ? "path must be a non-empty string" : undefined,
+    );
     const path = parsePath(obj.path);
-    const format = parseFormat(obj.format);
+    const format: ArtifactFormat = obj.format ?? "tar";
     const teamId = team(res).id;
     if (!(await getVisibleSandbox(db, teamId, id))) throw sandboxNotFound(id);
     const abort = new AbortController();
@@ -331,8 +321,9 @@ export function artifactRoutes(service: ArtifactService, db: Db): Router {
 
   router.post("/warren/v1/artifacts/:artifactID/url", async (req: Request, res: Response) => {
     const id = String(req.params.artifactID);
-    const obj = objectBody(req.body);
-    const ttl = parseIntParam(obj.expiresInSeconds, "expiresInSeconds", DEFAULT_URL_TTL_SECONDS, MAX_URL_TTL_SECONDS);
+    const ttl =
+      parseRequestBody("/warren/v1/artifacts/{artifactID}/url", "post", req.body).expiresInSeconds ??
+      DEFAULT_URL_TTL_SECONDS;
     const row = await getArtifact(db, id, team(res).id);
     if (!row) throw artifactNotFound(id);
     const expires = Math.floor(Date.now() / 1000) + ttl;

@@ -22,6 +22,7 @@ import {
 import type { ApiKeyIdentity } from "../store/teams.js";
 import { ApiError, badRequest, fromMasterError } from "./errors.js";
 import { requireInternalToken } from "./internal.js";
+import { parseRequestBody } from "./openapi-requests.js";
 import { team } from "./sandboxes.js";
 
 export interface ExecPolicyRoutesDeps {
@@ -32,7 +33,6 @@ export interface ExecPolicyRoutesDeps {
 const APPROVAL_ID = /^apr_[0-9a-f]{20}$/;
 const STATES: readonly ApprovalState[] = ["pending", "approved", "rejected", "used", "expired"];
 const KINDS: readonly ApprovalKind[] = ["start", "write", "remove"];
-const MAX_REASON = 1024;
 
 function approvalView(approval: ExecApproval): ApiSchema<"ExecApproval"> {
   return {
@@ -101,7 +101,7 @@ export function execPolicyRoutes(deps: ExecPolicyRoutesDeps): Router {
     requireApprover(res, "changing the exec policy");
     let policy: ReturnType<typeof parseExecPolicy>;
     try {
-      policy = parseExecPolicy(req.body);
+      policy = parseExecPolicy(parseRequestBody("/warren/v1/exec-policy", "put", req.body));
     } catch (error) {
       if (error instanceof ExecPolicyError) throw badRequest(`exec policy: ${error.message}`);
       throw error;
@@ -154,10 +154,7 @@ export function execPolicyRoutes(deps: ExecPolicyRoutesDeps): Router {
     router.post(`/warren/v1/exec-approvals/:approvalID/${verdict}`, async (req, res) => {
       const identity = requireApprover(res, `to ${verdict} a command`);
       const id = approvalId(req);
-      const reason = req.body?.reason;
-      if (reason !== undefined && (typeof reason !== "string" || reason.length > MAX_REASON)) {
-        throw badRequest(`reason must be a string of at most ${MAX_REASON} characters`);
-      }
+      const { reason } = parseRequestBody(`/warren/v1/exec-approvals/{approvalID}/${verdict}`, "post", req.body);
       try {
         const decided = await decideApproval(deps.db, {
           teamId: identity.team.id,

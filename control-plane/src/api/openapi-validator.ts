@@ -1,4 +1,4 @@
-import type { HttpMethod, OpenApiDocument } from "@warren/proto/openapi";
+import type { HttpMethod, JsonSchema, OpenApiDocument } from "@warren/proto/openapi";
 import type { ErrorObject, ValidateFunction } from "ajv";
 import { Ajv2020 } from "ajv/dist/2020.js";
 
@@ -34,11 +34,28 @@ export class OpenApiValidators {
     this.ajv.addSchema(document as object, DOCUMENT_ID);
   }
 
+  /** The schema of an operation's JSON request body as the document writes it; undefined when it has none. */
+  requestBodySchema(path: string, method: HttpMethod): JsonSchema | undefined {
+    return this.document.paths[path]?.[method]?.requestBody?.content["application/json"]?.schema;
+  }
+
   /** The validator of an operation's JSON request body; undefined when the document gives it none. */
   requestBody(path: string, method: HttpMethod): ValidateFunction | undefined {
-    const schema = this.document.paths[path]?.[method]?.requestBody?.content["application/json"]?.schema;
-    if (!schema) return undefined;
+    if (!this.requestBodySchema(path, method)) return undefined;
     return this.at(`/paths/${pointer(path)}/${method}/requestBody/content/application~1json/schema`);
+  }
+
+  /** A schema with its `$ref`s to the document's own components followed (`{}` for one that leads nowhere). */
+  resolve(schema: JsonSchema | undefined): JsonSchema {
+    let current = schema;
+    for (let hops = 0; typeof current?.$ref === "string" && hops < 32; hops++) {
+      const segments = (current.$ref as string).replace(/^#\//, "").split("/");
+      current = segments.reduce<unknown>(
+        (node, s) => (node as Record<string, unknown> | undefined)?.[s.replace(/~1/g, "/").replace(/~0/g, "~")],
+        this.document,
+      ) as JsonSchema | undefined;
+    }
+    return current ?? {};
   }
 
   /**

@@ -14,7 +14,6 @@ import { ApiError, badRequest, fromMasterError, sandboxNotFound } from "./errors
 import type { ApiMetrics } from "./metrics.js";
 import { parseRequestBody } from "./openapi-requests.js";
 import {
-  body,
   type LogsQuery,
   parseConnectBody,
   parseCreateBody,
@@ -243,7 +242,7 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
 
   router.post("/sandboxes/:sandboxID/pause", async (req, res) => {
     const id = sandboxId(req);
-    const memory = parseMemoryMode(body(req.body));
+    const memory = parseMemoryMode(parseRequestBody("/sandboxes/{sandboxID}/pause", "post", req.body));
     await master(() =>
       deps.master.pauseSandbox({
         teamId: team(res).id,
@@ -257,11 +256,8 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
   // Deprecated E2B resume: 409 when the sandbox is not paused, else connect (201).
   router.post("/sandboxes/:sandboxID/resume", async (req, res) => {
     const id = sandboxId(req);
-    const obj = body(req.body);
-    const timeout = obj.timeout ?? 15;
-    if (typeof timeout !== "number" || !Number.isInteger(timeout) || timeout < 0) {
-      throw badRequest(`timeout must be a non-negative integer, got ${JSON.stringify(timeout)}`);
-    }
+    const parsed = parseRequestBody("/sandboxes/{sandboxID}/resume", "post", req.body);
+    const timeout = parsed.timeout ?? 15;
     const row = await getVisibleSandbox(deps.db, team(res).id, id);
     if (!row) throw sandboxNotFound(id);
     if (row.state === "running" || row.state === "pausing") {
@@ -272,7 +268,7 @@ export function sandboxRoutes(deps: SandboxRoutesDeps): Router {
         teamId: team(res).id,
         sandboxId: id,
         timeoutSeconds: timeout,
-        ...(typeof obj.memory === "boolean" ? { memory: obj.memory } : {}),
+        ...(parsed.memory !== undefined ? { memory: parsed.memory } : {}),
       }),
     );
     if (!result.sandbox) throw new ApiError(500, "master answered without a sandbox");

@@ -16,6 +16,7 @@ import {
 } from "../store/secrets.js";
 import { ApiError, badRequest, sandboxNotFound } from "./errors.js";
 import { requireInternalToken } from "./internal.js";
+import { parseRequestBody } from "./openapi-requests.js";
 import { sandboxId, team } from "./sandboxes.js";
 
 export interface SecretRoutesDeps {
@@ -24,10 +25,10 @@ export interface SecretRoutesDeps {
   readonly secretKeys: SecretKeyRing | undefined;
 }
 
-// E2B's documented limits (SecretMetadata) and Warren's own for names and values.
+// E2B's documented limits (SecretMetadata) and Warren's own for names and values, where the document's schemas
+// cannot say them (bytes rather than characters, names in lower case).
 const MAX_NAME_CHARS = 128;
 const MAX_VALUE_BYTES = 32 * 1024;
-const MAX_METADATA_ENTRIES = 32;
 const MAX_METADATA_KEY_BYTES = 128;
 const MAX_METADATA_VALUE_BYTES = 1024;
 const MAX_METADATA_BYTES = 8192;
@@ -35,9 +36,7 @@ const DEFAULT_PAGE = 100;
 const MAX_PAGE = 100;
 const MAX_SECRETS_PER_GRANT = 32;
 const DEFAULT_GRANT_TTL_MS = 60_000;
-const MAX_GRANT_TTL_MS = 10 * 60_000;
 const INVALID_NAME_CHARS = /[{}\p{Cc}]/u;
-const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 function keys(deps: SecretRoutesDeps): SecretKeyRing {
   if (!deps.secretKeys) throw new ApiError(503, "secrets are not configured on this deployment (WARREN_SECRETS_KEYS)");
@@ -60,10 +59,11 @@ function secretView(secret: SecretInfo): ApiSchema<"Secret"> {
   };
 }
 
-function parseName(value: unknown): string {
-  if (typeof value !== "string") throw badRequest(`name must be a string, got ${JSON.stringify(value)}`);
+/** A new secret's name, kept in lower case (the document's pattern has checked its characters). */
+function parseName(value: string): string {
   const name = value.toLowerCase();
-  if (name === "" || name.length > MAX_NAME_CHARS || INVALID_NAME_CHARS.test(name)) {
+  // Lower case may be longer; a name is found by a reference of at most MAX_NAME_CHARS UTF-16 units.
+  if (name.length > MAX_NAME_CHARS) {
     throw badRequest(
       `secret name ${JSON.stringify(value)} must be 1-${MAX_NAME_CHARS} characters without '{', '}' or control characters`,
     );
@@ -72,24 +72,19 @@ function parseName(value: unknown): string {
   return name;
 }
 
-function parseValue(value: unknown): string {
-  if (typeof value !== "string" || value === "") throw badRequest("value must be a non-empty string");
-  if (value.includes("\0")) throw badRequest("value must not contain a NUL byte");
+/** A secret's value: the document says a non-empty string; its bound is in UTF-8 bytes. */
+function parseValue(value: string): string {
   const bytes = Buffer.byteLength(value);
   if (bytes > MAX_VALUE_BYTES) throw badRequest(`value is ${bytes} bytes, more than the ${MAX_VALUE_BYTES} allowed`);
   return value;
 }
 
-function parseMetadata(value: unknown): Record<string, string> | undefined {
-  if (value === undefined || value === null) return undefined;
-  if (typeof value !== "object" || Array.isArray(value)) throw badRequest("metadata must be an object of strings");
-  const entries = Object.entries(value as Record<string, unknown>);
-  if (entries.length > MAX_METADATA_ENTRIES) {
-    throw badRequest(`metadata has ${entries.length} entries, more than ${MAX_METADATA_ENTRIES}`);
-  }
+/** E2B's SecretMetadata bounds in bytes (its shape and number of entries are the document's). */
+function parseMetadata(value: Readonly<Record<string, string>> | undefined): Record<string, string> | undefined {
+  if (value === undefined) return undefined;
+  const entries = Object.entries(value);
   let total = 0;
   for (const [key, entry] of entries) {
-    if (typeof entry !== "string") throw badRequest(`metadata '${key}' must be a string`);
     if (Buffer.byteLength(key) > MAX_METADATA_KEY_BYTES) {
       throw badRequest(`metadata key '${key.slice(0, 32)}…' is longer than ${MAX_METADATA_KEY_BYTES} bytes`);
     }
@@ -99,7 +94,7 @@ function parseMetadata(value: unknown): Record<string, string> | undefined {
     total += Buffer.byteLength(key) + Buffer.byteLength(entry);
   }
   if (total > MAX_METADATA_BYTES) throw badRequest(`metadata is ${total} bytes, more than ${MAX_METADATA_BYTES}`);
-  return Object.fromEntries(entries) as Record<string, string>;
+  return Object.fromEntries(entries);
 }
 
 function parseLimit(value: unknown): number {
@@ -124,37 +119,17 @@ export function envNameFor(secretName: string): string {
 }
 
 /** `{secrets: [name…]}` and/or `{env: {ENV_NAME: secret}}` → env var name → secret reference. */
-function parseGrantEnv(obj: Record<string, unknown>): Record<string, string> {
+function parseGrantEnv(grant: {
+  readonly secrets?: readonly string[];
+  readonly env?: Readonly<Record<string, string>>;
+}): Record<string, string> {
   const env: Record<string, string> = {};
-  if (obj.secrets !== undefined) {
-    if (!Array.isArray(obj.secrets)) throw badRequest("secrets must be an array of secret names");
-    for (const name of obj.secrets) {
-      if (typeof name !== "string" || name === "") throw badRequest("secrets must be an array of secret names");
-      env[envNameFor(name)] = name;
-    }
-  }
-  if (obj.env !== undefined) {
-    if (typeof obj.env !== "object" || obj.env === null || Array.isArray(obj.env)) {
-      throw badRequest("env must be an object of env var name → secret name");
-    }
-    for (const [envName, ref] of Object.entries(obj.env as Record<string, unknown>)) {
-      if (!ENV_NAME.test(envName)) throw badRequest(`env var name '${envName}' is not [A-Za-z_][A-Za-z0-9_]*`);
-      if (typeof ref !== "string" || ref === "") throw badRequest(`env '${envName}' must name a secret`);
-      env[envName] = ref;
-    }
-  }
+  for (const name of grant.secrets ?? []) env[envNameFor(name)] = name;
+  Object.assign(env, grant.env);
   const count = Object.keys(env).length;
   if (count === 0) throw badRequest("a secret grant must name at least one secret (secrets or env)");
   if (count > MAX_SECRETS_PER_GRANT) throw badRequest(`a grant may name at most ${MAX_SECRETS_PER_GRANT} secrets`);
   return env;
-}
-
-function parseGrantTtl(value: unknown): number {
-  if (value === undefined || value === null) return DEFAULT_GRANT_TTL_MS;
-  if (typeof value !== "number" || !Number.isInteger(value) || value < 1000 || value > MAX_GRANT_TTL_MS) {
-    throw badRequest(`ttlMs must be an integer from 1000 to ${MAX_GRANT_TTL_MS}, got ${JSON.stringify(value)}`);
-  }
-  return value;
 }
 
 const objectBody = (value: unknown): Record<string, unknown> => {
@@ -186,7 +161,7 @@ export function secretRoutes(deps: SecretRoutesDeps): Router {
 
   router.post("/secrets", async (req: Request, res: Response) => {
     const ring = keys(deps);
-    const obj = objectBody(req.body);
+    const obj = parseRequestBody("/secrets", "post", req.body);
     const name = parseName(obj.name);
     const value = parseValue(obj.value);
     const metadata = parseMetadata(obj.metadata) ?? {};
@@ -210,7 +185,7 @@ export function secretRoutes(deps: SecretRoutesDeps): Router {
   router.post("/secrets/:secretID", async (req: Request, res: Response) => {
     const ring = keys(deps);
     const ref = secretRef(req);
-    const obj = objectBody(req.body);
+    const obj = parseRequestBody("/secrets/{secretID}", "post", req.body);
     const value = parseValue(obj.value);
     const metadata = parseMetadata(obj.metadata);
     const secret = await updateSecret(deps.db, ring, { teamId: team(res).id, ref, value, metadata });
@@ -228,9 +203,9 @@ export function secretRoutes(deps: SecretRoutesDeps): Router {
   router.post("/warren/v1/sandboxes/:sandboxID/secret-grants", async (req: Request, res: Response) => {
     keys(deps);
     const id = sandboxId(req);
-    const obj = objectBody(req.body);
+    const obj = parseRequestBody("/warren/v1/sandboxes/{sandboxID}/secret-grants", "post", req.body);
     const env = parseGrantEnv(obj);
-    const ttlMs = parseGrantTtl(obj.ttlMs);
+    const ttlMs = obj.ttlMs ?? DEFAULT_GRANT_TTL_MS;
     const teamId = team(res).id;
     if (!(await getVisibleSandbox(deps.db, teamId, id))) throw sandboxNotFound(id);
     const made = await createGrant(deps.db, { teamId, sandboxId: id, env, ttlMs });

@@ -3,11 +3,11 @@ import type { MasterService } from "@warren/proto/master/v1/master_pb";
 import type { ApiSchema } from "@warren/proto/openapi";
 import { type Request, type Response, Router } from "express";
 import type { Db } from "../store/db.js";
-import { listSnapshots, parseSnapshotRef, SNAPSHOT_NAME, snapshotRef, teamNamespace } from "../store/snapshots.js";
+import { listSnapshots, parseSnapshotRef, snapshotRef, teamNamespace } from "../store/snapshots.js";
 import { ApiError, badRequest } from "./errors.js";
 import { parseRequestBody } from "./openapi-requests.js";
 import { master, sandboxId, team } from "./sandboxes.js";
-import { body, parseMemoryMode } from "./validate.js";
+import { parseMemoryMode } from "./validate.js";
 import { sandboxResponse } from "./views.js";
 
 export interface SnapshotRoutesDeps {
@@ -32,19 +32,13 @@ export function snapshotRoutes(deps: SnapshotRoutesDeps): Router {
 
   router.post("/sandboxes/:sandboxID/snapshots", async (req: Request, res: Response) => {
     const id = sandboxId(req);
-    const obj = body(req.body);
-    const { name } = obj;
-    if (name !== undefined && name !== null && (typeof name !== "string" || !SNAPSHOT_NAME.test(name))) {
-      throw badRequest(
-        `name must be 1-63 lowercase letters, digits, '-' or '_' starting with a letter or digit, got ${JSON.stringify(name)}`,
-      );
-    }
-    const memory = parseMemoryMode(obj);
+    const parsed = parseRequestBody("/sandboxes/{sandboxID}/snapshots", "post", req.body);
+    const memory = parseMemoryMode(parsed);
     const result = await master(() =>
       deps.master.createSnapshot({
         teamId: team(res).id,
         sandboxId: id,
-        name: typeof name === "string" ? name : "",
+        name: parsed.name ?? "",
         ...(memory !== undefined ? { memory } : {}),
       }),
     );

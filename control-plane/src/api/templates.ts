@@ -29,10 +29,10 @@ import {
   templateByAlias,
 } from "../store/templates.js";
 import { ApiError, badRequest } from "./errors.js";
+import { parseRequestBody } from "./openapi-requests.js";
 import { master, team } from "./sandboxes.js";
 import { UPLOAD_PATH } from "./template-uploads.js";
 import { buildView, logEntryView, templateView } from "./template-views.js";
-import { body } from "./validate.js";
 
 export interface TemplateRoutesDeps {
   readonly db: Db;
@@ -63,27 +63,16 @@ function owner(res: Response) {
   return { id: t.id, namespace: teamNamespace(t.name) };
 }
 
-function optionalInt(value: unknown, field: string): number | undefined {
-  if (value === undefined || value === null) return undefined;
-  if (typeof value !== "number" || !Number.isInteger(value)) throw badRequest(`${field} must be an integer`);
-  return value;
-}
-
-/** E2B's resource rules: CPU 1 or even up to 32, memory at least 128 MiB and even. */
-function resources(b: Record<string, unknown>): { cpuCount: number; memoryMB: number } {
-  const cpuCount = optionalInt(b.cpuCount, "cpuCount") ?? 2;
-  if (cpuCount < 1 || cpuCount > 32 || (cpuCount !== 1 && cpuCount % 2 !== 0)) {
+/** E2B's resource rules past the document's bounds: CPU 1 or even (memory's evenness is the document's). */
+function resources(b: { readonly cpuCount?: number; readonly memoryMB?: number }): {
+  cpuCount: number;
+  memoryMB: number;
+} {
+  const cpuCount = b.cpuCount ?? 2;
+  if (cpuCount !== 1 && cpuCount % 2 !== 0) {
     throw badRequest(`cpuCount must be 1 or an even number up to 32, got ${cpuCount}`);
   }
-  const memoryMB = optionalInt(b.memoryMB, "memoryMB") ?? 1024;
-  if (memoryMB < 128 || memoryMB > 65536 || memoryMB % 2 !== 0) {
-    throw badRequest(`memoryMB must be an even number from 128 to 65536, got ${memoryMB}`);
-  }
-  if (b.minFreeDiskMb !== undefined && b.minFreeDiskMb !== null) {
-    const disk = optionalInt(b.minFreeDiskMb, "minFreeDiskMb");
-    if (disk === undefined || disk < 0) throw badRequest("minFreeDiskMb must be a non-negative integer");
-  }
-  return { cpuCount, memoryMB };
+  return { cpuCount, memoryMB: b.memoryMB ?? 1024 };
 }
 
 /** The template a path parameter names (id or name) for the caller: 404 when unknown, 403 when another team's. */
@@ -104,23 +93,17 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
   const { db } = deps;
 
   const createBuild = async (req: Request, res: Response, legacy: boolean) => {
-    const b = body(req.body);
-    const rawName = legacy ? b.alias : (b.name ?? b.alias);
-    if (rawName === undefined || rawName === null || rawName === "") throw badRequest("Name is required");
-    if (typeof rawName !== "string") throw badRequest("name must be a string");
+    // The legacy create knows only alias; v3 takes name, or alias as E2B's older SDKs send it.
+    const v3 = legacy ? undefined : parseRequestBody("/v3/templates", "post", req.body);
+    const b = v3 ?? parseRequestBody("/v2/templates", "post", req.body);
+    const rawName = v3 ? (v3.name ?? v3.alias) : b.alias;
+    if (rawName === undefined || rawName === "") throw badRequest("Name is required");
     const me = owner(res);
     const name = nameError(() => parseTemplateName(rawName));
     if (name.namespace !== undefined && name.namespace !== me.namespace) {
       throw badRequest(`namespace '${name.namespace}' must match your team '${me.namespace}'`);
     }
-    if (
-      b.tags !== undefined &&
-      b.tags !== null &&
-      (!Array.isArray(b.tags) || b.tags.some((t) => typeof t !== "string"))
-    ) {
-      throw badRequest("tags must be an array of strings");
-    }
-    const extraTags = ((b.tags as string[] | undefined) ?? []).map((t) => nameError(() => parseTag(t)));
+    const extraTags = (b.tags ?? []).map((t) => nameError(() => parseTag(t)));
     const tags = [...new Set([...(name.tag ? [name.tag] : []), ...extraTags])];
     if (tags.length === 0) tags.push(DEFAULT_TAG);
     const { cpuCount, memoryMB } = resources(b);
@@ -219,7 +202,7 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
     if (build.teamId !== team(res).id) throw new ApiError(403, `build '${buildId}' belongs to another team`);
     let spec: ReturnType<typeof parseBuildSpec>;
     try {
-      spec = parseBuildSpec(req.body);
+      spec = parseBuildSpec(parseRequestBody("/v2/templates/{templateID}/builds/{buildID}", "post", req.body));
     } catch (error) {
       if (error instanceof BuildSpecError) throw badRequest(error.message);
       throw error;
@@ -314,13 +297,9 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
   });
 
   router.post("/templates/tags", async (req: Request, res: Response) => {
-    const b = body(req.body);
-    if (typeof b.target !== "string" || b.target === "") throw badRequest("target is required (name:tag)");
-    if (!Array.isArray(b.tags) || b.tags.length === 0 || b.tags.some((t) => typeof t !== "string")) {
-      throw badRequest("tags must be a non-empty array of strings");
-    }
-    const target = nameError(() => parseTemplateName(b.target as string));
-    const tags = [...new Set((b.tags as string[]).map((t) => nameError(() => parseTag(t))))];
+    const b = parseRequestBody("/templates/tags", "post", req.body);
+    const target = nameError(() => parseTemplateName(b.target));
+    const tags = [...new Set(b.tags.map((t) => nameError(() => parseTag(t))))];
     const template = await ownTemplate(
       db,
       res,
@@ -334,13 +313,8 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
   });
 
   router.delete("/templates/tags", async (req: Request, res: Response) => {
-    const b = body(req.body);
-    if (typeof b.name !== "string" || b.name === "") throw badRequest("name is required");
-    if (b.name.includes(":")) throw badRequest(`name '${b.name}' must not contain a tag`);
-    if (!Array.isArray(b.tags) || b.tags.length === 0 || b.tags.some((t) => typeof t !== "string")) {
-      throw badRequest("tags must be a non-empty array of strings");
-    }
-    const tags = (b.tags as string[]).map((t) => nameError(() => parseTag(t)));
+    const b = parseRequestBody("/templates/tags", "delete", req.body);
+    const tags = b.tags.map((t) => nameError(() => parseTag(t)));
     if (tags.includes(DEFAULT_TAG)) throw badRequest("the tag 'default' cannot be removed");
     const template = await ownTemplate(db, res, b.name);
     const removed = await removeTags(db, template.id, tags);
@@ -373,11 +347,12 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
   });
 
   router.patch(["/templates/:templateID", "/v2/templates/:templateID"], async (req: Request, res: Response) => {
-    const b = body(req.body);
-    if (b.public !== undefined && typeof b.public !== "boolean") throw badRequest("public must be a boolean");
+    const b = req.path.startsWith("/v2/")
+      ? parseRequestBody("/v2/templates/{templateID}", "patch", req.body)
+      : parseRequestBody("/templates/{templateID}", "patch", req.body);
     const me = owner(res);
     const template = await ownTemplate(db, res, String(req.params.templateID));
-    if (typeof b.public === "boolean") await setTemplatePublic(db, template.id, b.public);
+    if (b.public !== undefined) await setTemplatePublic(db, template.id, b.public);
     if (req.path.startsWith("/v2/")) {
       res.status(200).json({ names: template.alias ? [`${me.namespace}/${template.alias}`] : [] });
     } else res.status(200).json(null);

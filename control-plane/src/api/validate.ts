@@ -5,97 +5,42 @@ import type { ListCursor } from "../store/sandboxes.js";
 import { decodeCursor } from "../store/sandboxes.js";
 import { badRequest } from "./errors.js";
 import { inDateRange } from "./input-guard.js";
+import { type BodyProblem, type BodyWords, parseRequestBody } from "./openapi-requests.js";
 import { parseVolumeMounts, type RequestedMount } from "./volume-mounts.js";
 
 /**
- * Request bodies and queries parsed once at the edge into typed values; every refusal is a 400. The wire types come
- * from the OpenAPI document; the checks stay written out here where the answers' messages are part of the contract
- * (tests assert them) or the rule is beyond a schema (POSIX names, NUL characters, dates, cursors).
+ * Request bodies and queries parsed once at the edge into typed values; every refusal is a 400. A body's shape is
+ * checked against its schema in the OpenAPI document (`parseRequestBody`); what stays here is what a schema cannot
+ * say (rules across fields, egress entries, volume paths) and E2B's own wording where the SDKs show it.
  */
 
 type Json = Record<string, unknown>;
 /** E2B's `NewSandboxV2`/`NewSandbox` body as the document types it. */
 type NewSandboxWire = ApiRequestBody<"/v2/sandboxes", "post">;
-type NetworkUpdateWire = ApiRequestBody<"/sandboxes/{sandboxID}/network", "put">;
+type NetworkWire = ApiSchema<"SandboxNetworkConfig">;
 type ListQueryWire = NonNullable<paths["/v2/sandboxes"]["get"]["parameters"]["query"]>;
 type LogsQueryWire = NonNullable<paths["/v2/sandboxes/{sandboxID}/logs"]["get"]["parameters"]["query"]>;
 export type SandboxState = ApiSchema<"ListedSandbox">["state"];
 
-function isObject(value: unknown): value is Json {
-  return typeof value === "object" && value !== null && !Array.isArray(value);
+/** E2B network fields Warren does not implement: refused in words that say so rather than silently ignored. */
+const UNSUPPORTED_NETWORK: Readonly<Record<string, string>> = {
+  rules: "network.rules (HTTP header transforms on egress) is not supported by this server",
+  egressProxy: "network.egressProxy (SOCKS5 egress) is not supported by this server",
+  httpsPorts: "network.httpsPorts is not supported by this server",
+};
+
+/** The words for a problem with a network field Warren refuses; `prefix` is where the network config sits. */
+function unsupportedNetwork(problem: BodyProblem, prefix: "" | "network."): string | undefined {
+  if (!problem.field.startsWith(prefix)) return undefined;
+  return UNSUPPORTED_NETWORK[problem.field.slice(prefix.length)];
 }
 
-export function body(value: unknown): Json {
-  if (value === undefined || value === null) return {};
-  if (!isObject(value)) throw badRequest("request body must be a JSON object");
-  return value;
-}
-
-function optionalBool(obj: Json, field: string): boolean | undefined {
-  const value = obj[field];
-  if (value === undefined || value === null) return undefined;
-  if (typeof value !== "boolean") throw badRequest(`${field} must be a boolean, got ${JSON.stringify(value)}`);
-  return value;
-}
-
-function optionalInt(obj: Json, field: string): number | undefined {
-  const value = obj[field];
-  if (value === undefined || value === null) return undefined;
-  if (typeof value !== "number" || !Number.isInteger(value) || Math.abs(value) > 2 ** 31 - 1) {
-    throw badRequest(`${field} must be a 32-bit integer, got ${JSON.stringify(value)}`);
-  }
-  return value;
-}
-
-/** POSIX environment variable names (what `/init` and every shell accept). */
-const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
-
-function envVarMap(obj: Json, field: string): Record<string, string> {
-  const map = stringMap(obj, field);
-  for (const name of Object.keys(map)) {
-    if (!ENV_NAME.test(name)) {
-      throw badRequest(
-        `${field}: '${name}' is not a valid variable name (letters, digits and '_', not starting with a digit)`,
-      );
-    }
-  }
-  return map;
-}
-
-function stringMap(obj: Json, field: string): Record<string, string> {
-  const value = obj[field];
-  if (value === undefined || value === null) return {};
-  if (!isObject(value)) throw badRequest(`${field} must be an object of strings`);
-  for (const [key, v] of Object.entries(value)) {
-    if (typeof v !== "string") throw badRequest(`${field}.${key} must be a string, got ${JSON.stringify(v)}`);
-  }
-  return value as Record<string, string>;
-}
-
-function stringList(obj: Json, field: string): string[] | undefined {
-  const value = obj[field];
-  if (value === undefined || value === null) return undefined;
-  if (!Array.isArray(value) || value.some((v) => typeof v !== "string")) {
-    throw badRequest(`${field} must be an array of strings`);
-  }
-  return value as string[];
-}
-
-/** Fields of E2B's network config that Warren does not implement: refused rather than silently ignored. */
-function refuseUnsupportedNetwork(value: Json, field: string): void {
-  if (isObject(value.rules) && Object.keys(value.rules).length > 0) {
-    throw badRequest(`${field}.rules (HTTP header transforms on egress) is not supported by this server`);
-  }
-  if (value.egressProxy !== undefined && value.egressProxy !== null) {
-    throw badRequest(`${field}.egressProxy (SOCKS5 egress) is not supported by this server`);
-  }
-}
-
-function egressLists(value: Json, field: string): { allowOut: string[]; denyOut: string[] } {
-  const allowOut = stringList(value, "allowOut") ?? [];
-  const denyOut = stringList(value, "denyOut") ?? [];
+/** The egress entries (IPs, CIDRs, domains) and E2B's rule that domains need `denyOut` to hold all traffic. */
+function egressLists(network: Pick<NetworkWire, "allowOut" | "denyOut">): { allowOut: string[]; denyOut: string[] } {
+  const allowOut = [...(network.allowOut ?? [])];
+  const denyOut = [...(network.denyOut ?? [])];
   try {
-    validateEgressPolicy({ allowOut, denyOut }, field);
+    validateEgressPolicy({ allowOut, denyOut }, "network");
   } catch (error) {
     if (error instanceof EgressPolicyError) throw badRequest(error.message);
     throw error;
@@ -103,30 +48,13 @@ function egressLists(value: Json, field: string): { allowOut: string[]; denyOut:
   return { allowOut, denyOut };
 }
 
-/** E2B's SandboxNetworkConfig at create, with the rules the server (not the SDK) enforces. */
-export function parseNetwork(value: unknown): Json | null {
-  if (value === undefined || value === null) return null;
-  if (!isObject(value)) throw badRequest("network must be an object");
-  egressLists(value, "network");
-  refuseUnsupportedNetwork(value, "network");
-  optionalBool(value, "allowPublicTraffic");
-  if (value.maskRequestHost !== undefined && typeof value.maskRequestHost !== "string") {
-    throw badRequest("network.maskRequestHost must be a string");
-  }
-  if (value.httpsPorts !== undefined && value.httpsPorts !== null) {
-    throw badRequest("network.httpsPorts is not supported by this server");
-  }
-  return value;
-}
-
 /** E2B's SandboxNetworkUpdateConfig (`PUT /sandboxes/{id}/network`): a full replacement, omitted = cleared. */
 export function parseNetworkUpdate(raw: unknown): {
-  network: Required<Pick<NetworkUpdateWire, "allowOut" | "denyOut">>;
-  allowInternetAccess: NetworkUpdateWire["allow_internet_access"];
+  network: { allowOut: string[]; denyOut: string[] };
+  allowInternetAccess: boolean | undefined;
 } {
-  const obj = body(raw);
-  refuseUnsupportedNetwork(obj, "network");
-  return { network: egressLists(obj, "network"), allowInternetAccess: optionalBool(obj, "allow_internet_access") };
+  const update = parseRequestBody("/sandboxes/{sandboxID}/network", "put", raw, (p) => unsupportedNetwork(p, ""));
+  return { network: egressLists(update), allowInternetAccess: update.allow_internet_access };
 }
 
 /** The create body with E2B's defaults applied (`NewSandboxV2`'s fields under the api's names). */
@@ -147,39 +75,16 @@ export interface CreateSandboxBody {
   readonly volumeMounts: RequestedMount[];
 }
 
-/** MCP server names: E2B's catalogue keys (`exa`, `github/owner/repo`); bounded so a row stays small. */
-const MCP_SERVER_NAME = /^[A-Za-z0-9][A-Za-z0-9._@/-]{0,127}$/;
-const MCP_MAX_SERVERS = 64;
-
-/**
- * E2B's `mcp` (`{ <server>: <its config> }`). As in E2B the api keeps only the server names: the SDK itself
- * starts `mcp-gateway` in the sandbox with the whole config, and that config carries the servers' credentials.
- */
-export function parseMcp(value: unknown): string[] | null {
-  if (value === undefined || value === null) return null;
-  if (!isObject(value)) throw badRequest(`mcp must be an object of server configs, got ${JSON.stringify(value)}`);
-  const names = Object.keys(value);
-  if (names.length > MCP_MAX_SERVERS) throw badRequest(`mcp names ${names.length} servers, at most ${MCP_MAX_SERVERS}`);
-  for (const name of names) {
-    if (!MCP_SERVER_NAME.test(name)) {
-      throw badRequest(`mcp: '${name}' is not a server name (1-128 letters, digits, '.', '_', '@', '/', '-')`);
-    }
-    if (!isObject(value[name])) throw badRequest(`mcp.${name} must be an object (the server's config)`);
-  }
-  return names;
-}
-
 /**
  * Whether a pause or snapshot keeps memory: E2B's wire field `memory` (false: files only), or `mode`
  * (`'full' | 'filesystem'`, the name SDKs from 2.55 use). Both given must agree; neither: undefined (full).
  */
-export function parseMemoryMode(obj: Json): boolean | undefined {
-  const memory = optionalBool(obj, "memory");
-  const mode = obj.mode;
-  if (mode === undefined || mode === null) return memory;
-  if (mode !== "full" && mode !== "filesystem") {
-    throw badRequest(`mode must be 'full' or 'filesystem', got ${JSON.stringify(mode)}`);
-  }
+export function parseMemoryMode(body: {
+  readonly memory?: boolean;
+  readonly mode?: "full" | "filesystem";
+}): boolean | undefined {
+  const { memory, mode } = body;
+  if (mode === undefined) return memory;
   const fromMode = mode === "full";
   if (memory !== undefined && memory !== fromMode) {
     throw badRequest(`memory=${memory} contradicts mode '${mode}'; give one of them`);
@@ -187,44 +92,43 @@ export function parseMemoryMode(obj: Json): boolean | undefined {
   return fromMode;
 }
 
-const TEMPLATE_REF = /^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}(:[A-Za-z0-9._-]{1,64})?$/;
+/** E2B's message for a lifetime that is not positive (the SDKs show it as it is). */
+const createWords: BodyWords = (problem) =>
+  problem.field === "timeout" && problem.keyword === "minimum"
+    ? "Timeout must be greater than 0"
+    : unsupportedNetwork(problem, "network.");
 
 /** `POST /v2/sandboxes` (default timeout 300 s) and `POST /sandboxes` (v1: default 15 s), E2B's defaults. */
 export function parseCreateBody(raw: unknown, version: 1 | 2): CreateSandboxBody {
-  const obj = body(raw);
-  const templateId = obj.templateID;
-  if (typeof templateId !== "string" || templateId === "") throw badRequest("templateID is required");
-  if (!TEMPLATE_REF.test(templateId)) throw badRequest(`templateID '${templateId}' is not a valid template reference`);
-  const timeout = optionalInt(obj, "timeout");
-  if (timeout !== undefined && timeout <= 0) throw badRequest("Timeout must be greater than 0");
-  const autoPause = optionalBool(obj, "autoPause") ?? false;
-  const autoPauseMemory = optionalBool(obj, "autoPauseMemory");
-  let autoResume = false;
-  if (obj.autoResume !== undefined && obj.autoResume !== null) {
-    if (!isObject(obj.autoResume)) throw badRequest("autoResume must be an object {enabled: boolean}");
-    autoResume = optionalBool(obj.autoResume, "enabled") ?? false;
-  }
-  if (autoPauseMemory === false && !autoPause) {
+  const body =
+    version === 2
+      ? parseRequestBody("/v2/sandboxes", "post", raw, createWords)
+      : parseRequestBody("/sandboxes", "post", raw, createWords);
+  const autoPause = body.autoPause ?? false;
+  const autoResume = body.autoResume?.enabled ?? false;
+  if (body.autoPauseMemory === false && !autoPause) {
     throw badRequest("autoPauseMemory=false only applies when autoPause is true.");
   }
-  if (autoPauseMemory === false && autoResume) {
+  if (body.autoPauseMemory === false && autoResume) {
     throw badRequest(
       "autoPauseMemory=false (filesystem-only auto-pause) cannot be combined with autoResume; resume such a sandbox with connect.",
     );
   }
   if (autoResume && !autoPause) throw badRequest("autoResume requires autoPause to be true.");
+  if (body.network) egressLists(body.network);
   return {
-    templateId,
-    timeoutSeconds: timeout ?? (version === 2 ? DEFAULT_SANDBOX_TIMEOUT_SECONDS : V1_CREATE_DEFAULT_TIMEOUT_SECONDS),
-    metadata: stringMap(obj, "metadata"),
-    envVars: envVarMap(obj, "envVars"),
+    templateId: body.templateID,
+    timeoutSeconds:
+      body.timeout ?? (version === 2 ? DEFAULT_SANDBOX_TIMEOUT_SECONDS : V1_CREATE_DEFAULT_TIMEOUT_SECONDS),
+    metadata: body.metadata ?? {},
+    envVars: body.envVars ?? {},
     autoPause,
-    autoPauseMemory: autoPauseMemory ?? true,
+    autoPauseMemory: body.autoPauseMemory ?? true,
     autoResume,
-    network: parseNetwork(obj.network),
-    allowInternetAccess: optionalBool(obj, "allow_internet_access"),
-    mcpServers: parseMcp(obj.mcp),
-    volumeMounts: parseVolumeMounts(obj.volumeMounts),
+    network: (body.network as Json | undefined) ?? null,
+    allowInternetAccess: body.allow_internet_access,
+    mcpServers: body.mcp ? Object.keys(body.mcp) : null,
+    volumeMounts: parseVolumeMounts(body.volumeMounts ?? []),
   };
 }
 
@@ -233,20 +137,17 @@ export interface ConnectBody {
   readonly memory: boolean | undefined;
 }
 
-/** v2 connect: timeout optional (300 s); v1 connect: timeout required. */
+/** v2 connect: timeout optional (300 s); v1 connect: timeout required. 0 is the default. */
 export function parseConnectBody(raw: unknown, version: 1 | 2): ConnectBody {
-  const obj = body(raw);
-  const timeout = optionalInt(obj, "timeout");
-  if (timeout === undefined && version === 1) throw badRequest("timeout is required");
-  if (timeout !== undefined && timeout < 0) throw badRequest("Timeout must not be negative");
-  return { timeoutSeconds: timeout || DEFAULT_SANDBOX_TIMEOUT_SECONDS, memory: optionalBool(obj, "memory") };
+  const body =
+    version === 2
+      ? parseRequestBody("/v2/sandboxes/{sandboxID}/connect", "post", raw)
+      : parseRequestBody("/sandboxes/{sandboxID}/connect", "post", raw);
+  return { timeoutSeconds: body.timeout || DEFAULT_SANDBOX_TIMEOUT_SECONDS, memory: body.memory };
 }
 
 export function parseTimeoutBody(raw: unknown): number {
-  const timeout = optionalInt(body(raw), "timeout");
-  if (timeout === undefined) throw badRequest("timeout is required");
-  if (timeout < 0) throw badRequest("Timeout must not be negative");
-  return timeout;
+  return parseRequestBody("/sandboxes/{sandboxID}/timeout", "post", raw).timeout;
 }
 
 export interface ListParams {

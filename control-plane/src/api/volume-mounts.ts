@@ -13,7 +13,6 @@ export interface ResolvedMount extends RequestedMount {
   readonly volumeId: string;
 }
 
-const MAX_MOUNTS = 16;
 /** Paths Warren itself mounts or needs: a volume over them would hide envd or the sandbox's system view. */
 const RESERVED = ["/", "/proc", "/dev", "/sys", "/opt/warren", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64"];
 
@@ -37,26 +36,21 @@ function invalid(reasons: readonly string[]): Error {
   return badRequest(`invalid mounts:\n${reasons.map((r) => `\t- ${r}`).join("\n")}`);
 }
 
-/** Checks the shape and paths of `volumeMounts` (names are resolved per team by `resolveVolumeMounts`). */
-export function parseVolumeMounts(value: unknown): RequestedMount[] {
-  if (value === undefined || value === null) return [];
-  if (!Array.isArray(value)) throw badRequest("volumeMounts must be an array of {name, path}");
-  if (value.length > MAX_MOUNTS) throw badRequest(`at most ${MAX_MOUNTS} volumeMounts, got ${value.length}`);
+/**
+ * Checks the names and paths of `volumeMounts` (their shape and number are the document's), every entry at once in
+ * E2B's words; names are resolved per team by `resolveVolumeMounts`.
+ */
+export function parseVolumeMounts(requested: readonly RequestedMount[]): RequestedMount[] {
   const reasons: string[] = [];
   const mounts: RequestedMount[] = [];
-  value.forEach((entry, i) => {
-    const { name, path } = (entry ?? {}) as { name?: unknown; path?: unknown };
-    if (typeof name !== "string" || name === "") reasons.push(`volume mount #${i}: volume name cannot be empty`);
-    if (typeof path !== "string") {
-      reasons.push(`volume mount #${i}: path cannot be empty`);
-      return;
-    }
+  requested.forEach(({ name, path }, i) => {
+    if (name === "") reasons.push(`volume mount #${i}: volume name cannot be empty`);
     const problem = pathProblem(
       path,
       mounts.map((m) => m.path),
     );
     if (problem) reasons.push(`volume mount #${i}: ${problem}`);
-    mounts.push({ name: String(name ?? ""), path });
+    mounts.push({ name, path });
   });
   if (reasons.length > 0) throw invalid(reasons);
   return mounts;

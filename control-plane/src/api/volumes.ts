@@ -10,11 +10,11 @@ import {
   insertVolume,
   issueVolumeToken,
   listVolumes,
-  VOLUME_NAME,
   type VolumeRow,
   volumeForToken,
 } from "../store/volumes.js";
 import { ApiError, badRequest } from "./errors.js";
+import { parseRequestBody } from "./openapi-requests.js";
 import { readVolumeFile, runVolumeOp, type VolumeOpOptions } from "./volume-fs.js";
 
 export interface VolumeSettings {
@@ -67,10 +67,11 @@ export function volumeRoutes(deps: VolumeRoutesDeps): Router {
 
   router.post("/volumes", async (req: Request, res: Response) => {
     const settings = enabled(deps);
-    const name = (req.body as { name?: unknown } | undefined)?.name;
-    if (typeof name !== "string" || !VOLUME_NAME.test(name)) {
-      throw badRequest(`Invalid volume name ${JSON.stringify(name)}: 1-63 letters, digits, '_' or '-'`);
-    }
+    const { name } = parseRequestBody("/volumes", "post", req.body, (problem) =>
+      problem.field === "name"
+        ? `Invalid volume name ${JSON.stringify(problem.value)}: 1-63 letters, digits, '_' or '-'`
+        : undefined,
+    );
     const volume = await insertVolume(deps.db, team(res).id, name, settings.quotaBytes);
     if (!volume) throw badRequest(`Volume with name '${name}' already exists`);
     try {
@@ -198,19 +199,12 @@ export function volumeContentRoutes(deps: VolumeRoutesDeps): Router {
     express.json({ limit: "64kb", type: () => true }),
     async (req: Request, res: Response) => {
       const { dir } = await open(req);
-      const body = (req.body ?? {}) as Record<string, unknown>;
+      const body = parseRequestBody("/volumecontent/{volumeID}/path", "patch", req.body);
       const options: VolumeOpOptions = {};
-      for (const [field, max] of [
-        ["uid", 65535],
-        ["gid", 65535],
-        ["mode", 0o7777],
-      ] as const) {
+      // -1 (E2B's "unchanged") is a field left out.
+      for (const field of ["uid", "gid", "mode"] as const) {
         const value = body[field];
-        if (value === undefined || value === null || value === -1) continue;
-        if (typeof value !== "number" || !Number.isInteger(value) || value < 0 || value > max) {
-          throw badRequest(`${field} must be an integer from 0 to ${max}, got ${JSON.stringify(value)}`);
-        }
-        Object.assign(options, { [field]: value });
+        if (value !== undefined && value !== -1) Object.assign(options, { [field]: value });
       }
       res.status(200).json(await runVolumeOp(dir, "chmeta", contentPath(req), options));
     },
