@@ -101,6 +101,25 @@ afterAll(async () => {
 }, 120_000);
 
 describe("escape suite: nothing inside a sandbox reaches the host or another sandbox", { timeout: 120_000 }, () => {
+  it("the workload cgroup's descriptors PID 1 holds give sandbox root nothing: no reopening, no cgroup tree", async () => {
+    // The launcher opened them as host root and crun handed them to PID 1; a command never inherits them.
+    const own = await run(a.sandbox, "ls /proc/self/fd", "root");
+    expect(own.stdout.split(/\s+/)).not.toContain("4");
+    // Reopening through /proc checks the caller's credentials: sandbox root is not the files' owner, so it cannot
+    // write pids there (it may read the workload's OOM count, which the file's mode allows anyone).
+    const reopen = await run(
+      a.sandbox,
+      "echo $$ > /proc/1/fd/3; echo rc=$?; cat /proc/1/fd/4 >/dev/null; echo rc=$?",
+      "root",
+    );
+    expect(reopen.stdout).toBe("rc=1\nrc=0\n");
+    expect(reopen.stderr).toMatch(/Permission denied/);
+    // The node's cgroup tree is not mounted in the sandbox.
+    const tree = await run(a.sandbox, "ls /sys/fs/cgroup", "root");
+    expect(tree.exitCode).not.toBe(0);
+    expect(tree.stderr).toMatch(/No such file/);
+  });
+
   it("host files outside the rootfs cannot be read, even by sandbox root", async () => {
     const attempt = await run(a.sandbox, `cat ${marker}; ls /proc/1/root${marker}; cat /etc/hostname`, "root");
     expect(attempt.stdout).not.toContain("host secret");
