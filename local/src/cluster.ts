@@ -3,8 +3,8 @@ import { existsSync, mkdirSync, writeFileSync } from "node:fs";
 import { rm } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { NODES_SET_KEY, nodeKey, parseRedisPrefix, routeKey } from "@warren/proto/redis";
-import { Redis } from "ioredis";
+import { ClusterRedis } from "./cluster-redis.js";
+import { ProcessEnv } from "./process-env.js";
 import { assertRunning, waitForHttp, waitForTls } from "./readiness.js";
 import { clusterSecrets } from "./secrets.js";
 import {
@@ -118,70 +118,36 @@ export class LocalCluster {
       const proxyHost = this.options.proxyHost ?? "127.0.0.1";
       const tls = this.options.tls;
       const clientDomain = tls && (proxyPort === 443 ? tls.domain : `${tls.domain}:${proxyPort}`);
-      const common = {
-        ...process.env,
-        WARREN_DATABASE_URL: this.databaseUrl,
-        WARREN_DB_SCHEMA: this.dbSchema,
-        WARREN_REDIS_URL: this.redisUrl,
-        // Team volumes: a folder the api and every node agent share (one host here; NFS or alike across hosts).
-        WARREN_VOLUMES_DIR: join(this.dataDir, "volumes"),
-        WARREN_ARTIFACTS_DIR: join(this.dataDir, "artifacts"),
-        ...this.options.env,
-      };
+      const relayToken = this.options.relay ? randomBytes(24).toString("hex") : undefined;
+      const env = new ProcessEnv(this.options, {
+        dataDir: this.dataDir,
+        databaseUrl: this.databaseUrl,
+        dbSchema: this.dbSchema,
+        redisUrl: this.redisUrl,
+        secrets,
+        masterPort,
+        apiPort,
+        proxyHost,
+        proxyPort,
+        tls,
+        clientDomain,
+        relayToken,
+      });
 
       progress("starting the master");
-      const master = this.spawn("master", dist("control-plane/dist/master/main.js"), {
-        ...common,
-        WARREN_TOKEN_SECRET: secrets.tokenSecret,
-        WARREN_MASTER_HOST: "127.0.0.1",
-        WARREN_MASTER_PORT: String(masterPort),
-        ...(clientDomain ? { E2B_DOMAIN: clientDomain } : {}),
-      });
+      const master = this.spawn("master", dist("control-plane/dist/master/main.js"), env.master());
       await waitForHttp(master, `http://127.0.0.1:${masterPort}/`, 30_000);
 
       progress("starting the api");
-      const api = this.spawn("api", dist("control-plane/dist/api/main.js"), {
-        ...common,
-        WARREN_API_HOST: "127.0.0.1",
-        WARREN_API_PORT: String(apiPort),
-        WARREN_MASTER_URL: `http://127.0.0.1:${masterPort}`,
-        WARREN_ADMIN_TOKEN: secrets.adminToken,
-        WARREN_INTERNAL_TOKEN: secrets.internalToken,
-        // The web console reaches sandbox ports through the proxy's host routing (Chromium and Firefox resolve
-        // every *.localhost name to loopback themselves); with a domain, the console derives it from api.<domain>.
-        ...(tls || proxyHost !== "127.0.0.1"
-          ? {}
-          : { WARREN_CONSOLE_SANDBOX_URL: `http://{port}-{sandboxID}.localhost:${proxyPort}` }),
-        ...this.options.env,
-      });
-      const apiUrl = `http://127.0.0.1:${apiPort}`;
+      const api = this.spawn("api", dist("control-plane/dist/api/main.js"), env.api());
+      const apiUrl = env.apiUrl;
       await waitForHttp(api, `${apiUrl}/health`, 30_000);
 
-      const relayToken = this.options.relay ? randomBytes(24).toString("hex") : undefined;
-      const agents = await this.startNodeAgents(common, relayToken, progress);
+      const agents = await this.startNodeAgents(env, progress);
       await this.waitForNodeAgents(agents, apiUrl, secrets.adminToken, progress);
 
       progress("starting the proxy");
-      const proxy = this.spawn("proxy", dist("proxy/dist/main.js"), {
-        ...common,
-        PROXY_HOST: proxyHost,
-        PROXY_PORT: String(proxyPort),
-        ...(tls
-          ? {
-              PROXY_TLS_CERT_FILE: tls.certFile,
-              PROXY_TLS_KEY_FILE: tls.keyFile,
-              PROXY_DOMAINS: tls.domain,
-              PROXY_API_URL: apiUrl,
-            }
-          : {}),
-        WARREN_REDIS_URL: this.redisUrl,
-        PROXY_METRICS_PORT: "off",
-        // Auto-resume: the proxy asks the api (internal endpoint) to resume a paused sandbox on traffic.
-        PROXY_RESUME_URL: apiUrl,
-        WARREN_INTERNAL_TOKEN: secrets.internalToken,
-        ...(relayToken ? { PROXY_RELAY: "always", PROXY_RELAY_TOKEN: relayToken } : {}),
-        ...this.options.env,
-      });
+      const proxy = this.spawn("proxy", dist("proxy/dist/main.js"), env.proxy());
       const proxyUrl = `${tls ? "https" : "http"}://${proxyHost}:${proxyPort}`;
       if (tls) await waitForTls(proxy, proxyHost, proxyPort, tls);
       else await waitForHttp(proxy, `${proxyUrl}/`, 30_000);
@@ -231,30 +197,13 @@ export class LocalCluster {
   }
 
   /** Starts the node agents (each with its own instance tag, state dir, address range and port); returns how many. */
-  private async startNodeAgents(
-    common: NodeJS.ProcessEnv,
-    relayToken: string | undefined,
-    progress: (line: string) => void,
-  ): Promise<number> {
+  private async startNodeAgents(env: ProcessEnv, progress: (line: string) => void): Promise<number> {
     const agents = this.options.nodeAgents ?? 1;
     for (let i = 0; i < agents; i++) {
       const instance = `${this.options.instancePrefix ?? ""}${String.fromCharCode(97 + i)}`;
       const agentPort = await freePort();
       progress(`starting node agent ${instance} (the first start builds the base template: about a minute)`);
-      const agentEnv = {
-        ...common,
-        WARREN_NODE_ID: `node-${instance}`,
-        WARREN_INSTANCE: instance,
-        WARREN_AGENT_LISTEN: `127.0.0.1:${agentPort}`,
-        WARREN_REDIS_URL: this.redisUrl,
-        WARREN_STATE_DIR: join(this.dataDir, `agent-${instance}`),
-        WARREN_NET_CIDR: this.options.nodeCidr?.(i) ?? `10.${201 + i}.0.0/16`,
-        WARREN_POOL_SIZE: String(this.options.poolSize ?? 2),
-        WARREN_KILL_ON_STOP: "1",
-        ...(relayToken ? { WARREN_RELAY_TOKEN: relayToken } : {}),
-        // The cluster's template store: a directory its agents share, unless the caller names one (a registry).
-        WARREN_STORE: this.options.env?.WARREN_STORE ?? `oci:${join(this.dataDir, "store")}`,
-      };
+      const agentEnv = env.nodeAgent(i, instance, agentPort);
       this.agentEnv.push(agentEnv);
       this.nodeAgentChildren.push(this.spawn(`node-agent-${instance}`, NODE_AGENT_MAIN, agentEnv));
     }
@@ -292,7 +241,7 @@ export class LocalCluster {
         for (const child of this.processes) assertRunning(child);
         let all = true;
         for (const templateId of templates) {
-          const ready = await this.nodesWithTemplate(templateId);
+          const ready = await this.redis.nodesWithTemplate(templateId);
           if (ready < agents) all = false;
           else if (!announced.has(templateId)) {
             announced.add(templateId);
@@ -322,27 +271,6 @@ export class LocalCluster {
     for (const child of [...this.processes].reverse()) await child.stop("SIGTERM", 30_000);
   }
 
-  /** How many node agents' heartbeats list `templateId` among their ready templates. */
-  private async nodesWithTemplate(templateId: string): Promise<number> {
-    const redis = new Redis(this.redisUrl, {
-      lazyConnect: true,
-      maxRetriesPerRequest: 1,
-      keyPrefix: parseRedisPrefix(this.options.env?.WARREN_REDIS_PREFIX),
-    });
-    redis.on("error", () => undefined);
-    try {
-      await redis.connect();
-      let count = 0;
-      for (const nodeId of await redis.smembers(NODES_SET_KEY)) {
-        const templates = await redis.hget(nodeKey(nodeId), "templates");
-        if (templates && (JSON.parse(templates) as string[]).includes(templateId)) count++;
-      }
-      return count;
-    } finally {
-      redis.disconnect();
-    }
-  }
-
   /** Fault injection: SIGKILL node agent `index` (its sandboxes keep running, as after a crash). */
   async killNodeAgent(index: number): Promise<void> {
     const agent = this.nodeAgentChildren[index];
@@ -351,17 +279,8 @@ export class LocalCluster {
   }
 
   /** The node a sandbox's route names ("" when it has none, e.g. while paused on no node). */
-  async nodeOf(sandboxId: string): Promise<string> {
-    const redis = new Redis(this.redisUrl, {
-      maxRetriesPerRequest: 1,
-      keyPrefix: parseRedisPrefix(this.options.env?.WARREN_REDIS_PREFIX),
-    });
-    redis.on("error", () => undefined); // a test may restart Redis on purpose; callers retry
-    try {
-      return (await redis.hget(routeKey(sandboxId), "node")) ?? "";
-    } finally {
-      redis.disconnect();
-    }
+  nodeOf(sandboxId: string): Promise<string> {
+    return this.redis.nodeOf(sandboxId);
   }
 
   /** Cordons (`on`) or uncordons a node through the admin API; resolves with the answer's status. */
@@ -425,6 +344,11 @@ export class LocalCluster {
     const lines = Object.entries(this.env).map(([key, value]) => `${key}=${value}`);
     writeFileSync(path, `${lines.join("\n")}\n`, { mode: 0o600 });
     return path;
+  }
+
+  /** The cluster's Redis, read directly (its URL is fixed once the databases are up, also across restarts). */
+  private get redis(): ClusterRedis {
+    return new ClusterRedis(this.redisUrl, this.options.env?.WARREN_REDIS_PREFIX);
   }
 
   private spawn(name: string, script: string, env: NodeJS.ProcessEnv): ManagedChild {

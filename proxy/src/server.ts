@@ -1,33 +1,23 @@
 import { readFileSync } from "node:fs";
-import {
-  createServer as createHttpServer,
-  type IncomingHttpHeaders,
-  type IncomingMessage,
-  type Server,
-  type ServerResponse,
-} from "node:http";
+import { createServer as createHttpServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { createServer as createHttpsServer } from "node:https";
 import type { AddressInfo } from "node:net";
 import type { Duplex } from "node:stream";
-import type { RouteEvent, SandboxRoute } from "@warren/proto/redis";
-import { type Admission, admit, type Decision, header } from "./admission.js";
+import type { RouteEvent } from "@warren/proto/redis";
+import { type Admission, header } from "./admission.js";
 import type { ProxyConfig } from "./config.js";
-import { EnvdIntercept, type InterceptedKind, type Rewrite } from "./envd-intercept.js";
-import {
-  type ProxyError,
-  sendProxyError,
-  sendRoutingFailure,
-  TRAFFIC_TOKEN_HEADER,
-  writeSocketError,
-} from "./errors.js";
+import { EnvdIntercept } from "./envd-intercept.js";
+import { sendRoutingFailure, writeSocketError } from "./errors.js";
+import { Exchanges } from "./exchanges.js";
 import type { ExecGate } from "./exec-gate.js";
-import { Forwarder, type Upstream } from "./forward.js";
+import { Forwarder } from "./forward.js";
 import { SandboxConnections } from "./limits.js";
 import type { Logger } from "./log.js";
 import type { ProxyMetrics } from "./metrics.js";
 import { AutoResume, type SandboxResumer } from "./resume.js";
+import { RouteAdmission } from "./route-admission.js";
 import type { RouteStore } from "./routes.js";
-import { controlOnlyPath, Router, type RouteTarget, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER } from "./routing.js";
+import { Router, type RouteTarget, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER } from "./routing.js";
 import type { SecretGrantRedeemer } from "./secret-grants.js";
 
 export interface SandboxProxyDeps {
@@ -44,18 +34,18 @@ export interface SandboxProxyDeps {
 }
 
 /**
- * The data-plane edge: finds the sandbox a request addresses, checks what E2B's proxy checks,
- * and streams the exchange to the sandbox port. It never runs anything.
+ * The data-plane edge: finds the sandbox a request addresses (routing.ts), has it admitted (route-admission.ts:
+ * what E2B's proxy checks) and streams the exchange to the sandbox port (exchanges.ts). It owns the listener, the
+ * drain at shutdown and the reaction to route events. It never runs anything.
  */
 export class SandboxProxy {
   readonly server: Server;
   private readonly router: Router;
   private readonly forwarder: Forwarder;
   private readonly connections: SandboxConnections;
-  private readonly autoResume: AutoResume | undefined;
-  private readonly envd: EnvdIntercept;
+  private readonly admission: RouteAdmission;
+  private readonly exchanges: Exchanges;
   private readonly unsubscribe: () => void;
-  private requestCounter = 0;
   private draining = false;
 
   constructor(private readonly deps: SandboxProxyDeps) {
@@ -69,18 +59,28 @@ export class SandboxProxy {
       ...(config.relayToken !== undefined ? { relayToken: config.relayToken } : {}),
     });
     this.connections = new SandboxConnections(config.maxConnectionsPerSandbox);
-    this.autoResume = deps.resumer
+    const autoResume = deps.resumer
       ? new AutoResume(deps.resumer, deps.routes, config.resumeTimeoutMs, log, (outcome) =>
           metrics.resumes.inc({ outcome }),
         )
       : undefined;
+    this.admission = new RouteAdmission({ config, routes: deps.routes, metrics, log, autoResume });
     this.unsubscribe = deps.routes.onEvent((event) => this.onRouteEvent(event));
-    this.envd = new EnvdIntercept({
+    const envd = new EnvdIntercept({
       envdPort: config.envdPort,
       log,
       metrics,
       ...(deps.secretGrants ? { secretGrants: deps.secretGrants } : {}),
       ...(deps.execGate ? { execGate: deps.execGate } : {}),
+    });
+    this.exchanges = new Exchanges({
+      config,
+      metrics,
+      log,
+      forwarder: this.forwarder,
+      connections: this.connections,
+      envd,
+      failed: (target, error) => this.failed(target, error),
     });
 
     const options = {
@@ -151,7 +151,7 @@ export class SandboxProxy {
 
   /** Sandboxes whose auto-resume requests are waiting on. */
   get pendingResumes(): number {
-    return this.autoResume?.pending ?? 0;
+    return this.admission.pendingResumes;
   }
 
   private onRequest(req: IncomingMessage, res: ServerResponse): void {
@@ -159,7 +159,7 @@ export class SandboxProxy {
     const { metrics } = this.deps;
     if (this.draining) res.shouldKeepAlive = false;
     if (this.deps.config.apiUpstream && this.router.isApiHost(req.headers.host)) {
-      this.forwardApi(req, res, this.deps.config.apiUpstream, started);
+      this.exchanges.api(req, res, this.deps.config.apiUpstream, started);
       return;
     }
     const target = this.router.resolve(
@@ -175,13 +175,8 @@ export class SandboxProxy {
     const answer = (admission: Admission) =>
       this.guarded(target, drop, () => {
         if (res.destroyed) return;
-        if ("error" in admission) {
-          this.answerHttp(req, res, admission.error, started);
-          return;
-        }
-        const kind = this.envd.kindOf(req, target.port, admission.route);
-        if (kind) this.forwardIntercepted(kind, req, res, target, admission.upstream, admission.route, started);
-        else this.forwardHttp(req, res, target, admission.upstream, started);
+        if ("error" in admission) this.exchanges.refuse(req, res, admission.error, started);
+        else this.exchanges.http(req, res, target, admission, started);
       });
     this.guarded(target, drop, () => this.decide(req, target, answer));
   }
@@ -206,35 +201,17 @@ export class SandboxProxy {
         if ("error" in admission) {
           metrics.requests.inc({ kind: "websocket", status: writeSocketError(socket, req.headers, admission.error) });
         } else {
-          this.forwardUpgrade(req, socket, head, target, admission.upstream, started);
+          this.exchanges.upgrade(req, socket, head, target, admission.upstream, started);
         }
       });
     this.guarded(target, drop, () => this.decide(req, target, answer));
   }
 
-  /**
-   * Everything E2B's proxy checks before forwarding, in its order: control-only envd paths,
-   * the route, the traffic token, the sandbox state (auto-resume). Synchronous on a cache hit.
-   */
+  /** Admits the exchange (route-admission.ts): `answer` runs at once on a cache hit, else when the route is known. */
   private decide(req: IncomingMessage, target: RouteTarget, answer: (admission: Admission) => void): void {
-    if (target.port === this.deps.config.envdPort) {
-      const path = controlOnlyPath(req.url ?? "/");
-      if (path !== undefined) {
-        answer({ error: { kind: "control-only-path", path } });
-        return;
-      }
-    }
-    const hit = this.deps.routes.peek(target.sandboxId);
-    if (hit) {
-      const decision = this.check(target, hit.route, req.headers);
-      if (!("resume" in decision)) {
-        answer(decision);
-        return;
-      }
-      this.settle(target, this.resume(req, target, decision.resume), answer);
-      return;
-    }
-    this.settle(target, this.lookup(req, target), answer);
+    const admission = this.admission.decide(req, target);
+    if (admission instanceof Promise) this.settle(target, admission, answer);
+    else answer(admission);
   }
 
   /** `answer` guards itself; lookup and resume never reject, so this catch is only a last resort. */
@@ -260,209 +237,6 @@ export class SandboxProxy {
     });
   }
 
-  private async lookup(req: IncomingMessage, target: RouteTarget): Promise<Admission> {
-    let route: SandboxRoute | undefined;
-    try {
-      route = await this.deps.routes.get(target.sandboxId);
-    } catch (error) {
-      this.deps.metrics.routeErrors.inc();
-      this.deps.log.error("route lookup failed", {
-        sandboxId: target.sandboxId,
-        error: error instanceof Error ? error.message : String(error),
-      });
-      return { error: { kind: "sandbox-not-found", sandboxId: target.sandboxId } };
-    }
-    const decision = this.check(target, route, req.headers);
-    return "resume" in decision ? this.resume(req, target, decision.resume) : decision;
-  }
-
-  private async resume(req: IncomingMessage, target: RouteTarget, route: SandboxRoute): Promise<Admission> {
-    const outcome = await this.autoResume!.ensureRunning(route, {
-      port: target.port,
-      trafficAccessToken: header(req.headers, TRAFFIC_TOKEN_HEADER),
-      envdAccessToken: header(req.headers, "x-access-token"),
-    });
-    if ("error" in outcome) return outcome;
-    const decision = this.check(target, outcome.route, req.headers);
-    return "resume" in decision ? { error: { kind: "still-transitioning", sandboxId: target.sandboxId } } : decision;
-  }
-
-  private check(target: RouteTarget, route: SandboxRoute | undefined, headers: IncomingHttpHeaders): Decision {
-    return admit(this.deps.config, target, route, headers, this.autoResume !== undefined);
-  }
-
-  /** An envd request read before it goes on (envd-intercept.ts); refusals are answered there. */
-  private forwardIntercepted(
-    kind: InterceptedKind,
-    req: IncomingMessage,
-    res: ServerResponse,
-    target: RouteTarget,
-    upstream: Upstream,
-    route: SandboxRoute | undefined,
-    started: number,
-  ): void {
-    const abort = new AbortController();
-    res.once("close", () => abort.abort());
-    this.envd.prepare(kind, req, res, target.sandboxId, route, abort.signal).then(
-      (rewrite) => {
-        if (rewrite !== null && !res.destroyed) this.forwardHttp(req, res, target, upstream, started, rewrite);
-      },
-      (error: unknown) => this.failed(target, error),
-    );
-  }
-
-  private forwardHttp(
-    req: IncomingMessage,
-    res: ServerResponse,
-    target: RouteTarget,
-    upstream: Upstream,
-    started: number,
-    rewrite?: Rewrite,
-  ): void {
-    const { metrics, log, config } = this.deps;
-    const connection = this.connections.open(upstream.sandboxId, upstream.exec, () => res.destroy());
-    if (!connection) {
-      this.answerHttp(
-        req,
-        res,
-        { kind: "too-many-connections", sandboxId: upstream.sandboxId, limit: this.connections.limit },
-        started,
-      );
-      return;
-    }
-    metrics.inFlightRequests.inc();
-    // Made only when a log line needs it (most requests log nothing).
-    let id: string | undefined;
-    const requestId = () => {
-      id ??= this.nextRequestId();
-      return id;
-    };
-    res.once("close", () => {
-      this.connections.close(connection);
-      metrics.inFlightRequests.dec();
-      if (config.accessLog) {
-        log.info("request", {
-          requestId: requestId(),
-          sandboxId: target.sandboxId,
-          port: target.port,
-          method: req.method,
-          status: res.statusCode,
-          complete: res.writableFinished,
-          ms: Math.round(performance.now() - started),
-        });
-      }
-    });
-    this.forwarder.http(
-      req,
-      res,
-      upstream,
-      {
-        onResponse: (status) => {
-          metrics.requests.inc({ kind: "http", status });
-          metrics.latency.observe({ kind: "http" }, (performance.now() - started) / 1000);
-        },
-        onUnreachable: (reason) => {
-          metrics.upstreamErrors.inc({ reason });
-          log.warn("sandbox port unreachable", {
-            requestId: requestId(),
-            sandboxId: target.sandboxId,
-            port: target.port,
-            reason,
-          });
-          this.answerHttp(req, res, { kind: "port-closed", sandboxId: target.sandboxId, port: target.port }, started);
-        },
-        onBroken: (reason) => {
-          metrics.upstreamErrors.inc({ reason });
-          log.warn("stream broken by the sandbox side", {
-            requestId: requestId(),
-            sandboxId: target.sandboxId,
-            port: target.port,
-            reason,
-          });
-        },
-      },
-      rewrite,
-    );
-  }
-
-  private forwardUpgrade(
-    req: IncomingMessage,
-    socket: Duplex,
-    head: Buffer,
-    target: RouteTarget,
-    upstream: Upstream,
-    started: number,
-  ): void {
-    const { metrics, log } = this.deps;
-    const connection = this.connections.open(upstream.sandboxId, upstream.exec, () => socket.destroy());
-    if (!connection) {
-      const error: ProxyError = {
-        kind: "too-many-connections",
-        sandboxId: upstream.sandboxId,
-        limit: this.connections.limit,
-      };
-      metrics.requests.inc({ kind: "websocket", status: writeSocketError(socket, req.headers, error) });
-      return;
-    }
-    let switched = false;
-    socket.once("close", () => this.connections.close(connection));
-    this.forwarder.upgrade(req, socket, head, upstream, {
-      onResponse: (status) => {
-        metrics.requests.inc({ kind: "websocket", status });
-        metrics.latency.observe({ kind: "websocket" }, (performance.now() - started) / 1000);
-        if (status === 101) {
-          switched = true;
-          metrics.openWebSockets.inc();
-        }
-      },
-      onClosed: () => {
-        if (switched) metrics.openWebSockets.dec();
-        switched = false;
-      },
-      onUnreachable: (reason) => {
-        metrics.upstreamErrors.inc({ reason });
-        log.warn("sandbox port unreachable", { sandboxId: target.sandboxId, port: target.port, reason, upgrade: true });
-        const error: ProxyError = { kind: "port-closed", sandboxId: target.sandboxId, port: target.port };
-        metrics.requests.inc({ kind: "websocket", status: writeSocketError(socket, req.headers, error) });
-      },
-      onBroken: (reason) => metrics.upstreamErrors.inc({ reason }),
-    });
-  }
-
-  /** `api.<domain>` with PROXY_API_URL set: a plain streaming pass-through, none of the sandbox checks. */
-  private forwardApi(
-    req: IncomingMessage,
-    res: ServerResponse,
-    api: { readonly host: string; readonly port: number },
-    started: number,
-  ): void {
-    const { metrics, log } = this.deps;
-    // Pooled apart from every sandbox: route events name valid sandbox ids, never the empty one.
-    const upstream: Upstream = { sandboxId: "", exec: "api", host: api.host, port: api.port, maskedHost: undefined };
-    this.forwarder.http(req, res, upstream, {
-      onResponse: (status) => {
-        metrics.requests.inc({ kind: "api", status });
-        metrics.latency.observe({ kind: "api" }, (performance.now() - started) / 1000);
-      },
-      onUnreachable: (reason) => {
-        metrics.upstreamErrors.inc({ reason });
-        log.warn("api unreachable", { reason });
-        this.answerHttp(req, res, { kind: "api-unreachable" }, started);
-      },
-      onBroken: (reason) => metrics.upstreamErrors.inc({ reason }),
-    });
-  }
-
-  private answerHttp(req: IncomingMessage, res: ServerResponse, error: ProxyError, started: number): void {
-    if (res.headersSent) {
-      res.destroy();
-      return;
-    }
-    const status = sendProxyError(res, req.headers, error);
-    this.deps.metrics.requests.inc({ kind: "http", status });
-    this.deps.metrics.latency.observe({ kind: "http" }, (performance.now() - started) / 1000);
-  }
-
   /** A sandbox was killed, paused or replaced by a new incarnation: its old streams and pooled connections go. */
   private onRouteEvent(event: RouteEvent): void {
     const gone = event.state === "deleted" || event.state === "paused";
@@ -477,10 +251,5 @@ export class SandboxProxy {
         streams: cut,
       });
     }
-  }
-
-  private nextRequestId(): string {
-    this.requestCounter += 1;
-    return `${process.pid.toString(36)}-${this.requestCounter.toString(36)}`;
   }
 }

@@ -1,9 +1,6 @@
-import { cpus, freemem, totalmem } from "node:os";
-import { join } from "node:path";
-import { isSandboxId } from "@warren/proto/redis";
-import type { Instance, InstanceStats, RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
-import { CLOSED_EGRESS, type EgressPolicy, OPEN_EGRESS } from "../runtime/egress/policy.js";
-import { driverServes } from "../templates/catalog.js";
+import { cpus } from "node:os";
+import type { InstanceStats, RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
+import type { EgressPolicy } from "../runtime/egress/policy.js";
 import type { ImageCredentials } from "../templates/oci/pull.js";
 import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
 import { adoptSandboxes } from "./adoption.js";
@@ -12,9 +9,11 @@ import { fetchLeaseEvents } from "./envd-client.js";
 import { AgentError } from "./errors.js";
 import { type ImportedImage, importImage } from "./image-import.js";
 import type { Logger } from "./log.js";
+import { NodeHeartbeat } from "./node-heartbeat.js";
 import { NodeSnapshots } from "./node-snapshots.js";
 import type { RoutePublisher } from "./routes.js";
-import { activateSandbox, checkEgress } from "./sandbox-activation.js";
+import { checkEgress } from "./sandbox-activation.js";
+import { SandboxCreation } from "./sandbox-creation.js";
 import { type CommandEvent, type CommandSpec, runInSandbox, writeInSandbox } from "./sandbox-exec.js";
 import { parseSandboxLog, type SandboxLogLine } from "./sandbox-log.js";
 import {
@@ -22,7 +21,6 @@ import {
   type LeaseJournalEntry,
   type NodeInfo,
   type ResumeSandboxInput,
-  resolveResources,
   type SandboxPlacement,
   type SandboxSummary,
   sandboxRoute,
@@ -30,35 +28,38 @@ import {
 import { SandboxPauses } from "./sandbox-pauses.js";
 import { SandboxQueue } from "./sandbox-queue.js";
 import { SnapshotPools } from "./snapshot-pools.js";
-import { type PublishedSnapshot, SnapshotStore } from "./snapshot-store.js";
-import { StartGate, StartQueueFull } from "./start-gate.js";
-import { volumeBinds } from "./volume-binds.js";
-import { WarmPool, type WarmPoolOptions } from "./warm-pool.js";
+import { SnapshotPublishing } from "./snapshot-publishing.js";
+import type { PublishedSnapshot } from "./snapshot-store.js";
+import { StartGate } from "./start-gate.js";
+import { TemplateBuilds } from "./template-builds.js";
+import type { WarmPool } from "./warm-pool.js";
 import { SandboxWatchdog } from "./watchdog.js";
 
 /**
- * The node agent: sandboxes by id on top of a runtime driver. Create takes a warm sandbox (or starts one),
- * initialises envd, records the binding with the instance (so it survives an agent crash), and writes the route;
- * kill deletes the route first, then the instance. Heartbeats publish capacity for the master's scheduler.
+ * The node agent: sandboxes by id on top of a runtime driver, and what the Connect service (service.ts) calls.
+ * It owns the node's sandboxes and wires the parts that work on them: creates (sandbox-creation.ts), pauses,
+ * snapshots, template builds and warm pools, heartbeats, the watchdog; kill (route first, then the instance) and
+ * the calls into a running sandbox's envd are its own.
  */
 export class NodeAgent {
   private readonly sandboxes = new Map<string, SandboxSummary>();
-  private readonly creating = new Set<string>();
   /** Per-sandbox queue of pause/resume/checkpoint/snapshot/kill, so they never interleave. */
   private readonly queue = new SandboxQueue();
   private readonly snapshots: NodeSnapshots;
-  private readonly store: SnapshotStore;
+  /** The cluster's snapshot store, as this node publishes to it and pulls from it. */
+  private readonly published: SnapshotPublishing;
   /** Warm sandboxes of custom templates (their snapshots), for creates that ask for them. */
   private readonly snapshotPools: SnapshotPools;
   private readonly pauses: SandboxPauses;
-  private readonly pools = new Map<string, WarmPool>();
+  /** Template builds (once per agent) and the warm pools of built templates. */
+  private readonly builds: TemplateBuilds;
+  private readonly creation: SandboxCreation;
   /**
    * Starts run at most `maxConcurrentStarts` at once, creates first in arrival order, pool refills on the slots
    * no create waits for (claims from a warm pool never wait).
    */
   private readonly startGate: StartGate;
-  private readonly builds = new Map<string, Promise<BuiltTemplate>>();
-  private heartbeatTimer: NodeJS.Timeout | undefined;
+  private readonly heartbeat: NodeHeartbeat;
   private readonly watchdog: SandboxWatchdog;
   private generationCounter = 0;
   private draining = false;
@@ -103,29 +104,53 @@ export class NodeAgent {
       isDraining: () => this.draining,
       log,
     });
+    this.builds = new TemplateBuilds({
+      driver,
+      templates,
+      config,
+      startGate: this.startGate,
+      isDraining: () => this.draining,
+      log,
+    });
     this.snapshotPools = new SnapshotPools(
-      this.poolOptions(),
+      this.builds.poolOptions(),
       config.templatePools ?? 4,
       async (templateId, snapshotId, resources) => {
         const template = this.templates.ready(templateId);
         if (!template || this.draining) throw new Error(`template '${templateId}' is not ready on this node`);
-        return this.driver.create({
-          template,
-          resources,
-          labels: { pooled: "1" },
-          ...(this.driver.setEgress ? { egress: OPEN_EGRESS } : {}),
-          snapshotId,
-        });
+        return this.builds.startPooled(template, resources, snapshotId);
       },
       (instance) => this.driver.kill(instance.instanceId),
       log.child({ part: "template-pools" }),
     );
-    // Tests build configs by hand; an absent store is the loader's default.
-    this.store = new SnapshotStore(
-      config.store ?? { url: "oci:/var/lib/warren/store", insecure: false },
-      join(config.stateDir, "store-work"),
-      log.child({ part: "store" }),
-    );
+    this.published = new SnapshotPublishing(config, this.snapshots, log.child({ part: "store" }));
+    this.creation = new SandboxCreation({
+      config,
+      driver,
+      templates,
+      builds: this.builds,
+      snapshots: this.snapshots,
+      snapshotPools: this.snapshotPools,
+      startGate: this.startGate,
+      routes,
+      sandboxes: this.sandboxes,
+      routeOf: (summary) => this.routeOf(summary),
+      nextGeneration: () => this.nextGeneration(),
+      isDraining: () => this.draining,
+      log,
+    });
+    this.heartbeat = new NodeHeartbeat({
+      config,
+      driver,
+      templates,
+      builds: this.builds,
+      snapshotPools: this.snapshotPools,
+      routes,
+      sandboxes: this.sandboxes,
+      routeOf: (summary) => this.routeOf(summary),
+      isDraining: () => this.draining,
+      log,
+    });
   }
 
   /** Re-adopts or removes what a previous agent left, then starts heartbeats, template builds and pools. */
@@ -145,15 +170,8 @@ export class NodeAgent {
       }
     }
     this.started = true;
-    await this.heartbeat();
-    this.heartbeatTimer = setInterval(() => void this.heartbeat(), this.config.heartbeatMs);
-    this.heartbeatTimer.unref();
+    await this.heartbeat.start();
     this.watchdog.start();
-    // Back from a Redis outage (a restart loses every key): beat and republish at once, not a period later,
-    // so the master does not see the node as gone meanwhile.
-    this.routes.onReady(() => {
-      if (!this.draining) void this.heartbeat();
-    });
     for (const id of this.config.prebuildTemplates) {
       this.ensureTemplate(id).catch((error) => this.log.error("template build failed", { templateId: id, error }));
     }
@@ -161,169 +179,20 @@ export class NodeAgent {
 
   /** Builds the template unless cached (once per agent), then starts its warm pool when it has one. */
   ensureTemplate(templateId: string): Promise<BuiltTemplate> {
-    const recipe = this.templates.knows(templateId) ? this.templates.recipe(templateId) : undefined;
-    if (recipe && !driverServes(recipe, this.driver.name)) {
-      // Never built here (WARREN_PREBUILD_TEMPLATES or a pool naming it): no sandbox of it could run.
-      return Promise.reject(
-        new AgentError("failed_precondition", `template '${templateId}' cannot run on the ${this.driver.name} driver`),
-      );
-    }
-    let build = this.builds.get(templateId);
-    if (!build) {
-      build = this.templates
-        .ensure(templateId, async (image) => {
-          // An empty root has nothing to start: it is checked through the image templates stacked on it.
-          if (this.templates.recipe(image.templateId).empty) return;
-          const instance = await this.driver.create({
-            template: image,
-            resources: this.templates.recipe(image.templateId).defaults,
-          });
-          await this.driver.kill(instance.instanceId);
-        })
-        .then((template) => {
-          this.startPool(template);
-          return template;
-        });
-      build.catch(() => this.builds.delete(templateId));
-      this.builds.set(templateId, build);
-    }
-    return build;
-  }
-
-  /** Every warm pool's sizing and refill settings (pool-sizing.ts, warm-pool.ts). */
-  private poolOptions(): WarmPoolOptions {
-    const floor = this.config.poolSize ?? 0;
-    return {
-      sizing: {
-        floor,
-        ceiling: Math.max(floor, this.config.poolMax ?? floor),
-        windowMs: this.config.poolWindowMs ?? 60_000,
-      },
-      refillConcurrency: this.config.poolRefill ?? 2,
-      schedule: (start) => this.startGate.runBackground(start),
-    };
-  }
-
-  private startPool(template: BuiltTemplate): void {
-    if (this.draining || this.pools.has(template.templateId)) return;
-    const options = this.poolOptions();
-    if (!this.config.poolTemplates.includes(template.templateId) || options.sizing.floor === 0) return;
-    const pool = new WarmPool(
-      template.templateId,
-      options,
-      // Pooled sandboxes get E2B's default policy (internet on) up front, so most claims change nothing.
-      () =>
-        this.driver.create({
-          template,
-          resources: template.recipe.defaults,
-          labels: { pooled: "1" },
-          ...(this.driver.setEgress ? { egress: OPEN_EGRESS } : {}),
-        }),
-      (instance) => this.driver.kill(instance.instanceId),
-      this.log,
-    );
-    this.pools.set(template.templateId, pool);
-    pool.refill();
+    return this.builds.ensure(templateId);
   }
 
   /** The warm pool of a template, once it exists (tests and benchmarks wait on `filled()`). */
   pool(templateId: string): WarmPool | undefined {
-    return this.pools.get(templateId);
+    return this.builds.pool(templateId);
   }
 
-  /** `signal`: the caller gave up (its deadline passed); a create still waiting for a start slot then leaves. */
-  async create(input: CreateSandboxInput, signal?: AbortSignal): Promise<SandboxPlacement> {
-    if (this.draining) throw new AgentError("unavailable", "node agent is shutting down");
-    if (!isSandboxId(input.sandboxId)) {
-      throw new AgentError(
-        "invalid_argument",
-        `invalid sandbox id '${input.sandboxId}' (lowercase letters and digits, at most 63)`,
-      );
-    }
-    if (!this.templates.knows(input.templateId)) {
-      throw new AgentError(
-        "not_found",
-        `unknown template '${input.templateId}' (this node has: ${this.templates.ids().join(", ")})`,
-      );
-    }
-    const required = this.templates.recipe(input.templateId).requiresDriver;
-    if (required && !driverServes(this.templates.recipe(input.templateId), this.driver.name)) {
-      throw new AgentError(
-        "failed_precondition",
-        `template '${input.templateId}' runs only on ${required} nodes; this node's driver is ${this.driver.name}`,
-      );
-    }
-    if (this.sandboxes.has(input.sandboxId) || this.creating.has(input.sandboxId)) {
-      throw new AgentError("already_exists", `sandbox '${input.sandboxId}' already exists on this node`);
-    }
-    if (this.sandboxes.size + this.creating.size >= this.config.maxSandboxes) {
-      throw new AgentError("resource_exhausted", `node is full (${this.config.maxSandboxes} sandboxes)`);
-    }
-    const template = this.templates.ready(input.templateId);
-    if (!template) {
-      this.ensureTemplate(input.templateId).catch(() => undefined);
-      throw new AgentError("unavailable", `template '${input.templateId}' is being built on this node; retry later`);
-    }
-    const snapshot = input.snapshotId ? await this.snapshots.find(input.snapshotId, input.templateId) : undefined;
-    // A memory snapshot's processes run in the memory they had: the snapshot's resources, not the request's.
-    const resources = snapshot?.memory ? snapshot.resources : resolveResources(template, input.resources);
-    const egress = checkEgress(input.egress ?? CLOSED_EGRESS, this.driver);
-    this.creating.add(input.sandboxId);
-    const log = this.log.child({ sandboxId: input.sandboxId, templateId: input.templateId });
-    try {
-      const defaults = template.recipe.defaults;
-      const volumes = await volumeBinds(input, this.config.volumesDir, this.driver);
-      const poolable =
-        volumes.length === 0 &&
-        !input.command &&
-        !snapshot &&
-        resources.cpuCount === defaults.cpuCount &&
-        resources.memoryMiB === defaults.memoryMiB &&
-        resources.diskMiB === defaults.diskMiB;
-      const fromPool = snapshot && input.warmPool === true && !input.command && volumes.length === 0;
-      const pool = poolable ? this.pools.get(input.templateId) : undefined;
-      let instance = pool
-        ? pool.take()
-        : fromPool
-          ? this.snapshotPools.take(snapshot.snapshotId, resources)
-          : undefined;
-      let pooled = instance !== undefined;
-      if (!instance) {
-        try {
-          instance = await this.startGate.run(async () => {
-            // Shutting down while this create waited: it starts nothing a stopping agent would leave behind.
-            if (this.draining) throw new AgentError("unavailable", "node agent is shutting down");
-            // A refill that finished while this create waited for its turn serves it at once.
-            const ready = pool?.takeReady();
-            if (ready) {
-              pooled = true;
-              return ready;
-            }
-            return this.driver.create({
-              template,
-              resources,
-              ...(input.command ? { command: input.command } : {}),
-              ...(this.driver.setEgress ? { egress } : {}),
-              ...(snapshot ? { snapshotId: snapshot.snapshotId } : {}),
-              ...(volumes.length > 0 ? { volumes } : {}),
-            });
-          }, signal);
-        } catch (error) {
-          if (error instanceof AgentError) throw error;
-          if (error instanceof StartQueueFull) throw new AgentError("resource_exhausted", error.message);
-          if (signal?.aborted) {
-            throw new AgentError("unavailable", `the create of '${input.sandboxId}' was abandoned by its caller`);
-          }
-          throw new AgentError("internal", `sandbox '${input.sandboxId}' failed to start: ${(error as Error).message}`);
-        }
-      }
-      const previousToken = snapshot?.memory ? input.snapshotEnvdAccessToken : undefined;
-      const placement = await this.activate(instance, input, egress, pooled, log, previousToken);
-      if (fromPool && !this.draining) this.snapshotPools.ensure(input.templateId, snapshot.snapshotId, resources);
-      return placement;
-    } finally {
-      this.creating.delete(input.sandboxId);
-    }
+  /**
+   * Creates a sandbox from a warm pool or a start (sandbox-creation.ts). `signal`: the caller gave up (its
+   * deadline passed); a create still waiting for a start slot then leaves.
+   */
+  create(input: CreateSandboxInput, signal?: AbortSignal): Promise<SandboxPlacement> {
+    return this.creation.create(input, signal);
   }
 
   /** Captures a sandbox as snapshot `snapshotId` on this node (NodeSnapshots.capture). */
@@ -347,26 +216,23 @@ export class NodeAgent {
   }
 
   /** Publishes a snapshot of this node to the cluster's store (a built template); resolves with its digest. */
-  async publishSnapshot(snapshotId: string, labels: Readonly<Record<string, string>>): Promise<PublishedSnapshot> {
-    const data = await this.snapshots.export(snapshotId);
-    return this.store.publish(snapshotId, data, labels);
+  publishSnapshot(snapshotId: string, labels: Readonly<Record<string, string>>): Promise<PublishedSnapshot> {
+    return this.published.publish(snapshotId, labels);
   }
 
   /** The snapshot ids published to the cluster's store. */
   listPublishedSnapshots(): Promise<string[]> {
-    return this.store.listPublished();
+    return this.published.listPublished();
   }
 
   /** Removes a published snapshot from the cluster's store; idempotent. */
   unpublishSnapshot(snapshotId: string): Promise<void> {
-    return this.store.unpublish(snapshotId);
+    return this.published.unpublish(snapshotId);
   }
 
   /** Pulls a published snapshot from the store (digest checked) unless this node has it already. */
-  async pullSnapshot(snapshotId: string, digest: string): Promise<SnapshotImage> {
-    const have = (await this.snapshots.list()).find((s) => s.snapshotId === snapshotId);
-    if (have) return have;
-    return this.store.pull(snapshotId, digest, (data) => this.snapshots.import(snapshotId, data));
+  pullSnapshot(snapshotId: string, digest: string): Promise<SnapshotImage> {
+    return this.published.pull(snapshotId, digest);
   }
 
   /** An OCI image as a files-only snapshot over `scratch`, the base of a template built `fromImage` (image-import.ts). */
@@ -403,32 +269,6 @@ export class NodeAgent {
   /** Stores a snapshot streamed from another node agent; on failure nothing of it is left. */
   importSnapshot(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<SnapshotImage> {
     return this.snapshots.import(snapshotId, data);
-  }
-
-  /** Makes a started instance the sandbox (sandbox-activation.ts). */
-  private activate(
-    started: Instance,
-    input: Omit<CreateSandboxInput, "templateId">,
-    egress: EgressPolicy,
-    pooled: boolean,
-    log: Logger,
-    currentAccessToken?: string,
-  ): Promise<SandboxPlacement> {
-    const deps = {
-      driver: this.driver,
-      routes: this.routes,
-      sandboxes: this.sandboxes,
-      routeOf: (summary: SandboxSummary) => this.routeOf(summary),
-      nextGeneration: () => this.nextGeneration(),
-    };
-    return activateSandbox(deps, {
-      started,
-      input,
-      egress,
-      pooled,
-      log,
-      ...(currentAccessToken ? { currentAccessToken } : {}),
-    });
   }
 
   /** The newest `limit` lines of the sandbox's own log (envd), oldest first. */
@@ -519,20 +359,7 @@ export class NodeAgent {
   }
 
   info(): NodeInfo {
-    const pools: Record<string, number> = {};
-    for (const [id, pool] of this.pools) pools[id] = pool.readyCount;
-    return {
-      nodeId: this.config.nodeId,
-      addr: this.config.nodeAddr,
-      driver: this.driver.name,
-      cpuCount: cpus().length,
-      memoryTotalBytes: totalmem(),
-      memoryFreeBytes: freemem(),
-      sandboxes: this.sandboxes.size,
-      pools,
-      templates: this.templates.ids().filter((id) => this.templates.ready(id)),
-      servable: this.templates.ids().filter((id) => driverServes(this.templates.recipe(id), this.driver.name)),
-    };
+    return this.heartbeat.info();
   }
 
   /**
@@ -541,39 +368,23 @@ export class NodeAgent {
    */
   async close(options: { killAll?: boolean } = {}): Promise<void> {
     this.draining = true;
-    if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+    this.heartbeat.stop();
     this.watchdog.stop();
     this.pauses.close();
-    for (const pool of this.pools.values()) await pool.close();
+    await this.builds.closePools();
     await this.snapshotPools.closeAll();
     if (options.killAll) {
       // Creates already starting finish first (those still waiting for a start slot give up on draining), so
       // none is left running behind a stopped agent.
       const until = Date.now() + 30_000;
-      while (this.creating.size > 0 && Date.now() < until) await new Promise((resolve) => setTimeout(resolve, 50));
+      while (this.creation.inProgress > 0 && Date.now() < until)
+        await new Promise((resolve) => setTimeout(resolve, 50));
       for (const id of [...this.sandboxes.keys()])
         await this.kill(id).catch((error) => this.log.error("kill failed", { sandboxId: id, error }));
       await this.routes.removeNode(this.config.nodeId).catch(() => undefined);
     }
     await this.driver.close();
     await this.routes.close();
-  }
-
-  private async heartbeat(): Promise<void> {
-    if (!this.draining) {
-      // Pools whose demand faded give their extra sandboxes back.
-      for (const pool of this.pools.values()) void pool.trim();
-      void this.snapshotPools.trim();
-    }
-    try {
-      const info = this.info();
-      const known = await this.routes.heartbeat({ ...info, updatedAt: Date.now() });
-      // Redis lost our key (restarted without persistence): it lost our routes too. Writes are
-      // compare-and-set by generation, so republishing can never clobber a newer incarnation.
-      if (!known) for (const summary of this.sandboxes.values()) await this.routes.write(this.routeOf(summary));
-    } catch (error) {
-      this.log.warn("heartbeat failed", { error });
-    }
   }
 
   /** Re-adopts what a previous agent left (adoption.ts). */

@@ -1,4 +1,3 @@
-import { randomBytes } from "node:crypto";
 import { mkdir, readFile, rm } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
@@ -15,27 +14,20 @@ import type {
   TemplateImage,
 } from "../driver.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
-import { exec } from "../exec.js";
 import { DEFAULT_LOG_CAP, LogCap, type LogCapLimits } from "../log-cap.js";
 import { bootLimits } from "./boot.js";
 import { VmEgress } from "./egress.js";
+import { createInstance } from "./instance-create.js";
 import { type InstanceRecord, InstanceRecords, toInstance } from "./instance-records.js";
 import { vmStats } from "./instance-stats.js";
 import { InstanceVms } from "./instance-vm.js";
-import { VmNetwork, type VmNetworkSlot } from "./network.js";
+import { VmNetwork } from "./network.js";
 import { PauseTiers } from "./pause-tiers.js";
 import { type Accel, kernelCmdline, killVm } from "./qemu.js";
 import { reconcileInstances } from "./reconcile.js";
 import { qemuVersion, SnapshotTransfer } from "./snapshot-transfer.js";
-import {
-  captureInstance,
-  captureState,
-  publicImage,
-  SandboxSnapshots,
-  startProblem,
-  type VmIdentity,
-} from "./snapshots.js";
-import { SNAPSHOT_TIMEOUT_MS, type TemplateSnapshot, TemplateSnapshots, vcpusOf } from "./template-snapshots.js";
+import { captureInstance, captureState, publicImage, SandboxSnapshots, type VmIdentity } from "./snapshots.js";
+import { SNAPSHOT_TIMEOUT_MS, type TemplateSnapshot, TemplateSnapshots } from "./template-snapshots.js";
 import { VmCgroups } from "./vm-cgroups.js";
 
 /**
@@ -184,105 +176,23 @@ export class MicrovmDriver implements RuntimeDriver {
     return this.templates.ensure(template, resources);
   }
 
-  async create(spec: InstanceSpec): Promise<Instance> {
-    if (spec.command) throw new Error("the microvm driver does not run custom start commands");
-    if (spec.volumes?.length) {
-      throw new Error("the microvm driver cannot mount volumes");
-    }
-    const instanceId = `v${randomBytes(6).toString("hex")}`;
-    const log = this.options.log.child({ instanceId, templateId: spec.template.templateId });
-    const dir = this.instanceDir(instanceId);
-    let record: InstanceRecord | undefined;
-    let slot: VmNetworkSlot | undefined;
-    try {
-      // Snapshots are made with the template's default resources (a BuiltTemplate carries its recipe).
-      const defaults = (spec.template as { recipe?: { defaults?: SandboxResources } }).recipe?.defaults;
-      const template = spec.snapshotId
-        ? undefined
-        : await this.ensureSnapshot(spec.template, defaults ?? spec.resources);
-      await mkdir(dir, { recursive: true });
-      slot = await this.network.acquire();
-      const draft: InstanceRecord = {
-        instanceId,
-        templateId: spec.template.templateId,
-        templateHash: spec.template.hash,
-        slot: slot.index,
-        addr: slot.sandboxAddr,
-        resources: spec.resources,
-        vcpus: vcpusOf(spec.resources),
-        ...(spec.template.codeGateway ? { codeGateway: true } : {}),
-        createdAt: Date.now(),
-        labels: { ...spec.labels },
-        egress: spec.egress ?? CLOSED_EGRESS,
-        paused: false,
-      };
-      const register = async () => {
-        // On disk before anything else exists, so a crash at any later step is cleaned up by reconcile.
-        await this.persist(draft);
-        this.instances.set(instanceId, draft);
-        record = draft;
-      };
-      let base: { disk: string; memory?: string; ram?: string };
-      if (template) {
-        draft.snapshotDir = template.dir;
-        await register();
-        const exact = template.memoryMiB === spec.resources.memoryMiB && template.vcpus === draft.vcpus;
-        base = { disk: template.disk, ...(exact ? { memory: template.memory, ram: template.ram } : {}) };
-      } else {
-        base = await this.useSnapshot(spec, draft, register);
-      }
-      // Before the guest runs: a restored guest continues at once, with the network it had.
-      await this.egress.apply(slot, draft.egress);
-      const disk = join(dir, "disk.qcow2");
-      await exec("qemu-img", ["create", "-q", "-f", "qcow2", "-b", base.disk, "-F", "qcow2", disk]);
-      const started = performance.now();
-      if (base.memory) {
-        await this.vms.restore(draft, base.memory, base.ram);
-      } else {
-        // Other memory or vCPUs than the snapshot's, or a files-only snapshot: a cold boot over the disk layer.
-        await this.vms.boot(draft, log);
-        await this.persist(draft);
-      }
-      log.debug("instance started", {
-        fromMemory: base.memory !== undefined,
-        ms: Math.round(performance.now() - started),
-      });
-      return this.toInstance(draft);
-    } catch (error) {
-      log.warn("instance start failed; removing it", { error });
-      if (record) await this.teardown(record).catch((e) => log.error("cleanup failed", { error: e }));
-      else {
-        if (slot) await this.network.release(slot).catch(() => undefined);
-        await rm(dir, { recursive: true, force: true });
-      }
-      throw error;
-    }
-  }
-
-  /**
-   * Checks that `spec` can start from its sandbox snapshot and registers the instance as a user of it, both under
-   * the snapshots' lock: a concurrent deleteSnapshot then sees the instance and keeps the files it is layered on.
-   */
-  private useSnapshot(
-    spec: InstanceSpec,
-    draft: InstanceRecord,
-    register: () => Promise<void>,
-  ): Promise<{ disk: string; memory?: string }> {
-    const snapshotId = spec.snapshotId ?? "";
-    return this.snapshots.exclusive(async () => {
-      const meta = await this.snapshots.read(snapshotId);
-      if (!meta) throw new Error(`snapshot '${snapshotId}' does not exist on this node`);
-      const problem = startProblem(meta, this.name, spec.template, spec.resources, draft.vcpus);
-      if (problem) throw new Error(problem);
-      // The disk layer's size is the snapshot's, whatever was asked for.
-      draft.resources = { ...spec.resources, diskMiB: meta.resources.diskMiB };
-      draft.fromSnapshot = snapshotId;
-      await register();
-      return {
-        disk: this.snapshots.disk(snapshotId),
-        ...(meta.memory ? { memory: this.snapshots.memory(snapshotId) } : {}),
-      };
-    });
+  /** Restores a template or sandbox snapshot over a fresh disk layer, or cold-boots (instance-create.ts). */
+  create(spec: InstanceSpec): Promise<Instance> {
+    return createInstance(
+      {
+        driver: this.name,
+        instances: this.instances,
+        records: this.records,
+        network: this.network,
+        egress: this.egress,
+        vms: this.vms,
+        templates: this.templates,
+        snapshots: this.snapshots,
+        teardown: (record) => this.teardown(record),
+        log: this.options.log,
+      },
+      spec,
+    );
   }
 
   async label(instanceId: string, labels: Readonly<Record<string, string>>): Promise<Instance> {

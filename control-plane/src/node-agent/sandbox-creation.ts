@@ -1,0 +1,182 @@
+import { isSandboxId } from "@warren/proto/redis";
+import type { Instance, SandboxResources, SnapshotImage } from "../runtime/driver.js";
+import { CLOSED_EGRESS, type EgressPolicy } from "../runtime/egress/policy.js";
+import { driverServes } from "../templates/catalog.js";
+import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
+import type { NodeAgentConfig } from "./config.js";
+import { AgentError } from "./errors.js";
+import type { Logger } from "./log.js";
+import type { NodeSnapshots } from "./node-snapshots.js";
+import { type ActivationDeps, activateSandbox, checkEgress } from "./sandbox-activation.js";
+import { type CreateSandboxInput, resolveResources, type SandboxPlacement } from "./sandbox-model.js";
+import type { SnapshotPools } from "./snapshot-pools.js";
+import { type StartGate, StartQueueFull } from "./start-gate.js";
+import type { TemplateBuilds } from "./template-builds.js";
+import { volumeBinds } from "./volume-binds.js";
+import type { WarmPool } from "./warm-pool.js";
+
+/** What creating works on; the activation's deps too (the new sandbox is added to `sandboxes` once routed). */
+export interface SandboxCreationDeps extends ActivationDeps {
+  readonly config: Pick<NodeAgentConfig, "maxSandboxes" | "volumesDir">;
+  readonly templates: TemplateStore;
+  readonly builds: Pick<TemplateBuilds, "ensure" | "pool">;
+  readonly snapshots: Pick<NodeSnapshots, "find">;
+  readonly snapshotPools: Pick<SnapshotPools, "take" | "ensure">;
+  readonly startGate: StartGate;
+  readonly isDraining: () => boolean;
+  readonly log: Logger;
+}
+
+/** How a create gets its instance: the fields of the request that decide between a warm pool and a start. */
+interface StartPlan {
+  readonly input: CreateSandboxInput;
+  readonly template: BuiltTemplate;
+  readonly snapshot: SnapshotImage | undefined;
+  readonly resources: SandboxResources;
+  readonly egress: EgressPolicy;
+  readonly volumes: { source: string; destination: string }[];
+}
+
+/**
+ * The create path: a request is checked against the node (ids, template, driver, capacity), then gets its
+ * instance from a warm pool (the template's, or a custom template's snapshot pool) or a start through the start
+ * gate (cold, or from a snapshot), and is activated. Creates in progress count towards the node's limit.
+ */
+export class SandboxCreation {
+  private readonly creating = new Set<string>();
+
+  constructor(private readonly deps: SandboxCreationDeps) {}
+
+  /** Creates that have not yet finished (or failed). */
+  get inProgress(): number {
+    return this.creating.size;
+  }
+
+  /** `signal`: the caller gave up (its deadline passed); a create still waiting for a start slot then leaves. */
+  async create(input: CreateSandboxInput, signal?: AbortSignal): Promise<SandboxPlacement> {
+    const template = this.admit(input);
+    const { driver, snapshots } = this.deps;
+    const snapshot = input.snapshotId ? await snapshots.find(input.snapshotId, input.templateId) : undefined;
+    // A memory snapshot's processes run in the memory they had: the snapshot's resources, not the request's.
+    const resources = snapshot?.memory ? snapshot.resources : resolveResources(template, input.resources);
+    const egress = checkEgress(input.egress ?? CLOSED_EGRESS, driver);
+    this.creating.add(input.sandboxId);
+    const log = this.deps.log.child({ sandboxId: input.sandboxId, templateId: input.templateId });
+    try {
+      const volumes = await volumeBinds(input, this.deps.config.volumesDir, driver);
+      const plan: StartPlan = { input, template, snapshot, resources, egress, volumes };
+      const fromPool = snapshot && input.warmPool === true && !input.command && volumes.length === 0;
+      const pool = this.poolFor(plan);
+      let instance = pool
+        ? pool.take()
+        : fromPool
+          ? this.deps.snapshotPools.take(snapshot.snapshotId, resources)
+          : undefined;
+      let pooled = instance !== undefined;
+      if (!instance) {
+        const started = await this.start(plan, pool, signal);
+        instance = started.instance;
+        pooled = started.pooled;
+      }
+      const previousToken = snapshot?.memory ? input.snapshotEnvdAccessToken : undefined;
+      const placement = await activateSandbox(this.deps, {
+        started: instance,
+        input,
+        egress,
+        pooled,
+        log,
+        ...(previousToken ? { currentAccessToken: previousToken } : {}),
+      });
+      if (fromPool && !this.deps.isDraining()) {
+        this.deps.snapshotPools.ensure(input.templateId, snapshot.snapshotId, resources);
+      }
+      return placement;
+    } finally {
+      this.creating.delete(input.sandboxId);
+    }
+  }
+
+  /** Checks the request against this node; returns its template, which must be built here already. */
+  private admit(input: CreateSandboxInput): BuiltTemplate {
+    const { driver, templates, sandboxes, config } = this.deps;
+    if (this.deps.isDraining()) throw new AgentError("unavailable", "node agent is shutting down");
+    if (!isSandboxId(input.sandboxId)) {
+      throw new AgentError(
+        "invalid_argument",
+        `invalid sandbox id '${input.sandboxId}' (lowercase letters and digits, at most 63)`,
+      );
+    }
+    if (!templates.knows(input.templateId)) {
+      throw new AgentError(
+        "not_found",
+        `unknown template '${input.templateId}' (this node has: ${templates.ids().join(", ")})`,
+      );
+    }
+    const required = templates.recipe(input.templateId).requiresDriver;
+    if (required && !driverServes(templates.recipe(input.templateId), driver.name)) {
+      throw new AgentError(
+        "failed_precondition",
+        `template '${input.templateId}' runs only on ${required} nodes; this node's driver is ${driver.name}`,
+      );
+    }
+    if (sandboxes.has(input.sandboxId) || this.creating.has(input.sandboxId)) {
+      throw new AgentError("already_exists", `sandbox '${input.sandboxId}' already exists on this node`);
+    }
+    if (sandboxes.size + this.creating.size >= config.maxSandboxes) {
+      throw new AgentError("resource_exhausted", `node is full (${config.maxSandboxes} sandboxes)`);
+    }
+    const template = templates.ready(input.templateId);
+    if (!template) {
+      this.deps.builds.ensure(input.templateId).catch(() => undefined);
+      throw new AgentError("unavailable", `template '${input.templateId}' is being built on this node; retry later`);
+    }
+    return template;
+  }
+
+  /** The template's warm pool when the request is what its sandboxes are: defaults, no command, snapshot or volume. */
+  private poolFor({ input, template, snapshot, resources, volumes }: StartPlan): WarmPool | undefined {
+    const defaults = template.recipe.defaults;
+    const poolable =
+      volumes.length === 0 &&
+      !input.command &&
+      !snapshot &&
+      resources.cpuCount === defaults.cpuCount &&
+      resources.memoryMiB === defaults.memoryMiB &&
+      resources.diskMiB === defaults.diskMiB;
+    return poolable ? this.deps.builds.pool(input.templateId) : undefined;
+  }
+
+  /** Starts the instance on a start slot (or takes what a refill finished meanwhile); failures as AgentErrors. */
+  private async start(
+    { input, template, snapshot, resources, egress, volumes }: StartPlan,
+    pool: WarmPool | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<{ instance: Instance; pooled: boolean }> {
+    const { driver } = this.deps;
+    try {
+      return await this.deps.startGate.run(async () => {
+        // Shutting down while this create waited: it starts nothing a stopping agent would leave behind.
+        if (this.deps.isDraining()) throw new AgentError("unavailable", "node agent is shutting down");
+        // A refill that finished while this create waited for its turn serves it at once.
+        const ready = pool?.takeReady();
+        if (ready) return { instance: ready, pooled: true };
+        const instance = await driver.create({
+          template,
+          resources,
+          ...(input.command ? { command: input.command } : {}),
+          ...(driver.setEgress ? { egress } : {}),
+          ...(snapshot ? { snapshotId: snapshot.snapshotId } : {}),
+          ...(volumes.length > 0 ? { volumes } : {}),
+        });
+        return { instance, pooled: false };
+      }, signal);
+    } catch (error) {
+      if (error instanceof AgentError) throw error;
+      if (error instanceof StartQueueFull) throw new AgentError("resource_exhausted", error.message);
+      if (signal?.aborted) {
+        throw new AgentError("unavailable", `the create of '${input.sandboxId}' was abandoned by its caller`);
+      }
+      throw new AgentError("internal", `sandbox '${input.sandboxId}' failed to start: ${(error as Error).message}`);
+    }
+  }
+}
