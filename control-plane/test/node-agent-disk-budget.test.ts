@@ -12,10 +12,10 @@ import {
 } from "./node-agent-harness.js";
 
 // A node never promises sandbox disks (sparse images) beyond its free space times WARREN_DISK_OVERCOMMIT: here the
-// ratio is set so that the agent's state directory has about 3 GiB to promise, whatever this host's disk holds.
+// ratio is set so that the agent's state directory has 2.5 GiB to promise, whatever this host's disk holds.
 const GiB = 2 ** 30;
 const fs = statfsSync("/var/lib/warren");
-const OVERCOMMIT = ((3 * GiB) / (fs.bavail * fs.bsize)).toFixed(6);
+const OVERCOMMIT = ((2.5 * GiB) / (fs.bavail * fs.bsize)).toFixed(6);
 const SETUP = { instance: "tk", cidr: "10.210.48.0/22", extraEnv: { WARREN_DISK_OVERCOMMIT: OVERCOMMIT } };
 const config = testConfig(SETUP);
 let running: RunningNodeAgent;

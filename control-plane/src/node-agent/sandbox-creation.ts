@@ -1,5 +1,5 @@
 import { isSandboxId } from "@warren/proto/redis";
-import type { Instance, SandboxResources, SnapshotImage } from "../runtime/driver.js";
+import { CapacityExceeded, type Instance, type SandboxResources, type SnapshotImage } from "../runtime/driver.js";
 import { CLOSED_EGRESS, type EgressPolicy } from "../runtime/egress/policy.js";
 import { driverServes } from "../templates/catalog.js";
 import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
@@ -172,7 +172,9 @@ export class SandboxCreation {
       }, signal);
     } catch (error) {
       if (error instanceof AgentError) throw error;
-      if (error instanceof StartQueueFull) throw new AgentError("resource_exhausted", error.message);
+      if (error instanceof StartQueueFull || error instanceof CapacityExceeded) {
+        throw new AgentError("resource_exhausted", error.message);
+      }
       if (signal?.aborted) {
         throw new AgentError("unavailable", `the create of '${input.sandboxId}' was abandoned by its caller`);
       }

@@ -72,6 +72,17 @@ export interface Instance {
   readonly stopped: boolean;
 }
 
+/**
+ * The node has no room for this instance (its disk, say), though another node may: the node agent answers
+ * `resource_exhausted`, so the master places the sandbox elsewhere.
+ */
+export class CapacityExceeded extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "CapacityExceeded";
+  }
+}
+
 /** A process the kernel killed at a sandbox's memory limit. */
 export interface OomKill {
   /** Its name (the kernel's `comm`, at most 15 characters). */

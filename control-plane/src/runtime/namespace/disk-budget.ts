@@ -1,12 +1,11 @@
 import { stat, statfs } from "node:fs/promises";
+import { CapacityExceeded } from "../driver.js";
 
 /**
  * A node refused a sandbox's disk: what it has already promised plus this disk is more than its free space allows.
  * The node agent answers `resource_exhausted`, so the master places the sandbox on another node.
  */
-export class DiskBudgetExceeded extends Error {
-  readonly code = "resource_exhausted";
-
+export class DiskBudgetExceeded extends CapacityExceeded {
   constructor(message: string) {
     super(message);
     this.name = "DiskBudgetExceeded";

@@ -259,6 +259,8 @@ export class NamespaceDriver implements RuntimeDriver {
   /**
    * Refuses (DiskBudgetExceeded) a disk the node cannot promise beside those of its other instances, counted while
    * they are being made too (an image not there yet may still take all of its size). A tmpfs layer is memory.
+   * Ready disks are no promise until a create takes one (and is admitted here first): until then they hold only
+   * their filesystems' metadata.
    */
   private async admitDisk(record: InstanceRecord): Promise<void> {
     if (this.disks.kind !== "image") return;
@@ -268,7 +270,7 @@ export class NamespaceDriver implements RuntimeDriver {
         image: join(this.instanceDir(other.instanceId), "disk.img"),
         sizeBytes: other.resources.diskMiB * 2 ** 20,
       }));
-    await this.diskBudget.admit(record.resources.diskMiB * 2 ** 20, [...promised, ...this.disks.readyImages()]);
+    await this.diskBudget.admit(record.resources.diskMiB * 2 ** 20, promised);
   }
 
   /** See InstanceSnapshots.capture: a running sandbox is frozen for the copy and runs on, a paused one stays paused. */

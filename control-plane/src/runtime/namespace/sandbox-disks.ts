@@ -147,13 +147,6 @@ export class SandboxDisks {
     }
   }
 
-  /** The ready disks' images and sizes: disk the node has promised to the sandboxes that will take them. */
-  readyImages(): { image: string; sizeBytes: number }[] {
-    return [...this.ready].flatMap(([size, mounts]) =>
-      mounts.map((mount) => ({ image: `${mount}.img`, sizeBytes: size * 2 ** 20 })),
-    );
-  }
-
   /** Unmounts the ready disks (the agent stops). */
   async close(): Promise<void> {
     this.closed = true;
