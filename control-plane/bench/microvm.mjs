@@ -81,7 +81,7 @@ const MODES = (process.env.BENCH_MODES ?? "file,stream").split(",").map((mode, i
   };
 });
 const resources = template.recipe.defaults;
-console.log(`accel: ${accel}; guest: ${resources.memoryMiB} MiB, ${Math.ceil(resources.cpuCount)} vCPU`);
+console.log(`accel: ${accel}; guest: ${resources.memoryMB} MiB, ${Math.ceil(resources.cpuCount)} vCPU`);
 for (const { label, driver } of MODES) {
   await driver.start();
   for (const instance of (await driver.reconcile()).adopted) await driver.kill(instance.instanceId);

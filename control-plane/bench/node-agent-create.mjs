@@ -76,7 +76,7 @@ for (let i = 0; i < N; i++) {
     teamId: "bench",
     templateId: "base",
     envdAccessToken: "t",
-    resources: { memoryMiB: defaults.memoryMiB - 1 },
+    resources: { memoryMB: defaults.memoryMB - 1 },
   });
   cold.push(performance.now() - t0);
   await killTimed(id);

@@ -172,11 +172,11 @@ describe("node agent with the microvm driver (QEMU microvm, TCG)", () => {
     // QEMU (the daemon, not only its launcher) runs in the instance's own cgroup: guest memory + QEMU's allowance.
     const cgroup = vmCgroup(config.instance, summary.instanceId);
     expect(inCgroup(qemuPidOf(dir), cgroup)).toBe(true);
-    const limitBytes = (summary.resources.memoryMiB + qemuOverheadMiB("tcg")) * 2 ** 20;
+    const limitBytes = (summary.resources.memoryMB + qemuOverheadMiB("tcg")) * 2 ** 20;
     expect(memoryLimitBytes(config.instance, summary.instanceId)).toBe(limitBytes);
     // Stats: the guest's memory as the sandbox's limit; the VM's cost to the host (its cgroup) as its usage.
     const stats = await running.driver.stats(summary.instanceId);
-    expect(stats.memoryLimitBytes).toBe(summary.resources.memoryMiB * 2 ** 20);
+    expect(stats.memoryLimitBytes).toBe(summary.resources.memoryMB * 2 ** 20);
     expect(stats.memoryUsageBytes).toBeGreaterThan(0);
     expect(stats.memoryUsageBytes).toBeLessThanOrEqual(limitBytes);
     await client.pause({ sandboxId: "mvlife", memory: true });

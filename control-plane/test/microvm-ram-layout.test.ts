@@ -65,7 +65,7 @@ describe("a template snapshot's guest RAM: in a file mapped copy-on-write, or in
       if (layout.name === "file") {
         // RAM in its own file; the stream is device state only.
         expect(snapshot.ram).toBeDefined();
-        expect(statSync(snapshot.ram!).size).toBe(template.recipe.defaults.memoryMiB * 2 ** 20);
+        expect(statSync(snapshot.ram!).size).toBe(template.recipe.defaults.memoryMB * 2 ** 20);
         expect(stream).toBeLessThan(2 ** 20);
       } else {
         expect(snapshot.ram).toBeUndefined();

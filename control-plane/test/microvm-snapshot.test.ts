@@ -135,7 +135,7 @@ describe("microvm driver snapshots (QEMU microvm, TCG)", () => {
   }, 120_000);
 
   it("two instances from the snapshot continue its process (same pid, same memory) and files, independently", async () => {
-    const other = { ...template.recipe.defaults, memoryMiB: template.recipe.defaults.memoryMiB * 2 };
+    const other = { ...template.recipe.defaults, memoryMB: template.recipe.defaults.memoryMB * 2 };
     await expect(driver.create({ template, resources: other, snapshotId: "ms-run" })).rejects.toThrow(
       /snapshot 'ms-run' holds a running guest of \d+ MiB and 1 vCPU\(s\); it cannot start with \d+ MiB/,
     );
@@ -193,7 +193,7 @@ describe("microvm driver snapshots (QEMU microvm, TCG)", () => {
     await driver.kill(b.instanceId);
     forks.splice(1, 1);
     // Files only: any memory size will do.
-    const resources = { ...template.recipe.defaults, memoryMiB: 384 };
+    const resources = { ...template.recipe.defaults, memoryMB: 384 };
     const d = await driver.create({ template, resources, snapshotId: "ms-files" });
     forks.push(d);
     await initEnvd(d.envdUrl, { envVars: {}, accessToken: TOKEN, defaultUser: "user", defaultWorkdir: "/home/user" });

@@ -258,7 +258,7 @@ describe("microvm snapshots moving between nodes (QEMU microvm, TCG)", () => {
     // Files only: any memory size will do.
     const booted = await a.create({
       template,
-      resources: { ...template.recipe.defaults, memoryMiB: 384 },
+      resources: { ...template.recipe.defaults, memoryMB: 384 },
       snapshotId: "mu-files",
     });
     try {

@@ -250,7 +250,7 @@ async function withSandbox(
 ): Promise<void> {
   const instance = await driver.create({
     template: { templateId: id, hash: pulled.digest.slice(7, 23), rootfs, allowSetuid: pulled.prepared.user.sudo },
-    resources: { cpuCount: 1, memoryMiB: 256, diskMiB: 128, pidsMax: 256 },
+    resources: { cpuCount: 1, memoryMB: 256, diskSizeMB: 128, pidsMax: 256 },
   });
   try {
     await body(sdkSandbox(id, instance.envdUrl));

@@ -20,12 +20,12 @@ import {
   statsResponseOf,
 } from "./node-agent-messages.js";
 
-const resources = { cpuCount: 2, memoryMiB: 1024, diskMiB: 4096, pidsMax: 512 };
+const resources = { cpuCount: 2, memoryMB: 1024, diskSizeMB: 4096, pidsMax: 512 };
 
 describe("the node agent's messages", () => {
   it("a create's defaults are absent fields, and 0 resources the template's", () => {
     const bare = createInputOf(create(CreateRequestSchema, { sandboxId: "sbx1", teamId: "t", templateId: "base" }));
-    expect(bare.resources).toEqual({ cpuCount: 0, memoryMiB: 0, diskMiB: 0 });
+    expect(bare.resources).toEqual({ cpuCount: 0, memoryMB: 0, diskSizeMB: 0 });
     expect(bare).not.toHaveProperty("egress");
     expect(bare).not.toHaveProperty("snapshotId");
     expect(bare).not.toHaveProperty("snapshotEnvdAccessToken");
@@ -57,7 +57,7 @@ describe("the node agent's messages", () => {
       sandboxId: "sbx1",
       teamId: "t",
       templateId: "base",
-      resources: { cpuCount: 1.5, memoryMiB: 512, diskMiB: 2048 },
+      resources: { cpuCount: 1.5, memoryMB: 512, diskSizeMB: 2048 },
       envVars: { A: "1" },
       envdAccessToken: "tok",
       trafficTokenHash: "ab",

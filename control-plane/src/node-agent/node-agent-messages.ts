@@ -37,7 +37,7 @@ import type {
  */
 
 function resourcesMessage(resources: SandboxResources): MessageInitShape<typeof ResourcesSchema> {
-  return { cpuCount: resources.cpuCount, memoryMb: resources.memoryMiB, diskSizeMb: resources.diskMiB };
+  return { cpuCount: resources.cpuCount, memoryMb: resources.memoryMB, diskSizeMb: resources.diskSizeMB };
 }
 
 /** A Create as the agent takes it: 0 resources are the template's, empty ids and tokens are absent. */
@@ -48,8 +48,8 @@ export function createInputOf(req: CreateRequest): CreateSandboxInput {
     templateId: req.templateId,
     resources: {
       cpuCount: req.resources?.cpuCount ?? 0,
-      memoryMiB: req.resources?.memoryMb ?? 0,
-      diskMiB: req.resources?.diskSizeMb ?? 0,
+      memoryMB: req.resources?.memoryMb ?? 0,
+      diskSizeMB: req.resources?.diskSizeMb ?? 0,
     },
     envVars: req.envVars,
     envdAccessToken: req.envdAccessToken,

@@ -141,8 +141,8 @@ export class SandboxCreation {
       !input.command &&
       !snapshot &&
       resources.cpuCount === defaults.cpuCount &&
-      resources.memoryMiB === defaults.memoryMiB &&
-      resources.diskMiB === defaults.diskMiB;
+      resources.memoryMB === defaults.memoryMB &&
+      resources.diskSizeMB === defaults.diskSizeMB;
     return poolable ? this.deps.builds.pool(input.templateId) : undefined;
   }
 

@@ -13,7 +13,7 @@ export interface CreateSandboxInput {
   readonly teamId: string;
   readonly templateId: string;
   /** Zero or absent fields take the template's defaults. */
-  readonly resources?: Partial<Pick<SandboxResources, "cpuCount" | "memoryMiB" | "diskMiB">>;
+  readonly resources?: Partial<Pick<SandboxResources, "cpuCount" | "memoryMB" | "diskSizeMB">>;
   readonly envVars?: Readonly<Record<string, string>>;
   readonly envdAccessToken?: string;
   readonly trafficTokenHash?: string;
@@ -84,8 +84,8 @@ export type NodeInfo = Omit<NodeHeartbeat, "updatedAt" | "servable"> & {
 /** Limits on what a create may ask for; beyond them a request is refused as absurd. */
 export const RESOURCE_LIMITS = {
   cpuCount: { min: 0.05, max: 64 },
-  memoryMiB: { min: 64, max: 256 * 1024 },
-  diskMiB: { min: 64, max: 1024 * 1024 },
+  memoryMB: { min: 64, max: 256 * 1024 },
+  diskSizeMB: { min: 64, max: 1024 * 1024 },
 } as const;
 
 /** The resources a create gets: the template's defaults where it asks for none (or 0), else what it asks within RESOURCE_LIMITS. */
@@ -101,8 +101,8 @@ export function resolveResources(template: BuiltTemplate, asked: CreateSandboxIn
   };
   return {
     cpuCount: pick("cpuCount", asked?.cpuCount, defaults.cpuCount),
-    memoryMiB: Math.round(pick("memoryMiB", asked?.memoryMiB, defaults.memoryMiB)),
-    diskMiB: Math.round(pick("diskMiB", asked?.diskMiB, defaults.diskMiB)),
+    memoryMB: Math.round(pick("memoryMB", asked?.memoryMB, defaults.memoryMB)),
+    diskSizeMB: Math.round(pick("diskSizeMB", asked?.diskSizeMB, defaults.diskSizeMB)),
     pidsMax: defaults.pidsMax,
   };
 }

@@ -83,5 +83,7 @@ export class SnapshotPools {
 }
 
 function sameResources(a: SandboxResources, b: SandboxResources): boolean {
-  return a.cpuCount === b.cpuCount && a.memoryMiB === b.memoryMiB && a.diskMiB === b.diskMiB && a.pidsMax === b.pidsMax;
+  return (
+    a.cpuCount === b.cpuCount && a.memoryMB === b.memoryMB && a.diskSizeMB === b.diskSizeMB && a.pidsMax === b.pidsMax
+  );
 }

@@ -11,7 +11,7 @@ const fakeInstance = (): Instance => ({
   templateHash: "h",
   addr: "10.0.0.2",
   envdUrl: "http://10.0.0.2:49983",
-  resources: { cpuCount: 1, memoryMiB: 512, diskMiB: 1024, pidsMax: 100 },
+  resources: { cpuCount: 1, memoryMB: 512, diskSizeMB: 1024, pidsMax: 100 },
   createdAt: 0,
   labels: {},
   paused: false,

@@ -10,14 +10,34 @@ import type { EgressPolicy } from "./egress/policy.js";
  * there, so both survive an agent crash together).
  */
 
+/**
+ * What a sandbox may use. Memory and disk carry E2B's names everywhere in Warren, from the REST body to the cgroup:
+ * `memoryMB` and `diskSizeMB`, in E2B's megabytes, which are mebibytes (2^20 bytes).
+ */
 export interface SandboxResources {
   /** CPUs (CFS quota); may be fractional. */
   readonly cpuCount: number;
-  readonly memoryMiB: number;
+  readonly memoryMB: number;
   /** Writable layer quota. */
-  readonly diskMiB: number;
+  readonly diskSizeMB: number;
   /** Max processes + threads. */
   readonly pidsMax: number;
+}
+
+/**
+ * `value` with its `resources` in today's names: state an earlier Warren wrote on a node (instance records, snapshot
+ * metadata) says `memoryMiB` and `diskMiB` for the same mebibytes.
+ */
+export function withCurrentResourceNames<T>(value: T): T {
+  const resources = (value as { resources?: Record<string, unknown> } | undefined)?.resources;
+  if (!resources || typeof resources !== "object" || !("memoryMiB" in resources || "diskMiB" in resources)) {
+    return value;
+  }
+  const { memoryMiB, diskMiB, ...rest } = resources;
+  return {
+    ...value,
+    resources: { ...rest, memoryMB: rest.memoryMB ?? memoryMiB, diskSizeMB: rest.diskSizeMB ?? diskMiB },
+  };
 }
 
 /** A template as the driver needs it: a read-only root filesystem and how to start envd in it. */

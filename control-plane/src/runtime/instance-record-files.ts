@@ -1,7 +1,7 @@
 import { existsSync } from "node:fs";
 import { readdir, readFile, rename, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Instance, SandboxResources } from "./driver.js";
+import { type Instance, type SandboxResources, withCurrentResourceNames } from "./driver.js";
 import { ENVD_PORT } from "./sandbox-process.js";
 
 /**
@@ -30,7 +30,9 @@ export class InstanceRecordFiles<R extends { readonly instanceId: string }> {
   /** The record, or undefined when there is none (or it names another instance). */
   async load(instanceId: string): Promise<R | undefined> {
     try {
-      const record = JSON.parse(await readFile(join(this.dir(instanceId), "instance.json"), "utf8")) as R;
+      const record = withCurrentResourceNames(
+        JSON.parse(await readFile(join(this.dir(instanceId), "instance.json"), "utf8")) as R,
+      );
       return record.instanceId === instanceId ? record : undefined;
     } catch {
       return undefined;

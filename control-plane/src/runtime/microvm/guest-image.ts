@@ -256,7 +256,7 @@ export interface RootImage {
 export async function ensureRootImage(
   options: GuestImageOptions,
   template: TemplateImage,
-  diskMiB: number,
+  diskSizeMB: number,
 ): Promise<RootImage> {
   const envd = join(options.envdRoot, "envd", "dist", "envd.mjs");
   const node = await stat(options.nodeBinary);
@@ -276,7 +276,7 @@ export async function ensureRootImage(
           join(options.envdRoot, "proto", "dist"),
         ])
       : "",
-    String(diskMiB),
+    String(diskSizeMB),
     String(options.uidBase),
   );
   const dir = join(options.dir, "images", `${template.templateId}-${key}`);
@@ -319,7 +319,7 @@ export async function ensureRootImage(
       await chmod(join(root, "opt", "warren", "busybox"), 0o755);
       await writeFile(join(root, "opt", "warren", "init"), guestInit(codeGateway), { mode: 0o755 });
       const used = await exec("du", ["-sm", root]);
-      const sizeMiB = Number(used.stdout.split(/\s/)[0]) + diskMiB;
+      const sizeMiB = Number(used.stdout.split(/\s/)[0]) + diskSizeMB;
       await exec("mkfs.ext4", ["-q", "-F", "-L", "root", "-d", root, join(tmp, "rootfs.ext4"), `${sizeMiB}M`]);
       await rm(root, { recursive: true, force: true });
       await writeFile(join(tmp, "READY"), new Date().toISOString());

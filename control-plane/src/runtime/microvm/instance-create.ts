@@ -70,7 +70,7 @@ export async function createInstance(scope: InstanceCreateScope, spec: InstanceS
     if (template) {
       draft.snapshotDir = template.dir;
       await register();
-      const exact = template.memoryMiB === spec.resources.memoryMiB && template.vcpus === draft.vcpus;
+      const exact = template.memoryMB === spec.resources.memoryMB && template.vcpus === draft.vcpus;
       base = { disk: template.disk, ...(exact ? { memory: template.memory, ram: template.ram } : {}) };
     } else {
       base = await useSnapshot(scope, spec, draft, register);
@@ -149,7 +149,7 @@ function useSnapshot(
     const problem = startProblem(meta, scope.driver, spec.template, spec.resources, draft.vcpus);
     if (problem) throw new Error(problem);
     // The disk layer's size is the snapshot's, whatever was asked for.
-    draft.resources = { ...spec.resources, diskMiB: meta.resources.diskMiB };
+    draft.resources = { ...spec.resources, diskSizeMB: meta.resources.diskSizeMB };
     draft.fromSnapshot = snapshotId;
     await register();
     return {

@@ -22,11 +22,11 @@ export async function vmStats(record: InstanceRecord, dir: string, cgroups: VmCg
     memoryUsageBytes: usage.memoryBytes,
     // The sandbox's memory is its guest's (what E2B's memTotal means); the usage above is what the whole VM costs
     // the host (its cgroup: guest pages QEMU touched plus QEMU's own), which may exceed it under TCG.
-    memoryLimitBytes: record.resources.memoryMiB * 2 ** 20,
+    memoryLimitBytes: record.resources.memoryMB * 2 ** 20,
     cpuUsageUsec: usage.cpuUsec,
     pids: 0,
     pidsLimit: record.resources.pidsMax,
     diskUsageBytes: disk ? disk.blocks * 512 : 0,
-    diskLimitBytes: record.resources.diskMiB * 2 ** 20,
+    diskLimitBytes: record.resources.diskSizeMB * 2 ** 20,
   };
 }

@@ -59,7 +59,7 @@ export class InstanceVms {
       netnsPath: slot.netnsPath,
       kernel,
       disk: join(dir, "disk.qcow2"),
-      memoryMiB: record.resources.memoryMiB,
+      memoryMB: record.resources.memoryMB,
       vcpus: record.vcpus,
       accel: this.options.accel,
       ...(incoming ? { incoming } : {}),

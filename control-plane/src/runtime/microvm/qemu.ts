@@ -20,7 +20,7 @@ export interface VmLaunch {
   readonly kernel: GuestKernel;
   /** The VM's qcow2 disk (copy-on-write over the template's). */
   readonly disk: string;
-  readonly memoryMiB: number;
+  readonly memoryMB: number;
   readonly vcpus: number;
   readonly accel: Accel;
   /** Restore from this memory snapshot (QEMU waits paused for `cont`) instead of booting. */
@@ -105,7 +105,7 @@ export function qemuArgs(launch: VmLaunch): string[] {
     "-cpu",
     launch.accel === "kvm" ? "host" : "max,-tsc-deadline",
     "-m",
-    String(launch.memoryMiB),
+    String(launch.memoryMB),
     "-smp",
     String(launch.vcpus),
     "-nodefaults",
@@ -139,7 +139,7 @@ export function qemuArgs(launch: VmLaunch): string[] {
     "-pidfile",
     join(launch.dir, "qemu.pid"),
   ];
-  if (launch.ram) args.push(...ramArgs(launch.ram, launch.memoryMiB));
+  if (launch.ram) args.push(...ramArgs(launch.ram, launch.memoryMB));
   // The launcher opens the memory file as fd 3 (as root, before any chroot): QEMU reads it without a path. A
   // restore over a RAM file waits (`defer`) for its migration capability to be set (finishRestore).
   if (launch.incoming) args.push("-incoming", launch.ram ? "defer" : `fd:${INCOMING_FD}`);
@@ -165,10 +165,10 @@ const RAM_ID = "microvm.ram";
  * pages a sandbox writes are its own. The file never changes once built (a private mapping of a file that
  * changes would see the changes).
  */
-function ramArgs(ram: { readonly path: string; readonly shared: boolean }, memoryMiB: number): string[] {
+function ramArgs(ram: { readonly path: string; readonly shared: boolean }, memoryMB: number): string[] {
   return [
     "-object",
-    `memory-backend-file,id=${RAM_ID},size=${memoryMiB}M,mem-path=${ram.path},share=${ram.shared ? "on" : "off"}`,
+    `memory-backend-file,id=${RAM_ID},size=${memoryMB}M,mem-path=${ram.path},share=${ram.shared ? "on" : "off"}`,
   ];
 }
 

@@ -4,6 +4,7 @@ import { createReadStream, existsSync } from "node:fs";
 import { copyFile, link, mkdir, open, rm, stat, statfs, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
+import { withCurrentResourceNames } from "../driver.js";
 import { exec } from "../exec.js";
 import type { SandboxSnapshots, SnapshotMeta, VmIdentity } from "./snapshots.js";
 import { readTar, type TarEntry } from "./tar-reader.js";
@@ -198,9 +199,9 @@ export class SnapshotTransfer {
     }
     const memory = meta.files[MEMORY];
     // The migration stream is the guest's RAM at most (zero pages take a few bytes) plus device state.
-    const memoryMax = meta.resources.memoryMiB * MiB * 1.05 + 64 * MiB;
+    const memoryMax = meta.resources.memoryMB * MiB * 1.05 + 64 * MiB;
     if (memory && memory.size > memoryMax) {
-      throw new Error(`'${MEMORY}' is ${memory.size} bytes, more than a ${meta.resources.memoryMiB} MiB guest's`);
+      throw new Error(`'${MEMORY}' is ${memory.size} bytes, more than a ${meta.resources.memoryMB} MiB guest's`);
     }
     const total = Object.values(meta.files).reduce((sum, f) => sum + f.size, 0);
     const fs = await statfs(tmp);
@@ -216,7 +217,7 @@ export class SnapshotTransfer {
 function parseStreamMeta(text: Buffer): StreamMeta {
   let value: unknown;
   try {
-    value = JSON.parse(text.toString("utf8"));
+    value = withCurrentResourceNames(JSON.parse(text.toString("utf8")));
   } catch {
     throw new Error(`'${META}' is not JSON`);
   }
@@ -233,7 +234,7 @@ function parseStreamMeta(text: Buffer): StreamMeta {
   if (!Number.isInteger(m.vcpus) || (m.vcpus as number) < 1) fail("'vcpus' is not a positive integer");
   if (typeof m.createdAt !== "number") fail("'createdAt' is not a number");
   const resources = m.resources as Record<string, unknown> | undefined;
-  for (const key of ["cpuCount", "memoryMiB", "diskMiB", "pidsMax"]) {
+  for (const key of ["cpuCount", "memoryMB", "diskSizeMB", "pidsMax"]) {
     const n = resources?.[key];
     if (typeof n !== "number" || !Number.isFinite(n) || n <= 0) fail(`'resources.${key}' is not a positive number`);
   }

@@ -3,7 +3,7 @@ import { existsSync } from "node:fs";
 import { copyFile, link, mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
-import type { SandboxResources, SnapshotImage, TemplateImage } from "../driver.js";
+import { type SandboxResources, type SnapshotImage, type TemplateImage, withCurrentResourceNames } from "../driver.js";
 import { exec } from "../exec.js";
 import type { Accel } from "./qemu.js";
 import { saveMemory } from "./qemu-migration.js";
@@ -150,7 +150,7 @@ export class SandboxSnapshots {
   async read(snapshotId: string): Promise<SnapshotMeta | undefined> {
     if (!ID.test(snapshotId) || existsSync(join(this.dir(snapshotId), DELETED))) return undefined;
     return readFile(join(this.dir(snapshotId), "meta.json"), "utf8").then(
-      (text) => JSON.parse(text) as SnapshotMeta,
+      (text) => withCurrentResourceNames(JSON.parse(text) as SnapshotMeta),
       () => undefined,
     );
   }
@@ -267,7 +267,7 @@ export class SandboxSnapshots {
       const deleted: string[] = [];
       for (const name of names) {
         const meta = await readFile(join(this.dir(name), "meta.json"), "utf8").then(
-          (text) => JSON.parse(text) as SnapshotMeta,
+          (text) => withCurrentResourceNames(JSON.parse(text) as SnapshotMeta),
           () => undefined,
         );
         if (meta?.parent) parents.add(meta.parent);
@@ -310,10 +310,10 @@ export function startProblem(
   if (meta.templateHash !== template.hash) {
     return `snapshot '${id}' is of template '${meta.templateId}' (${meta.templateHash}), not '${template.templateId}' (${template.hash})`;
   }
-  if (!meta.memory || (meta.resources.memoryMiB === resources.memoryMiB && meta.vcpus === vcpus)) return undefined;
+  if (!meta.memory || (meta.resources.memoryMB === resources.memoryMB && meta.vcpus === vcpus)) return undefined;
   return (
-    `snapshot '${id}' holds a running guest of ${meta.resources.memoryMiB} MiB and ${meta.vcpus} vCPU(s); ` +
-    `it cannot start with ${resources.memoryMiB} MiB and ${vcpus} vCPU(s)`
+    `snapshot '${id}' holds a running guest of ${meta.resources.memoryMB} MiB and ${meta.vcpus} vCPU(s); ` +
+    `it cannot start with ${resources.memoryMB} MiB and ${vcpus} vCPU(s)`
   );
 }
 

@@ -29,7 +29,7 @@ export interface TemplateSnapshot {
    * made with RAM in the stream (`ramFile: false`).
    */
   readonly ram?: string;
-  readonly memoryMiB: number;
+  readonly memoryMB: number;
   readonly vcpus: number;
 }
 
@@ -77,19 +77,19 @@ export class TemplateSnapshots {
   async ensure(template: TemplateImage, resources: SandboxResources): Promise<TemplateSnapshot> {
     const { accel, images } = this.options;
     const kernel = await this.guestKernel();
-    const root = await ensureRootImage(images, template, resources.diskMiB);
+    const root = await ensureRootImage(images, template, resources.diskSizeMB);
     const vcpus = vcpusOf(resources);
     const cmdline = createHash("sha256").update(kernelCmdline(accel)).digest("hex").slice(0, 8);
     const ramFile = this.options.ramFile !== false;
     // `ramfile`: the snapshot's RAM is a file of its own; without it, RAM is in the stream.
-    const name = `${template.templateId}-${root.key}-${kernel.version}-${cmdline}-${accel}-m${resources.memoryMiB}-c${vcpus}${ramFile ? "-ramfile" : ""}`;
+    const name = `${template.templateId}-${root.key}-${kernel.version}-${cmdline}-${accel}-m${resources.memoryMB}-c${vcpus}${ramFile ? "-ramfile" : ""}`;
     const dir = join(images.dir, "snapshots", name);
     const snapshot = {
       dir,
       disk: join(dir, "disk.qcow2"),
       memory: join(dir, "memory.snap"),
       ...(ramFile ? { ram: join(dir, "ram") } : {}),
-      memoryMiB: resources.memoryMiB,
+      memoryMB: resources.memoryMB,
       vcpus,
     };
     if (existsSync(join(dir, "READY"))) return snapshot;
@@ -109,7 +109,7 @@ export class TemplateSnapshots {
           netnsPath: slot.netnsPath,
           kernel,
           disk: join(tmp, "disk.qcow2"),
-          memoryMiB: resources.memoryMiB,
+          memoryMB: resources.memoryMB,
           vcpus,
           accel,
           jail: { uid: slot.qemuUid, gid: slot.qemuUid },

@@ -53,7 +53,7 @@ export class VmCgroups {
   limits(resources: SandboxResources): SandboxResources {
     return {
       ...resources,
-      memoryMiB: resources.memoryMiB + qemuOverheadMiB(this.accel),
+      memoryMB: resources.memoryMB + qemuOverheadMiB(this.accel),
       pidsMax: QEMU_PIDS_MAX,
     };
   }

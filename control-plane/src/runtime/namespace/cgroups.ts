@@ -14,7 +14,7 @@ export interface SandboxCgroup {
   readonly procsFiles: readonly string[];
   /**
    * The `cgroup.procs` of the sandbox's workload cgroup: a child with the sandbox's memory less envd's reserve
-   * (workloadMemoryMiB), which every process envd and the code gateway start joins. The sandbox gets it as a
+   * (workloadMemoryMB), which every process envd and the code gateway start joins. The sandbox gets it as a
    * descriptor opened on the host (instance-container.ts), never as a path.
    */
   readonly workloadProcsFile: string;
@@ -62,9 +62,9 @@ const WORKLOAD = "workload";
  * use (an eighth, 32 to 128 MiB, at most half), so a memory bomb is killed inside the workload while envd still
  * answers. envd idles at about 40 MiB, the gateway at about 50.
  */
-export function workloadMemoryMiB(memoryMiB: number): number {
-  const reserve = Math.min(Math.floor(memoryMiB / 2), Math.min(128, Math.max(32, Math.round(memoryMiB / 8))));
-  return memoryMiB - reserve;
+export function workloadMemoryMB(memoryMB: number): number {
+  const reserve = Math.min(Math.floor(memoryMB / 2), Math.min(128, Math.max(32, Math.round(memoryMB / 8))));
+  return memoryMB - reserve;
 }
 
 export function detectCgroupManager(parent: string): CgroupManager {
@@ -219,7 +219,7 @@ class CgroupV1 implements CgroupManager {
     const cgroup = this.open(name);
     const dir = (c: string) => join(ROOT, c, this.parent, name);
     for (const c of CgroupV1.CONTROLLERS) await mkdir(dir(c));
-    const memory = String(resources.memoryMiB * 1024 * 1024);
+    const memory = String(resources.memoryMB * 1024 * 1024);
     await writeFile(join(dir("memory"), "memory.limit_in_bytes"), memory);
     // No swap escape hatch: memory+swap gets the same limit where the kernel accounts swap.
     const memsw = join(dir("memory"), "memory.memsw.limit_in_bytes");
@@ -232,7 +232,7 @@ class CgroupV1 implements CgroupManager {
     await writeFile(join(dir("pids"), "pids.max"), String(resources.pidsMax));
     const workload = join(dir("memory"), WORKLOAD);
     await mkdir(workload);
-    const workloadMemory = String(workloadMemoryMiB(resources.memoryMiB) * 1024 * 1024);
+    const workloadMemory = String(workloadMemoryMB(resources.memoryMB) * 1024 * 1024);
     await writeFile(join(workload, "memory.limit_in_bytes"), workloadMemory);
     if (existsSync(join(workload, "memory.memsw.limit_in_bytes"))) {
       await writeFile(join(workload, "memory.memsw.limit_in_bytes"), workloadMemory);
@@ -331,7 +331,7 @@ class CgroupV2 implements CgroupManager {
   async create(name: string, resources: SandboxResources): Promise<SandboxCgroup> {
     const dir = join(ROOT, this.parent, name);
     await mkdir(dir);
-    const memory = String(resources.memoryMiB * 1024 * 1024);
+    const memory = String(resources.memoryMB * 1024 * 1024);
     await writeFile(join(dir, "memory.max"), memory);
     if (existsSync(join(dir, "memory.swap.max"))) await writeFile(join(dir, "memory.swap.max"), "0");
     await writeFile(join(dir, "cpu.max"), `${Math.max(1000, Math.round(resources.cpuCount * 100000))} 100000`);
@@ -339,7 +339,7 @@ class CgroupV2 implements CgroupManager {
     await mkdir(join(dir, "system"));
     await mkdir(join(dir, WORKLOAD));
     await writeFile(join(dir, "cgroup.subtree_control"), "+memory");
-    await writeFile(join(dir, WORKLOAD, "memory.max"), String(workloadMemoryMiB(resources.memoryMiB) * 1024 * 1024));
+    await writeFile(join(dir, WORKLOAD, "memory.max"), String(workloadMemoryMB(resources.memoryMB) * 1024 * 1024));
     if (existsSync(join(dir, WORKLOAD, "memory.swap.max")))
       await writeFile(join(dir, WORKLOAD, "memory.swap.max"), "0");
     return this.open(name);

@@ -268,9 +268,9 @@ export class NamespaceDriver implements RuntimeDriver {
       .filter((other) => other.instanceId !== record.instanceId)
       .map((other) => ({
         image: join(this.instanceDir(other.instanceId), "disk.img"),
-        sizeBytes: other.resources.diskMiB * 2 ** 20,
+        sizeBytes: other.resources.diskSizeMB * 2 ** 20,
       }));
-    await this.diskBudget.admit(record.resources.diskMiB * 2 ** 20, promised);
+    await this.diskBudget.admit(record.resources.diskSizeMB * 2 ** 20, promised);
   }
 
   /** See InstanceSnapshots.capture: a running sandbox is frozen for the copy and runs on, a paused one stays paused. */
@@ -374,7 +374,7 @@ export class NamespaceDriver implements RuntimeDriver {
         .map(({ process, memoryBytes, at }) => ({ process, memoryBytes, at })),
       diskUsageBytes: (fs.blocks - fs.bfree) * fs.bsize,
       // The size asked for: an ext4 disk's statfs leaves out its own metadata (inode tables, bitmaps).
-      diskLimitBytes: record.resources.diskMiB * 2 ** 20,
+      diskLimitBytes: record.resources.diskSizeMB * 2 ** 20,
     };
   }
 

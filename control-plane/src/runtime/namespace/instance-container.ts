@@ -128,7 +128,7 @@ export class InstanceContainers {
   /** The bundle (OCI config), boot id and resolv.conf of an instance: what crun and its bind mounts need. */
   async writeFiles(record: InstanceRecord, slot: NetworkSlot, command: readonly string[] | undefined): Promise<void> {
     const dir = this.options.records.dir(record.instanceId);
-    const maxOldSpace = Math.max(32, Math.floor(record.resources.memoryMiB / 2));
+    const maxOldSpace = Math.max(32, Math.floor(record.resources.memoryMB / 2));
     // envd's commands and the gateway's kernels (RLIMIT_NPROC): both stop short of the pids limit.
     const processLimit = userProcessLimit(record.resources.pidsMax);
     const envd = [
@@ -205,7 +205,7 @@ export class InstanceContainers {
   }
 
   private diskLaunch(record: InstanceRecord): Promise<DiskLaunch> {
-    return this.options.disks.forInstance(this.options.records.dir(record.instanceId), record.resources.diskMiB);
+    return this.options.disks.forInstance(this.options.records.dir(record.instanceId), record.resources.diskSizeMB);
   }
 
   private async startContainer(
@@ -234,7 +234,7 @@ export class InstanceContainers {
         const child = spawn("sh", ["-c", script, "launcher", dir], {
           env: {
             PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            DISK_MIB: String(record.resources.diskMiB),
+            DISK_MIB: String(record.resources.diskSizeMB),
             ...disk,
             UID_BASE: String(this.options.uidBase),
             LOWER: [...(record.layers ?? []), record.lowerDir].join(":"),

@@ -11,7 +11,7 @@ import { LayerStore } from "./layer-store.js";
 const root = mkdtempSync(join(tmpdir(), "warren-layers-"));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
 
-const resources = { cpuCount: 1, memoryMiB: 512, diskMiB: 1024, pidsMax: 1024 };
+const resources = { cpuCount: 1, memoryMB: 512, diskSizeMB: 1024, pidsMax: 1024 };
 
 /** An overlay upper dir as overlayfs leaves it: a file, a whiteout (0:0 char device), an opaque dir. */
 function upperDir(name: string): string {

@@ -7,7 +7,7 @@ import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { Logger } from "@warren/platform/log";
 import { isSnapshotId } from "@warren/proto/redis";
-import type { SandboxResources, SnapshotImage } from "../driver.js";
+import { type SandboxResources, type SnapshotImage, withCurrentResourceNames } from "../driver.js";
 import { exec } from "../exec.js";
 import type { CriuExternalFiles } from "./criu.js";
 
@@ -141,9 +141,9 @@ export class LayerStore {
   async get(snapshotId: string): Promise<LayeredSnapshot | undefined> {
     if (!isSnapshotId(snapshotId)) return undefined;
     try {
-      const snapshot = JSON.parse(
-        await readFile(join(this.snapshotsDir, snapshotId, "snapshot.json"), "utf8"),
-      ) as LayeredSnapshot;
+      const snapshot = withCurrentResourceNames(
+        JSON.parse(await readFile(join(this.snapshotsDir, snapshotId, "snapshot.json"), "utf8")) as LayeredSnapshot,
+      );
       return snapshot.layers.every((layer) => existsSync(layer)) ? snapshot : undefined;
     } catch {
       return undefined;
@@ -262,9 +262,9 @@ export class LayerStore {
       const code = await exited;
       if (code !== 0) throw new Error(`unpacking snapshot '${snapshotId}' failed (${code}): ${stderr.trim()}`);
       if (piped && !piped.closedByTar) throw piped.error;
-      const source = JSON.parse(
-        await readFile(join(tmp, "snapshots", snapshotId, "snapshot.json"), "utf8"),
-      ) as LayeredSnapshot;
+      const source = withCurrentResourceNames(
+        JSON.parse(await readFile(join(tmp, "snapshots", snapshotId, "snapshot.json"), "utf8")) as LayeredSnapshot,
+      );
       const names = source.layers.map((layer) => basename(layer));
       if (source.snapshotId !== snapshotId || names.some((name) => !LAYER_NAME.test(name))) {
         throw new Error(`the stream does not hold snapshot '${snapshotId}'`);

@@ -3,7 +3,7 @@ import { readFileSync } from "node:fs";
 import { appendFile } from "node:fs/promises";
 import { silentLogger } from "@warren/platform/log";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type CgroupManager, detectCgroupManager, type SandboxCgroup, workloadMemoryMiB } from "./cgroups.js";
+import { type CgroupManager, detectCgroupManager, type SandboxCgroup, workloadMemoryMB } from "./cgroups.js";
 import { moveRestoredIntoWorkload } from "./restored-workload.js";
 
 // Real cgroups on this host (the tests run as root): a sandbox cgroup with its workload child, and processes in it
@@ -27,7 +27,7 @@ describe("a restored sandbox's processes go back into its workload cgroup", () =
     cgroups = detectCgroupManager(PARENT);
     await cgroups.prepare();
     await cgroups.open(NAME).remove();
-    cgroup = await cgroups.create(NAME, { cpuCount: 1, memoryMiB: 512, diskMiB: 64, pidsMax: 64 });
+    cgroup = await cgroups.create(NAME, { cpuCount: 1, memoryMB: 512, diskSizeMB: 64, pidsMax: 64 });
   });
 
   afterAll(async () => {
@@ -46,10 +46,10 @@ describe("a restored sandbox's processes go back into its workload cgroup", () =
   }
 
   it("the workload has the sandbox's memory less envd's reserve", () => {
-    expect(workloadMemoryMiB(512)).toBe(448);
-    expect(workloadMemoryMiB(1024)).toBe(896);
-    expect(workloadMemoryMiB(8192)).toBe(8064);
-    expect(workloadMemoryMiB(64)).toBe(32);
+    expect(workloadMemoryMB(512)).toBe(448);
+    expect(workloadMemoryMB(1024)).toBe(896);
+    expect(workloadMemoryMB(8192)).toBe(8064);
+    expect(workloadMemoryMB(64)).toBe(32);
   });
 
   it("moves the user's processes and leaves tini, envd and the gateway where they are", async () => {

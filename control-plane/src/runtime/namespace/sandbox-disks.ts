@@ -114,14 +114,14 @@ export class SandboxDisks {
   }
 
   /**
-   * How the launcher mounts the disk of an instance of `diskMiB` in `instanceDir`: a ready disk when there is one
+   * How the launcher mounts the disk of an instance of `diskSizeMB` in `instanceDir`: a ready disk when there is one
    * (its image moves into the instance directory now), else the formatted image to copy. Call `launched` once the
    * launcher has run, whether it succeeded or not.
    */
-  async forInstance(instanceDir: string, diskMiB: number): Promise<DiskLaunch> {
+  async forInstance(instanceDir: string, diskSizeMB: number): Promise<DiskLaunch> {
     if (this.kindFound === "tmpfs") return {};
-    this.want(diskMiB);
-    const mount = this.ready.get(diskMiB)?.shift();
+    this.want(diskSizeMB);
+    const mount = this.ready.get(diskSizeMB)?.shift();
     this.refill();
     if (mount) {
       try {
@@ -132,7 +132,7 @@ export class SandboxDisks {
         await this.discard(mount);
       }
     }
-    return { DISK_TEMPLATE: await this.template(diskMiB) };
+    return { DISK_TEMPLATE: await this.template(diskSizeMB) };
   }
 
   /** After the launcher: a ready disk's empty mount point goes (a disk the launcher did not move is unmounted). */
@@ -155,8 +155,8 @@ export class SandboxDisks {
     this.ready.clear();
   }
 
-  private want(diskMiB: number): void {
-    this.wanted = [diskMiB, ...this.wanted.filter((size) => size !== diskMiB)];
+  private want(diskSizeMB: number): void {
+    this.wanted = [diskSizeMB, ...this.wanted.filter((size) => size !== diskSizeMB)];
     for (const size of this.wanted.splice(READY_SIZES)) {
       const mounts = this.ready.get(size) ?? [];
       this.ready.delete(size);
@@ -182,13 +182,13 @@ export class SandboxDisks {
       });
   }
 
-  private async makeReady(diskMiB: number): Promise<string> {
+  private async makeReady(diskSizeMB: number): Promise<string> {
     const mount = join(this.readyDir, randomBytes(6).toString("hex"));
     await mkdir(mount);
     try {
       await exec("sh", ["-c", `set -e\n${MAKE_DISK}${MAKE_LAYER_DIRS}`], {
         env: {
-          DISK_TEMPLATE: await this.template(diskMiB),
+          DISK_TEMPLATE: await this.template(diskSizeMB),
           IMG: `${mount}.img`,
           MNT: mount,
           UID_BASE: String(this.uidBase),
@@ -207,25 +207,25 @@ export class SandboxDisks {
     await rm(`${mount}.img`, { force: true });
   }
 
-  /** The formatted image of `diskMiB` (made once; concurrent callers share the making). */
-  private template(diskMiB: number): Promise<string> {
-    if (!Number.isInteger(diskMiB) || diskMiB < 16) throw new Error(`invalid disk size ${diskMiB} MiB`);
-    const path = join(this.dir, `ext4-${diskMiB}m.img`);
+  /** The formatted image of `diskSizeMB` (made once; concurrent callers share the making). */
+  private template(diskSizeMB: number): Promise<string> {
+    if (!Number.isInteger(diskSizeMB) || diskSizeMB < 16) throw new Error(`invalid disk size ${diskSizeMB} MiB`);
+    const path = join(this.dir, `ext4-${diskSizeMB}m.img`);
     if (existsSync(path)) return Promise.resolve(path);
-    let making = this.making.get(diskMiB);
+    let making = this.making.get(diskSizeMB);
     if (!making) {
-      making = this.format(path, diskMiB).finally(() => this.making.delete(diskMiB));
-      this.making.set(diskMiB, making);
+      making = this.format(path, diskSizeMB).finally(() => this.making.delete(diskSizeMB));
+      this.making.set(diskSizeMB, making);
     }
     return making;
   }
 
-  private async format(path: string, diskMiB: number): Promise<string> {
+  private async format(path: string, diskSizeMB: number): Promise<string> {
     const tmp = join(this.dir, `.${randomBytes(6).toString("hex")}.img`);
     try {
       // The root directory belongs to sandbox root, as the tmpfs's did (the launcher makes upper/work in it).
       const extended = `nodiscard,lazy_itable_init=1,root_owner=${this.uidBase}:${this.uidBase}`;
-      await exec("mkfs.ext4", [...MKFS_ARGS, "-E", extended, tmp, `${diskMiB}M`]);
+      await exec("mkfs.ext4", [...MKFS_ARGS, "-E", extended, tmp, `${diskSizeMB}M`]);
       await rename(tmp, path);
       return path;
     } finally {
