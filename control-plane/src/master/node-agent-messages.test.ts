@@ -113,7 +113,7 @@ describe("the master's node agent messages", () => {
     ]);
   });
 
-  it("64-bit figures become numbers, lease events included", () => {
+  it("64-bit figures become numbers, lease events and OOM victims included", () => {
     const stats = create(StatsResponseSchema, {
       memoryUsageBytes: 3n << 30n,
       memoryLimitBytes: 4n << 30n,
@@ -121,6 +121,7 @@ describe("the master's node agent messages", () => {
       diskUsageBytes: 10n,
       diskLimitBytes: 20n,
       oomKills: 2,
+      oomVictims: [{ process: "python3", memoryBytes: 470n << 20n, at: "2026-12-02T04:00:01Z" }],
       leaseEvents: [
         { seq: 7n, type: "process.lease", pid: 42, tag: "job", ttlMs: 60_000n, at: "2026-12-02T04:00:00Z" },
       ],
@@ -132,6 +133,7 @@ describe("the master's node agent messages", () => {
       diskUsageBytes: 10,
       diskLimitBytes: 20,
       oomKills: 2,
+      oomVictims: [{ process: "python3", memoryBytes: 470 * 2 ** 20, at: "2026-12-02T04:00:01Z" }],
       leaseEvents: [
         { seq: 7, type: "process.lease", pid: 42, tag: "job", ttlMs: 60_000, signal: "", at: "2026-12-02T04:00:00Z" },
       ],
