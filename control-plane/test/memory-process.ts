@@ -15,11 +15,11 @@ export const MEMORY_PROCESS =
 /** Asks the process for its state, once its trap is set. */
 export async function reportMemory(sandbox: Sandbox, pid: number): Promise<{ secret: string; count: number }> {
   // Generous waits: TCG guests on a loaded 2-CPU host take seconds for a fork + exec.
-  const wait = (file: string) => `for i in $(seq 600); do [ -e ${file} ] && break; sleep 0.1; done`;
+  const wait = (file: string) => `for i in $(seq 1200); do [ -e ${file} ] && break; sleep 0.1; done`;
   const out = (
     await sandbox.commands.run(
       `${wait("/tmp/memory-process-ready")}; rm -f /tmp/report; kill -USR1 ${pid}; ${wait("/tmp/report")}; cat /tmp/report`,
-      { timeoutMs: 180_000 },
+      { timeoutMs: 300_000 },
     )
   ).stdout.trim();
   const [secret, count] = out.split(" ");

@@ -182,7 +182,7 @@ describe("microvm driver snapshots (QEMU microvm, TCG)", () => {
     await driver.deleteSnapshot("ms-checkpointed");
     const state = await reportMemory(sdkOf(a), pid);
     expect(state.secret).toBe(before.secret);
-  }, 180_000);
+  }, 360_000);
 
   it("a snapshot of a stopped sandbox holds files only; an instance from it boots fresh over them", async () => {
     const b = forks[1]!;

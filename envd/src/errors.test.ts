@@ -39,4 +39,11 @@ describe("filesystem errors", () => {
     expect(error.code).toBe(Code.Internal);
     expect(httpStatusOf(error)).toBe(500);
   });
+
+  test("an I/O error from a kernel interface (/proc, /sys) is the client's: a write to /proc/self/mem", () => {
+    const error = fromFsError(errno("EIO"), "/proc/self/mem");
+    expect(error.code).toBe(Code.FailedPrecondition);
+    expect(httpStatusOf(error)).toBeLessThan(500);
+    expect(error.rawMessage).toMatch(/kernel interface '\/proc\/self\/mem'/);
+  });
 });

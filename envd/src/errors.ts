@@ -73,6 +73,13 @@ export function fromFsError(error: unknown, path: string): EnvdError {
     case "ENOSPC":
     case "EDQUOT":
       return resourceExhausted("not enough disk space available");
+    case "EIO":
+      // A kernel interface refusing what was asked (a write to /proc/self/mem at an unmapped address) is the
+      // client's; an I/O error anywhere else is the machine's.
+      if (/^\/(proc|sys)(\/|$)/.test(path)) {
+        return failedPrecondition(`the kernel interface '${path}' refused the operation (I/O error)`);
+      }
+      return internal(`filesystem error on '${path}': ${(error as Error | undefined)?.message ?? String(error)}`);
     default:
       return internal(`filesystem error on '${path}': ${(error as Error | undefined)?.message ?? String(error)}`);
   }
