@@ -26,6 +26,7 @@ const RECORD_BYTES = 8192;
  */
 export class KernelOomLog {
   private fd: number | undefined;
+  private unreadable = false;
   private readonly victims = new Map<string, OomVictim[]>();
   /** The `oom-kill:` record's cgroup by pid, until its `Killed process` record arrives. */
   private readonly pending = new Map<number, string>();
@@ -60,11 +61,14 @@ export class KernelOomLog {
   }
 
   private drain(): void {
+    if (this.unreadable) return;
     if (this.fd === undefined) {
       try {
         this.fd = openSync(this.path, constants.O_RDONLY | constants.O_NONBLOCK);
       } catch (error) {
-        this.log.debug("the kernel log cannot be read: OOM kills are counted, not named", { error });
+        // Tried once: a node that cannot read it (no privilege) will not be able to later either.
+        this.unreadable = true;
+        this.log.info("the kernel log cannot be read: OOM kills are counted, not named", { error });
         return;
       }
     }
