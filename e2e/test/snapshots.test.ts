@@ -49,6 +49,24 @@ afterAll(async () => {
   if (!process.env.WARREN_E2E_KEEP) rmSync(dataDir, { recursive: true, force: true });
 }, 120_000);
 
+/** The command lines of the processes in a sandbox's workload cgroup (memory hierarchy, cgroup v1). */
+function workloadCommands(sandboxId: string): string[] {
+  for (const agent of ["ka", "kb"]) {
+    const root = join(dataDir, `agent-${agent}`, "instances");
+    for (const instanceId of existsSync(root) ? readdirSync(root) : []) {
+      const file = join(root, instanceId, "instance.json");
+      if (!existsSync(file)) continue;
+      const record = JSON.parse(readFileSync(file, "utf8")) as { labels: Record<string, string> };
+      if (record.labels.sandboxId !== sandboxId) continue;
+      return readFileSync(`/sys/fs/cgroup/memory/warren/${agent}/${instanceId}/workload/cgroup.procs`, "utf8")
+        .split("\n")
+        .filter(Boolean)
+        .map((pid) => readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ").trim());
+    }
+  }
+  throw new Error(`no instance of sandbox '${sandboxId}'`);
+}
+
 async function sandbox(template = "base", opts: Parameters<typeof Sandbox.create>[1] = {}): Promise<Sandbox> {
   const sbx = await Sandbox.create(template, { timeoutMs: 300_000, ...opts });
   created.push(sbx);
@@ -134,6 +152,11 @@ describe("snapshots and fork (official e2b SDK, namespace node)", () => {
       expect((await child.commands.list()).map((p) => p.pid)).toContain(sleepPid);
       expect(await run(child, `cat /proc/${sleepPid}/cmdline | tr '\\0' ' '`)).toBe("sleep 3600");
       expect(child.sandboxId).not.toBe(source.sandboxId);
+      // The restored envd still puts what it starts, as `user` too, in the child's own workload cgroup: CRIU handed
+      // it the workload's descriptor as the launcher opened it (host root), not reopened with the sandbox's creds.
+      await child.commands.run("sleep 777", { background: true });
+      expect(workloadCommands(child.sandboxId)).toContain("sleep 777");
+      expect(workloadCommands(child.sandboxId)).toContain("sleep 3600");
     } else {
       // Files only: a fresh boot (new boot id, none of the source's processes).
       expect(await run(child, "cat /proc/sys/kernel/random/boot_id")).not.toBe(bootBefore);

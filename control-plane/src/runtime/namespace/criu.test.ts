@@ -99,9 +99,11 @@ describe("criu dump and restore name the instance's own files the same way", () 
       instanceFiles: { [RESOLV_CONF]: target.resolv, [BOOT_ID]: target.bootId },
       deadlineMs: 10_000,
     });
-    // The restored tree gets the target instance's workload descriptor (opened here, as host root) in its place.
+    // The restored tree gets the target instance's workload descriptor (opened here, as host root) in its place:
+    // named so CRIU duplicates it rather than reopens it with the sandbox's credentials (duplicatedFileKey; the
+    // real CRIU's side runs in e2e/test/snapshots.test.ts). envd's log is reopened (the sandbox owns it).
     expect((await argsOf("restore")).join(" ")).toContain(
-      "--inherit-fd fd[3]:file[1:2] --inherit-fd fd[4]:file[1:3] --inherit-fd fd[5]:file[1:4]",
+      "--inherit-fd fd[3]:file[1:2] --inherit-fd fd[4]:ile[1:3] --inherit-fd fd[5]:ile[1:4]",
     );
     expect((await readFile(join(dir, "args.restore.fd4"), "utf8")).trim()).toBe(target.workload);
     expect((await readFile(join(dir, "args.restore.fd5"), "utf8")).trim()).toBe(target.oom);

@@ -176,8 +176,10 @@ export async function criuRestore(o: RestoreOptions): Promise<number> {
           ...CRIU_COMMON,
           "--inherit-fd",
           `fd[3]:${o.logFileKey}`,
-          ...(o.workload && workloadFile ? ["--inherit-fd", `fd[4]:${o.workload.fileKey}`] : []),
-          ...(o.workload?.oom && workloadFile && oomFile ? ["--inherit-fd", `fd[5]:${o.workload.oom.fileKey}`] : []),
+          ...(o.workload && workloadFile ? ["--inherit-fd", `fd[4]:${duplicatedFileKey(o.workload.fileKey)}`] : []),
+          ...(o.workload?.oom && workloadFile && oomFile
+            ? ["--inherit-fd", `fd[5]:${duplicatedFileKey(o.workload.oom.fileKey)}`]
+            : []),
           "--pidfile",
           pidFile,
         ],
@@ -236,6 +238,19 @@ export async function externalFileKey(pid: number, path: string, fd = 1): Promis
   if (!Number.isInteger(mntId)) throw new Error(`no mnt_id for fd ${fd} of pid ${pid}`);
   const inode = (await stat(path, { bigint: true })).ino;
   return `file[${mntId.toString(16)}:${inode.toString(16)}]`;
+}
+
+/**
+ * The `--inherit-fd` name under which CRIU hands the restored tree a duplicate of criu's own descriptor, instead of
+ * reopening it. CRIU 4 looks an inherited file up twice (files-reg.c `open_path`): first by the file's path, which
+ * for an external file is its key without the first character (`ile[23:536a]`: CRIU strips what it takes for the
+ * leading slash), and dup()s the descriptor; then by the full key, which reopens `/proc/<criu>/fd/<n>` with the
+ * restored tree's credentials. The workload's `cgroup.procs` must keep the credentials it was opened with (host
+ * root: cgroup v1 checks a write against them, and only root may move the sandbox's `user` processes), and sandbox
+ * root may not open it for writing: so a duplicate, never a reopen.
+ */
+export function duplicatedFileKey(fileKey: string): string {
+  return fileKey.slice(1);
 }
 
 /** The host files a dumped tree holds open, re-attached to the target instance's on restore. */
