@@ -20,6 +20,7 @@ import {
   type SandboxPlacement,
   type SandboxStats,
   type SnapshotOnNode,
+  type Transferred,
 } from "../src/master/node-agent-client.js";
 import { Master } from "../src/master/server.js";
 import type { EgressPolicy } from "../src/runtime/egress/policy.js";
@@ -139,12 +140,12 @@ export class FakeNodeAgent implements NodeAgentClient {
   peers: (addr: string, snapshotId: string) => FakeNodeAgent | undefined = () => undefined;
   failImports = false;
 
-  async importSnapshot(snapshotId: string, sourceAddr: string): Promise<SnapshotOnNode> {
+  async importSnapshot(snapshotId: string, sourceAddr: string): Promise<SnapshotOnNode & Transferred> {
     if (this.failImports) throw new NodeAgentError("failed", "disk full while unpacking");
     const made = this.peers(sourceAddr, snapshotId)?.snapshots.get(snapshotId);
     if (!made) throw new NodeAgentError("not_found", `no snapshot ${snapshotId} at ${sourceAddr}`);
     this.snapshots.set(snapshotId, { ...made });
-    return made;
+    return { ...made, transferredBytes: made.sizeBytes };
   }
 }
 
@@ -188,6 +189,7 @@ export class TestEnv {
       metricsIntervalMs: 0,
       reconcileIntervalMs: 100,
       storeGcIntervalMs: 60_000,
+      storeLayerGraceMs: 3_600_000,
       leaderIntervalMs: 100,
       placementAttempts: 3,
       synchronousCommit: "off",

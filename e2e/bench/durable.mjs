@@ -1,24 +1,27 @@
 #!/usr/bin/env node
 // Durable state benchmarks (issue 21): prints figures, asserts nothing. Run as root after `npm run build`:
 //   node e2e/bench/durable.mjs [--quick]
-// Starts its own cluster (three namespace node agents, the embedded store directory) and drives it with the
+// Starts its own cluster (four namespace node agents, the embedded store directory) and drives it with the
 // official e2b SDK:
 //  - pause → durable: from the pause call's return until the api reports `durable: true` (the leader's pass
 //    captures the paused sandbox and publishes it to the store), for an idle sandbox and one with 100 MB written;
 //  - resume after loss: the sandbox's node is removed for good (agent stopped, state folder deleted), then
-//    `Sandbox.connect` until a command answers on another node (pull from the store + create from it).
-import { mkdtempSync, rmSync } from "node:fs";
+//    `Sandbox.connect` until a command answers on another node (pull from the store + create from it);
+//  - bytes moved: a sandbox of a custom template with a big step, paused twice; what each pause published to the
+//    store (the template's layers are there already), and what the resume after loss pulled onto a node that has
+//    the template (its own layers only). Read from the node agents' "snapshot published"/"snapshot pulled" logs.
+import { mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { LocalCluster } from "@warren/local";
-import { Sandbox } from "e2b";
+import { Sandbox, Template } from "e2b";
 
 const quick = process.argv.includes("--quick");
 const BIG_MB = quick ? 20 : 100;
 const dataDir = mkdtempSync(join(tmpdir(), "warren-bench-durable-"));
 const cluster = new LocalCluster({
   dataDir,
-  nodeAgents: 3,
+  nodeAgents: 4,
   poolSize: 1,
   instancePrefix: "o",
   nodeCidr: (i) => `10.254.${i * 4}.0/22`,
@@ -53,7 +56,7 @@ async function untilDurable(sandboxId) {
 
 async function scenario(label, megabytes, nodeIndex, nodeId) {
   // Everything of this scenario starts on `nodeId`: the other live nodes are cordoned meanwhile.
-  const others = ["node-oa", "node-ob", "node-oc"].filter((n) => n !== nodeId);
+  const others = ["node-oa", "node-ob", "node-oc", "node-od"].filter((n) => n !== nodeId);
   for (const other of others) await cluster.cordon(other, true);
   const sbx = await Sandbox.create("base", { timeoutMs: 600_000 });
   for (const other of others) await cluster.cordon(other, false);
@@ -76,6 +79,63 @@ async function scenario(label, megabytes, nodeIndex, nodeId) {
   await resumed.kill();
 }
 
+/** A node agent's log from now on: `moved(msg, field)` sums a field over the new lines with that message. */
+function logFrom(instance) {
+  const file = join(dataDir, "logs", `node-agent-${instance}.log`);
+  const offset = statSync(file).size;
+  return {
+    moved(msg, field) {
+      const text = readFileSync(file, "utf8").slice(offset);
+      let total = 0;
+      for (const row of text.split("\n")) {
+        if (!row.includes(`"${msg}"`)) continue;
+        total += Number(JSON.parse(row)[field] ?? 0);
+      }
+      return total;
+    },
+  };
+}
+
+const mib = (bytes) => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
+
+async function bytesMoved() {
+  const TEMPLATE_MB = BIG_MB;
+  const WRITE_MB = 10;
+  const template = Template()
+    .fromTemplate("base")
+    .runCmd(`head -c ${TEMPLATE_MB}M /dev/urandom > /opt/big`, { user: "root" });
+  await Template.build(template, "bench-durable-layers");
+  const sbx = await Sandbox.create("bench-durable-layers", { timeoutMs: 600_000 });
+  const home = await cluster.nodeOf(sbx.sandboxId);
+  const other = ["node-oc", "node-od"].find((n) => n !== home);
+  // The other node gets the template the way any node does: a create there pulls it.
+  await cluster.cordon(home, true);
+  await (await Sandbox.create("bench-durable-layers")).kill();
+  await cluster.cordon(home, false);
+  const homeLog = logFrom(home.replace(/^node-/, ""));
+  await sbx.commands.run(`head -c ${WRITE_MB}M /dev/urandom > /home/user/first`, { timeoutMs: 120_000 });
+  await sbx.pause();
+  await untilDurable(sbx.sandboxId);
+  const first = homeLog.moved("snapshot published", "uploadedBytes");
+  line(`pause 1 → store (${TEMPLATE_MB} MB template, ${WRITE_MB} MB written)`, `${mib(first)} uploaded`);
+  await Sandbox.connect(sbx.sandboxId, { timeoutMs: 600_000 });
+  await sbx.commands.run("echo changed > /home/user/second");
+  await sbx.pause();
+  await untilDurable(sbx.sandboxId);
+  const second = homeLog.moved("snapshot published", "uploadedBytes") - first;
+  line("pause 2 → store (8 bytes more written)", `${mib(second)} uploaded`);
+  const otherLog = logFrom(other.replace(/^node-/, ""));
+  await cluster.removeNodeAgent(home.endsWith("c") ? 2 : 3);
+  const t0 = performance.now();
+  const resumed = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 600_000 });
+  const check = (await resumed.commands.run("cat /home/user/second; stat -c %s /opt/big")).stdout.trim();
+  line(
+    "resume after loss on a node that has the template",
+    `${(performance.now() - t0).toFixed(0)} ms, ${mib(otherLog.moved("snapshot pulled", "downloadedBytes"))} pulled (${check.replace("\n", ", ")})`,
+  );
+  await resumed.kill();
+}
+
 let ok = false;
 try {
   env = await cluster.start();
@@ -87,6 +147,7 @@ try {
   console.log(`durable state, ${new Date().toISOString()}, store: the embedded OCI layout directory`);
   await scenario("idle sandbox", 0, 0, "node-oa");
   await scenario(`${BIG_MB} MB written`, BIG_MB, 1, "node-ob");
+  await bytesMoved();
   ok = true;
 } finally {
   await cluster.stop();

@@ -48,13 +48,19 @@ async function api(method: string, path: string, admin = false): Promise<{ statu
   return { status: res.status, body: text ? JSON.parse(text) : null };
 }
 
-/** Snapshot ids the embedded store holds (its OCI index). */
+/**
+ * Snapshot ids the embedded store holds (its OCI index). Not its shared layers (`layer.<name>`): a publish pushes
+ * the layers the store lacks first, and one that fails part way leaves those for the store's collection, listed by
+ * no snapshot.
+ */
 function published(): string[] {
   try {
     const index = JSON.parse(readFileSync(join(dataDir, "store", "index.json"), "utf8")) as {
       manifests: { annotations?: Record<string, string> }[];
     };
-    return index.manifests.map((m) => m.annotations?.["org.opencontainers.image.ref.name"] ?? "");
+    return index.manifests
+      .map((m) => m.annotations?.["org.opencontainers.image.ref.name"] ?? "")
+      .filter((tag) => !tag.startsWith("layer."));
   } catch {
     return [];
   }

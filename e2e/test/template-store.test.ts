@@ -28,6 +28,8 @@ beforeAll(async () => {
       WARREN_STORE: `docker://${registry.host}/warren`,
       WARREN_STORE_INSECURE: "1",
       WARREN_STORE_GC_INTERVAL_MS: "1000",
+      // Layers no snapshot lists leave at the next collection (nothing else publishes meanwhile here).
+      WARREN_STORE_LAYER_GRACE_MS: "1",
     },
   });
   env = await cluster.start();

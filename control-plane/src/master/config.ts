@@ -59,6 +59,11 @@ export interface MasterConfig {
    * live snapshot refers to.
    */
   readonly storeGcIntervalMs: number;
+  /**
+   * WARREN_STORE_LAYER_GRACE_MS (default 3600000): a layer in the store that no published snapshot lists is
+   * removed only this long after its push (a publish pushes its layers before the snapshot that lists them).
+   */
+  readonly storeLayerGraceMs: number;
   /** WARREN_RECONCILE_INTERVAL_MS (default 5000). */
   readonly reconcileIntervalMs: number;
   /** WARREN_LEADER_INTERVAL_MS (default 2000). */
@@ -166,6 +171,7 @@ export function loadMasterConfig(
     metricsIntervalMs: positiveNumber(env, "WARREN_METRICS_INTERVAL_MS", 5000),
     reconcileIntervalMs: positiveNumber(env, "WARREN_RECONCILE_INTERVAL_MS", 5000),
     storeGcIntervalMs: positiveNumber(env, "WARREN_STORE_GC_INTERVAL_MS", 300_000),
+    storeLayerGraceMs: positiveNumber(env, "WARREN_STORE_LAYER_GRACE_MS", 3_600_000),
     leaderIntervalMs,
     synchronousCommit: syncCommit(env.WARREN_DB_SYNCHRONOUS_COMMIT),
     startTimeoutMs: positiveNumber(env, "WARREN_START_TIMEOUT_MS", 120_000),

@@ -172,7 +172,11 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
         { snapshotId, labels: { ...labels } },
         { timeoutMs: TIMEOUT_MS.transfer },
       );
-      return { digest: response.digest, sizeBytes: Number(response.sizeBytes) };
+      return {
+        digest: response.digest,
+        sizeBytes: Number(response.sizeBytes),
+        uploadedBytes: Number(response.uploadedBytes),
+      };
     });
 
   listPublishedSnapshots: NodeAgentClient["listPublishedSnapshots"] = () =>
@@ -189,7 +193,16 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
   pullSnapshot: NodeAgentClient["pullSnapshot"] = (snapshotId, digest) =>
     call(async () => {
       const response = await this.client.pullSnapshot({ snapshotId, digest }, { timeoutMs: TIMEOUT_MS.transfer });
-      return snapshotOnNode(response.snapshot);
+      return { ...snapshotOnNode(response.snapshot), transferredBytes: Number(response.downloadedBytes) };
+    });
+
+  collectStoreLayers: NodeAgentClient["collectStoreLayers"] = (graceMs) =>
+    call(async () => {
+      const response = await this.client.collectStoreLayers(
+        { graceMs: BigInt(graceMs) },
+        { timeoutMs: TIMEOUT_MS.transfer },
+      );
+      return [...response.removedLayers];
     });
 
   importImage: NodeAgentClient["importImage"] = (snapshotId, image, credentials) =>
@@ -214,7 +227,7 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
   importSnapshot: NodeAgentClient["importSnapshot"] = (snapshotId, sourceAddr) =>
     call(async () => {
       const response = await this.client.importSnapshot({ snapshotId, sourceAddr }, { timeoutMs: TIMEOUT_MS.snapshot });
-      return snapshotOnNode(response.snapshot);
+      return { ...snapshotOnNode(response.snapshot), transferredBytes: Number(response.transferredBytes) };
     });
 
   listSnapshots: NodeAgentClient["listSnapshots"] = () =>

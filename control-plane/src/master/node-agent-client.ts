@@ -200,13 +200,15 @@ export interface NodeAgentClient {
   publishSnapshot(
     snapshotId: string,
     labels: Readonly<Record<string, string>>,
-  ): Promise<{ digest: string; sizeBytes: number }>;
+  ): Promise<{ digest: string; sizeBytes: number; uploadedBytes: number }>;
   /** The snapshot ids published to the cluster's store. */
   listPublishedSnapshots(): Promise<string[]>;
   /** Removes a published snapshot from the cluster's store; idempotent. */
   unpublishSnapshot(snapshotId: string): Promise<void>;
-  /** Pulls a published snapshot onto the node (digest checked); at once when the node has it. */
-  pullSnapshot(snapshotId: string, digest: string): Promise<SnapshotOnNode>;
+  /** Removes the store's layers no published snapshot stacks but those pushed less than `graceMs` ago. */
+  collectStoreLayers(graceMs: number): Promise<string[]>;
+  /** Pulls a published snapshot onto the node (digests checked, only the layers it lacks); at once when it has it. */
+  pullSnapshot(snapshotId: string, digest: string): Promise<SnapshotOnNode & Transferred>;
   /** Pulls an OCI image and keeps its prepared rootfs as a files-only snapshot over `scratch` on the node. */
   importImage(
     snapshotId: string,
@@ -219,7 +221,12 @@ export interface NodeAgentClient {
   deleteSnapshot(snapshotId: string): Promise<void>;
   listSnapshots(): Promise<SnapshotOnNode[]>;
   /** Copies a snapshot from the node agent at `sourceAddr` to this node (moving a paused sandbox). */
-  importSnapshot(snapshotId: string, sourceAddr: string): Promise<SnapshotOnNode>;
+  importSnapshot(snapshotId: string, sourceAddr: string): Promise<SnapshotOnNode & Transferred>;
+}
+
+/** What crossed to the node: the layers it already had are not moved again. */
+export interface Transferred {
+  readonly transferredBytes: number;
 }
 
 /** Gives the client for a node at `addr` (host:port), reusing connections. */

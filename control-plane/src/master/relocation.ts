@@ -75,6 +75,8 @@ export async function relocatePaused(
       from: from.nodeId,
       to: to.nodeId,
       sizeBytes: moved.sizeBytes,
+      // Less than the size when the target had some of its layers (the template's, an earlier move's).
+      transferredBytes: moved.transferredBytes,
       memory: moved.memory,
       ms: Math.round(performance.now() - startedAt),
     });

@@ -101,6 +101,7 @@ export class Master {
       nodeAgent,
       lifecycle: this.lifecycle,
       log,
+      storeLayerGraceMs: config.storeLayerGraceMs,
     });
     this.execPolicies = new ExecPolicies(db, redis, log);
     this.crashWatch = new CrashWatch({

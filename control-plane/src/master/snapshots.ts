@@ -28,6 +28,8 @@ export interface SnapshotDeps {
   readonly nodeAgent: NodeAgentConnector;
   readonly lifecycle: SandboxLifecycle;
   readonly log: Logger;
+  /** A store layer no published snapshot lists stays this long after its push (MasterConfig.storeLayerGraceMs). */
+  readonly storeLayerGraceMs: number;
 }
 
 /** E2B's SnapshotInfo, plus what Warren adds. */
@@ -279,7 +281,14 @@ export class SnapshotService {
         log.warn("removing a snapshot from the store failed", { snapshotId, error: String(error) });
       }
     }
-    if (removed.length > 0) log.info("store garbage collected", { node: node.nodeId, removed: removed.length });
+    // Layers no published snapshot stacks any more; a publish in progress pushes its layers before its snapshot.
+    const layers = await client.collectStoreLayers(this.deps.storeLayerGraceMs).catch((error) => {
+      log.warn("removing unused layers from the store failed", { node: node.nodeId, error: String(error) });
+      return [] as string[];
+    });
+    if (removed.length > 0 || layers.length > 0) {
+      log.info("store garbage collected", { node: node.nodeId, removed: removed.length, layers: layers.length });
+    }
     return removed;
   }
 

@@ -230,8 +230,13 @@ export class NodeAgent {
     return this.published.unpublish(snapshotId);
   }
 
-  /** Pulls a published snapshot from the store (digest checked) unless this node has it already. */
-  pullSnapshot(snapshotId: string, digest: string): Promise<SnapshotImage> {
+  /** Removes the store's layers no published snapshot stacks, past `graceMs`; resolves with their names. */
+  collectStoreLayers(graceMs: number): Promise<string[]> {
+    return this.published.collectLayers(graceMs);
+  }
+
+  /** Pulls a published snapshot from the store (digests checked, only layers this node lacks) unless it has it. */
+  pullSnapshot(snapshotId: string, digest: string): Promise<{ snapshot: SnapshotImage; downloadedBytes: number }> {
     return this.published.pull(snapshotId, digest);
   }
 
@@ -261,9 +266,14 @@ export class NodeAgent {
     return this.snapshots.list();
   }
 
-  /** The snapshot as a byte stream for another node (ImportSnapshot there). */
-  exportSnapshot(snapshotId: string): Promise<AsyncIterable<Uint8Array>> {
-    return this.snapshots.export(snapshotId);
+  /** The snapshot as a byte stream for another node (ImportSnapshot there), without the layers that node has. */
+  exportSnapshot(snapshotId: string, omitLayers?: ReadonlySet<string>): Promise<AsyncIterable<Uint8Array>> {
+    return this.snapshots.export(snapshotId, omitLayers);
+  }
+
+  /** This node's snapshot layers (a move's source leaves them out of its stream). */
+  async localLayers(): Promise<readonly string[]> {
+    return (await this.snapshots.layers?.localLayers()) ?? [];
   }
 
   /** Stores a snapshot streamed from another node agent; on failure nothing of it is left. */

@@ -6,7 +6,8 @@ import { ConfigError, integerFromEnv as integer, parseList } from "@warren/platf
 import { isLogLevel, type LogLevel } from "@warren/platform/log";
 import { isNodeId, parseRedisPrefix } from "@warren/proto/redis";
 import { DRIVER_REQUESTS, type DriverRequest } from "../runtime/microvm/probe.js";
-import { parseStoreUrl, type SnapshotStoreConfig } from "./snapshot-store.js";
+import { parseStoreUrl } from "./oci-store.js";
+import type { SnapshotStoreConfig } from "./snapshot-store.js";
 
 /**
  * The node agent's one configuration object, read once from the environment at start and validated.

@@ -1,5 +1,5 @@
 import { isSnapshotId } from "@warren/proto/redis";
-import type { RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
+import type { RuntimeDriver, SnapshotImage, SnapshotLayers } from "../runtime/driver.js";
 import { AgentError } from "./errors.js";
 import { type Logger, tenths } from "./log.js";
 import type { SandboxSummary } from "./sandbox-model.js";
@@ -71,15 +71,20 @@ export class NodeSnapshots {
     return this.driver.listSnapshots();
   }
 
-  /** The snapshot as a byte stream for another node (ImportSnapshot there). */
-  async export(snapshotId: string): Promise<AsyncIterable<Uint8Array>> {
+  /** The driver's shared snapshot layers, when it has them. */
+  get layers(): SnapshotLayers | undefined {
+    return this.driver.snapshotLayers;
+  }
+
+  /** The snapshot as a byte stream for another node (ImportSnapshot there), without the layers it has. */
+  async export(snapshotId: string, omitLayers?: ReadonlySet<string>): Promise<AsyncIterable<Uint8Array>> {
     if (!this.driver.exportSnapshot) {
       throw new AgentError("unimplemented", `the ${this.driver.name} driver cannot move snapshots between nodes`);
     }
     if (!(await this.driver.listSnapshots()).some((s) => s.snapshotId === snapshotId)) {
       throw new AgentError("not_found", `snapshot '${snapshotId}' is not on this node`);
     }
-    return this.driver.exportSnapshot(snapshotId);
+    return this.driver.exportSnapshot(snapshotId, omitLayers);
   }
 
   /** Stores a snapshot streamed from another node agent; on failure nothing of it is left. */

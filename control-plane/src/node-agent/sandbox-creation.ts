@@ -57,8 +57,13 @@ export class SandboxCreation {
     const template = this.admit(input);
     const { driver, snapshots } = this.deps;
     const snapshot = input.snapshotId ? await snapshots.find(input.snapshotId, input.templateId) : undefined;
-    // A memory snapshot's processes run in the memory they had: the snapshot's resources, not the request's.
-    const resources = snapshot?.memory ? snapshot.resources : resolveResources(template, input.resources);
+    // A memory snapshot's processes run in the memory they had: the snapshot's resources, not the request's. The
+    // disk is a new one under the snapshot's layers, so it may be the size asked for (a template's sandboxes get
+    // the template's disk size, not the build sandbox's).
+    const asked = resolveResources(template, input.resources);
+    const resources = snapshot?.memory
+      ? { ...snapshot.resources, ...(input.resources?.diskSizeMB ? { diskSizeMB: asked.diskSizeMB } : {}) }
+      : asked;
     const egress = checkEgress(input.egress ?? CLOSED_EGRESS, driver);
     this.creating.add(input.sandboxId);
     const log = this.deps.log.child({ sandboxId: input.sandboxId, templateId: input.templateId });

@@ -104,11 +104,20 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
     publishSnapshot: (req) =>
       guard("PublishSnapshot", { snapshotId: req.snapshotId }, async () => {
         const published = await agent.publishSnapshot(req.snapshotId, { ...req.labels });
-        return { digest: published.digest, sizeBytes: BigInt(published.sizeBytes) };
+        return {
+          digest: published.digest,
+          sizeBytes: BigInt(published.sizeBytes),
+          uploadedBytes: BigInt(published.uploadedBytes),
+        };
       }),
     pullSnapshot: (req) =>
-      guard("PullSnapshot", { snapshotId: req.snapshotId, digest: req.digest }, async () => ({
-        snapshot: snapshotInfoOf(await agent.pullSnapshot(req.snapshotId, req.digest)),
+      guard("PullSnapshot", { snapshotId: req.snapshotId, digest: req.digest }, async () => {
+        const { snapshot, downloadedBytes } = await agent.pullSnapshot(req.snapshotId, req.digest);
+        return { snapshot: snapshotInfoOf(snapshot), downloadedBytes: BigInt(downloadedBytes) };
+      }),
+    collectStoreLayers: (req) =>
+      guard("CollectStoreLayers", {}, async () => ({
+        removedLayers: await agent.collectStoreLayers(Number(req.graceMs)),
       })),
     listPublishedSnapshots: () =>
       guard("ListPublishedSnapshots", {}, async () => ({ snapshotIds: await agent.listPublishedSnapshots() })),
@@ -147,7 +156,7 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
       })),
     async *exportSnapshot(req) {
       const data = await guard("ExportSnapshot", { snapshotId: req.snapshotId }, () =>
-        agent.exportSnapshot(req.snapshotId),
+        agent.exportSnapshot(req.snapshotId, new Set(req.omitLayers)),
       );
       try {
         for await (const chunk of data) yield { data: chunk };
@@ -164,10 +173,17 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
           NodeAgentService,
           createConnectTransport({ baseUrl: `http://${req.sourceAddr}`, httpVersion: "1.1" }),
         );
+        // The source leaves out the layers this node has (a template's, an earlier move's).
+        const omitLayers = [...(await agent.localLayers())];
+        let transferredBytes = 0;
         const chunks = async function* () {
-          for await (const chunk of source.exportSnapshot({ snapshotId: req.snapshotId })) yield chunk.data;
+          for await (const chunk of source.exportSnapshot({ snapshotId: req.snapshotId, omitLayers })) {
+            transferredBytes += chunk.data.byteLength;
+            yield chunk.data;
+          }
         };
-        return { snapshot: snapshotInfoOf(await agent.importSnapshot(req.snapshotId, chunks())) };
+        const snapshot = snapshotInfoOf(await agent.importSnapshot(req.snapshotId, chunks()));
+        return { snapshot, transferredBytes: BigInt(transferredBytes) };
       }),
     info: () =>
       guard("Info", {}, async () => {

@@ -6,16 +6,17 @@ import type { NodeSnapshots } from "./node-snapshots.js";
 import { type PublishedSnapshot, SnapshotStore } from "./snapshot-store.js";
 
 /**
- * This node's side of the cluster's snapshot store: its snapshots published (the driver's export stream as one
- * OCI image), and published ones pulled in (digest checked) unless this node has them already. The store itself,
- * skopeo and the OCI layout, is snapshot-store.ts; the snapshots on this node are NodeSnapshots'.
+ * This node's side of the cluster's snapshot store: its snapshots published (the driver's export stream without
+ * its shared layers, and each layer the store lacks), and published ones pulled in (digests checked, only the
+ * layers this node lacks) unless this node has them already. The store itself, skopeo and the OCI layout, is
+ * snapshot-store.ts; the snapshots on this node are NodeSnapshots'.
  */
 export class SnapshotPublishing {
   private readonly store: SnapshotStore;
 
   constructor(
     config: Pick<NodeAgentConfig, "store" | "stateDir">,
-    private readonly snapshots: Pick<NodeSnapshots, "export" | "import" | "list">,
+    private readonly snapshots: Pick<NodeSnapshots, "export" | "import" | "list" | "layers">,
     log: Logger,
   ) {
     // Tests build configs by hand; an absent store is the loader's default.
@@ -28,8 +29,21 @@ export class SnapshotPublishing {
 
   /** Publishes a snapshot of this node to the cluster's store (a built template); resolves with its digest. */
   async publish(snapshotId: string, labels: Readonly<Record<string, string>>): Promise<PublishedSnapshot> {
-    const data = await this.snapshots.export(snapshotId);
-    return this.store.publish(snapshotId, data, labels);
+    const shared = this.snapshots.layers;
+    const layers = (await shared?.layersOf(snapshotId)) ?? [];
+    const own = await this.snapshots.export(snapshotId, new Set(layers));
+    return this.store.publish(
+      snapshotId,
+      {
+        own: () => own,
+        layers,
+        layer: (name) => {
+          if (!shared) throw new Error("this driver has no shared layers");
+          return shared.exportLayer(name);
+        },
+      },
+      labels,
+    );
   }
 
   /** The snapshot ids published to the cluster's store. */
@@ -42,10 +56,25 @@ export class SnapshotPublishing {
     return this.store.unpublish(snapshotId);
   }
 
-  /** Pulls a published snapshot from the store (digest checked) unless this node has it already. */
-  async pull(snapshotId: string, digest: string): Promise<SnapshotImage> {
+  /** Removes the store's layers no published snapshot stacks (see SnapshotStore.collectLayers). */
+  collectLayers(graceMs: number): Promise<string[]> {
+    return this.store.collectLayers(graceMs);
+  }
+
+  /**
+   * Pulls a published snapshot from the store (digests checked) unless this node has it already: its own part and
+   * the layers this node lacks.
+   */
+  async pull(snapshotId: string, digest: string): Promise<{ snapshot: SnapshotImage; downloadedBytes: number }> {
     const have = (await this.snapshots.list()).find((s) => s.snapshotId === snapshotId);
-    if (have) return have;
-    return this.store.pull(snapshotId, digest, (data) => this.snapshots.import(snapshotId, data));
+    if (have) return { snapshot: have, downloadedBytes: 0 };
+    const local = new Set((await this.snapshots.layers?.localLayers()) ?? []);
+    const { result, downloadedBytes } = await this.store.pull(
+      snapshotId,
+      digest,
+      (layer) => local.has(layer),
+      (data) => this.snapshots.import(snapshotId, data),
+    );
+    return { snapshot: result, downloadedBytes };
   }
 }

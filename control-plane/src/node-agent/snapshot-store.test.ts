@@ -1,13 +1,16 @@
+import { execFileSync } from "node:child_process";
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { createLogger } from "./log.js";
-import { SnapshotStore } from "./snapshot-store.js";
+import { type SnapshotParts, SnapshotStore } from "./snapshot-store.js";
 
 // The embedded store (an OCI layout directory): publish, list, pull with the digest checked, and unpublish with
-// the blobs nothing else refers to removed. skopeo and umoci are the real tools (scripts/setup-host.sh).
+// the blobs nothing else refers to removed; snapshots with shared layers push and pull only the layers the other
+// side lacks. skopeo and umoci are the real tools (scripts/setup-host.sh).
 const root = mkdtempSync(join(tmpdir(), "warren-store-"));
+const storeDir = join(root, "store");
 const store = new SnapshotStore(
   { url: `oci:${join(root, "store")}`, insecure: false },
   join(root, "work"),
@@ -19,6 +22,23 @@ afterAll(() => rmSync(root, { recursive: true, force: true }));
 async function* bytes(text: string): AsyncIterable<Uint8Array> {
   yield Buffer.from(text);
 }
+
+/** A snapshot of one part (a driver without shared layers). */
+const whole = (text: string): SnapshotParts => ({ own: () => bytes(text), layers: [], layer: () => bytes("") });
+
+/** A snapshot whose own part is `own` over shared layers (name → content), each export counted. */
+function layered(own: string, layers: Record<string, string>, exported: string[] = []): SnapshotParts {
+  return {
+    own: () => bytes(own),
+    layers: Object.keys(layers),
+    layer: (name) => {
+      exported.push(name);
+      return bytes(layers[name] ?? "");
+    },
+  };
+}
+
+const nothing = () => false;
 
 async function collect(data: AsyncIterable<Uint8Array>): Promise<string> {
   const chunks: Buffer[] = [];
@@ -34,15 +54,15 @@ describe("the OCI layout snapshot store", () => {
   });
 
   it("publishes, lists and pulls snapshots, each checked against its digest", async () => {
-    const one = await store.publish("sone", bytes("first snapshot"), { kind: "test" });
-    await store.publish("stwo", bytes("second snapshot"), { kind: "test" });
+    const one = await store.publish("sone", whole("first snapshot"), { kind: "test" });
+    await store.publish("stwo", whole("second snapshot"), { kind: "test" });
     expect((await store.listPublished()).sort()).toEqual(["sone", "stwo"]);
-    expect(await store.pull("sone", one.digest, collect)).toBe("first snapshot");
-    await expect(store.pull("stwo", one.digest, collect)).rejects.toThrow(/does not match the published/);
+    expect((await store.pull("sone", one.digest, nothing, collect)).result).toBe("first snapshot");
+    await expect(store.pull("stwo", one.digest, nothing, collect)).rejects.toThrow(/does not match the published/);
   });
 
   it("refuses a snapshot whose layer was changed in the store (the blob no longer matches its digest)", async () => {
-    const published = await store.publish("stamper", bytes("original content"), { kind: "test" });
+    const published = await store.publish("stamper", whole("original content"), { kind: "test" });
     // The store's own copy of the layer (skopeo may have compressed it: its blob name is not the published digest).
     const blob = (digest: string) => join(root, "store", "blobs", "sha256", digest.slice("sha256:".length));
     const index = JSON.parse(readFileSync(join(root, "store", "index.json"), "utf8")) as {
@@ -51,7 +71,7 @@ describe("the OCI layout snapshot store", () => {
     const entry = index.manifests.find((m) => m.annotations["org.opencontainers.image.ref.name"] === "stamper");
     const manifest = JSON.parse(readFileSync(blob(entry?.digest ?? ""), "utf8")) as { layers: { digest: string }[] };
     writeFileSync(blob(manifest.layers[0]?.digest ?? ""), "tampered content");
-    await expect(store.pull("stamper", published.digest, collect)).rejects.toThrow(/digest|match/i);
+    await expect(store.pull("stamper", published.digest, nothing, collect)).rejects.toThrow(/digest|match/i);
     // Nothing of the failed pull is left in the node's work folder.
     expect(readdirSync(join(root, "work"))).toEqual([]);
     await store.unpublish("stamper");
@@ -66,5 +86,67 @@ describe("the OCI layout snapshot store", () => {
     await store.unpublish("sone");
     expect(await store.listPublished()).toEqual(["stwo"]);
     await expect(store.unpublish("../x")).rejects.toThrow(/not a snapshot id/);
+  });
+
+  it("pushes a shared layer once and pulls only the layers a node lacks, each checked by digest", async () => {
+    const exported: string[] = [];
+    const first = await store.publish("sbase", layered("base own", { lbase: "template files" }, exported), {});
+    expect(first).toMatchObject({ sizeBytes: 8 + 14, uploadedBytes: 8 + 14 });
+    // A sandbox over the same template: its own layer is new, the template's is in the store already.
+    const second = await store.publish(
+      "spause",
+      layered("pause own", { lsandbox: "sandbox files", lbase: "template files" }, exported),
+      {},
+    );
+    expect(exported).toEqual(["lbase", "lsandbox"]);
+    expect(second).toMatchObject({ sizeBytes: 9 + 13 + 14, uploadedBytes: 9 + 13 });
+    // Shared layers are not snapshots.
+    expect((await store.listPublished()).sort()).toEqual(["sbase", "spause", "stwo"]);
+    // A node without any layer gets the own part first, then every layer, as one stream.
+    const fresh = await store.pull("spause", second.digest, nothing, collect);
+    expect(fresh).toEqual({ result: "pause ownsandbox filestemplate files", downloadedBytes: 9 + 13 + 14 });
+    // A node holding the template's layer gets the rest only.
+    const warm = await store.pull("spause", second.digest, (layer) => layer === "lbase", collect);
+    expect(warm).toEqual({ result: "pause ownsandbox files", downloadedBytes: 9 + 13 });
+    // Another digest (another snapshot's parts list) is refused.
+    await expect(store.pull("spause", first.digest, nothing, collect)).rejects.toThrow(/does not match/);
+  });
+
+  it("refuses a shared layer changed in the store", async () => {
+    const published = await store.publish("sshared", layered("own", { ltamper: "layer content" }), {});
+    const index = JSON.parse(readFileSync(join(root, "store", "index.json"), "utf8")) as {
+      manifests: { digest: string; annotations: Record<string, string> }[];
+    };
+    const entry = index.manifests.find((m) => m.annotations["org.opencontainers.image.ref.name"] === "layer.ltamper");
+    const blob = (digest: string) => join(root, "store", "blobs", "sha256", digest.slice("sha256:".length));
+    const manifest = JSON.parse(readFileSync(blob(entry?.digest ?? ""), "utf8")) as { layers: { digest: string }[] };
+    const layerBlob = blob(manifest.layers[0]?.digest ?? "");
+    writeFileSync(layerBlob, "layer CONTENT");
+    // skopeo checks the blob against its manifest; the parts list's digest is checked after.
+    await expect(store.pull("sshared", published.digest, nothing, collect)).rejects.toThrow(/ltamper.*did not match/);
+    // A node that has the layer does not read it and is not affected.
+    expect((await store.pull("sshared", published.digest, (l) => l === "ltamper", collect)).result).toBe("own");
+    writeFileSync(layerBlob, "layer content");
+    // A well-formed image tagged in its place (another layer's) is refused by the parts list's digest.
+    execFileSync("skopeo", [
+      "--insecure-policy",
+      "copy",
+      `oci:${storeDir}:layer.lbase`,
+      `oci:${storeDir}:layer.ltamper`,
+    ]);
+    await expect(store.pull("sshared", published.digest, nothing, collect)).rejects.toThrow(
+      /'layer.ltamper' in the store does not match the published/,
+    );
+    await store.unpublish("sshared");
+  });
+
+  it("collects the layers no published snapshot stacks, after their grace", async () => {
+    await store.unpublish("spause");
+    // lsandbox and ltamper are no one's now; lbase is still sbase's. A young layer stays within its grace.
+    expect(await store.collectLayers(60_000)).toEqual([]);
+    expect((await store.collectLayers(0)).sort()).toEqual(["lsandbox", "ltamper"]);
+    await store.unpublish("sbase");
+    expect(await store.collectLayers(0)).toEqual(["lbase"]);
+    expect(await store.collectLayers(0)).toEqual([]);
   });
 });

@@ -154,6 +154,20 @@ export interface SnapshotImage {
   readonly createdAt: number;
 }
 
+/**
+ * A driver's snapshot layers: immutable, named once for all (a name is its content), shared by every snapshot
+ * that stacks them. A snapshot of a sandbox made from a template stacks the template's layers, so moving it, or
+ * publishing it to the store, moves only the sandbox's own.
+ */
+export interface SnapshotLayers {
+  /** The snapshot's layer names, topmost first; undefined for an unknown snapshot. */
+  layersOf(snapshotId: string): Promise<readonly string[] | undefined>;
+  /** Every layer on this node. */
+  localLayers(): Promise<readonly string[]>;
+  /** One layer as a byte stream, which `importSnapshot` reads after an export that left it out. */
+  exportLayer(name: string): AsyncIterable<Uint8Array>;
+}
+
 export interface SnapshotOptions {
   /**
    * Files only, even where the driver keeps memory (a template build's step layers: a sandbox started from one
@@ -233,11 +247,17 @@ export interface RuntimeDriver {
   listSnapshots(): Promise<SnapshotImage[]>;
   /**
    * The snapshot as one byte stream (a tar of everything it needs), for `importSnapshot` on another node with the
-   * same driver: how a paused sandbox moves between nodes. Drivers without it keep sandboxes where they are.
+   * same driver: how a paused sandbox moves between nodes. Drivers without it keep sandboxes where they are. With
+   * `snapshotLayers`, the layers named in `omitLayers` are left out (the receiver has them).
    */
-  exportSnapshot?(snapshotId: string): AsyncIterable<Uint8Array>;
-  /** Stores a stream `exportSnapshot` made (on another node) as snapshot `snapshotId`; on failure nothing is left. */
+  exportSnapshot?(snapshotId: string, omitLayers?: ReadonlySet<string>): AsyncIterable<Uint8Array>;
+  /**
+   * Stores a stream `exportSnapshot` made (on another node) as snapshot `snapshotId`; on failure nothing is left.
+   * With `snapshotLayers`, the stream may leave out layers this node has and be followed by `exportLayer` streams.
+   */
   importSnapshot?(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<SnapshotImage>;
+  /** Drivers whose snapshots stack shared, immutable layers: transfers move only the layers the other side lacks. */
+  readonly snapshotLayers?: SnapshotLayers;
   /**
    * Replaces the instance's egress policy while it runs (or is paused); kept with the instance and restored after
    * an agent restart. Drivers without it keep every sandbox's egress closed (the agent refuses other policies).

@@ -12,6 +12,7 @@ import type {
   RuntimeDriver,
   SandboxResources,
   SnapshotImage,
+  SnapshotLayers,
   SnapshotOptions,
   TemplateImage,
 } from "../driver.js";
@@ -295,8 +296,12 @@ export class NamespaceDriver implements RuntimeDriver {
     return this.snapshots.list();
   }
 
-  exportSnapshot(snapshotId: string): AsyncIterable<Uint8Array> {
-    return this.snapshots.export(snapshotId);
+  exportSnapshot(snapshotId: string, omitLayers?: ReadonlySet<string>): AsyncIterable<Uint8Array> {
+    return this.snapshots.export(snapshotId, omitLayers);
+  }
+
+  get snapshotLayers(): SnapshotLayers {
+    return this.snapshots.layers;
   }
 
   async importSnapshot(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<SnapshotImage> {
@@ -455,7 +460,7 @@ export class NamespaceDriver implements RuntimeDriver {
     this.instances.delete(record.instanceId);
     this.oomLog.forget(this.memcgPath(record.instanceId));
     await rm(dir, { recursive: true, force: true });
-    if (record.layers?.length) await this.snapshots.collectLayers();
+    if (record.layers?.length || record.captureLayers?.length) await this.snapshots.collectLayers();
   }
 
   private require(instanceId: string): InstanceRecord {

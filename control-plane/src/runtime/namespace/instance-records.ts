@@ -14,6 +14,11 @@ export interface InstanceRecord {
   lowerDir: string;
   /** Snapshot layers stacked above it, topmost first (an instance made from a snapshot). */
   layers?: string[];
+  /**
+   * The whole layer stack of this instance's last snapshot, topmost first: the next capture writes only what
+   * changed since, above it (layer-store.ts `incremental`); kept while the instance lives.
+   */
+  captureLayers?: string[];
   allowSetuid: boolean;
   /** Runs the code gateway next to envd (ready only when both answer). */
   codeGateway?: boolean;

@@ -1,7 +1,7 @@
-import { readFile, writeFile } from "node:fs/promises";
-import { join } from "node:path";
+import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { basename, join } from "node:path";
 import type { Logger } from "@warren/platform/log";
-import type { SandboxResources, SnapshotImage, TemplateImage } from "../driver.js";
+import type { SandboxResources, SnapshotImage, SnapshotLayers, TemplateImage } from "../driver.js";
 import { exec } from "../exec.js";
 import type { CgroupManager } from "./cgroups.js";
 import { criuDeadlineMs, criuDump, criuExternalFiles } from "./criu.js";
@@ -68,9 +68,12 @@ export class InstanceSnapshots {
       this.options.tiers.canCheckpoint &&
       !record.stopped &&
       (record.checkpoint || record.pid !== undefined);
+    const manifestDir = join(this.options.records.dir(instanceId), "captures");
     try {
+      await mkdir(manifestDir, { recursive: true });
+      const previous = record.captureLayers;
       const {
-        layers: _layers,
+        layers,
         criu: _criu,
         ...image
       } = await this.store.capture(
@@ -81,9 +84,15 @@ export class InstanceSnapshots {
           resources: record.resources,
           upperDir: join(this.options.records.dir(instanceId), "disk", "upper"),
           layers: record.layers ?? [],
+          incremental: { manifestDir, ...(previous ? { previous } : {}) },
         },
         withMemory ? (imagesDir) => this.dumpForSnapshot(record, imagesDir) : undefined,
       );
+      // The new stack is the base of the next capture; the previous one's manifest is done with.
+      record.captureLayers = [...layers];
+      await this.options.records.persist(record);
+      const replaced = previous?.[0];
+      if (replaced) await rm(join(manifestDir, `${basename(replaced)}.manifest`), { force: true });
       return image;
     } finally {
       // Frozen again whatever CRIU did to the freezer (a paused sandbox stays paused), then thawed if it ran.
@@ -160,9 +169,16 @@ export class InstanceSnapshots {
     return (await this.store.list()).map(({ layers: _layers, ...image }) => image);
   }
 
-  export(snapshotId: string): AsyncIterable<Uint8Array> {
-    return this.store.export(snapshotId);
+  export(snapshotId: string, omitLayers?: ReadonlySet<string>): AsyncIterable<Uint8Array> {
+    return this.store.export(snapshotId, omitLayers);
   }
+
+  /** The layer store's layers, as the driver offers them (`RuntimeDriver.snapshotLayers`). */
+  readonly layers: SnapshotLayers = {
+    layersOf: (snapshotId) => this.store.layerNames(snapshotId),
+    localLayers: () => this.store.localLayers(),
+    exportLayer: (name) => this.store.exportLayer(name),
+  };
 
   async import(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<SnapshotImage> {
     const { layers: _layers, ...image } = await this.store.import(snapshotId, data);
@@ -172,7 +188,9 @@ export class InstanceSnapshots {
   /** Removes layers that neither a snapshot nor a live instance uses; never throws (logged). */
   async collectLayers(): Promise<void> {
     await this.store
-      .collect(() => [...this.options.instances.values()].flatMap((r) => r.layers ?? []))
+      .collect(() =>
+        [...this.options.instances.values()].flatMap((r) => [...(r.layers ?? []), ...(r.captureLayers ?? [])]),
+      )
       .catch((error) => this.options.log.error("removing unused snapshot layers failed", { error }));
   }
 }

@@ -10,6 +10,7 @@ import { isSnapshotId } from "@warren/proto/redis";
 import { type SandboxResources, type SnapshotImage, withCurrentResourceNames } from "../driver.js";
 import { exec } from "../exec.js";
 import type { CriuExternalFiles } from "./criu.js";
+import { captureUpper, TAR_KEEP } from "./layer-diff.js";
 
 /** A CRIU dump kept with a snapshot (`snapshots/<id>/memory/`): what a restore into a new instance needs. */
 export interface MemoryImage extends CriuExternalFiles {
@@ -33,6 +34,12 @@ export interface CaptureSource {
   readonly upperDir: string;
   /** The layers the instance already stacks on its template (it may itself come from a snapshot). */
   readonly layers: readonly string[];
+  /**
+   * Incremental captures (layer-diff.ts): the previous capture of this same writable layer (its snapshot's whole
+   * stack, topmost first; undefined before the first) and the folder where captures keep their manifests. The new
+   * layer then holds only what changed since, stacked above the previous capture's.
+   */
+  readonly incremental?: { readonly previous?: readonly string[]; readonly manifestDir: string };
 }
 
 /**
@@ -42,8 +49,16 @@ export interface CaptureSource {
 export const MAX_LAYERS = 32;
 
 const LAYER_NAME = /^l[0-9a-f]{16}$/;
-/** What tar must keep for a layer to work as one: owners as numbers, modes, xattrs (opaque dirs), devices. */
-const TAR_KEEP = ["--xattrs", "--xattrs-include=*", "--numeric-owner", "--acls"];
+/**
+ * How deep a chain of incremental captures of one sandbox may grow before a capture copies its whole writable
+ * layer again: below MAX_LAYERS, so sandboxes made from the last capture can still be snapshotted a few times.
+ */
+export const MAX_CAPTURE_CHAIN = 24;
+/**
+ * The same layer always makes the same bytes (the store names a layer by name once and checks it by digest, and
+ * two nodes may push one): entries by name, no access or change times, no pid in pax header names.
+ */
+const TAR_REPRODUCIBLE = ["--sort=name", "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime"];
 
 /**
  * Snapshots of namespace sandboxes as overlayfs layers on the node's disk. A snapshot copies the sandbox's
@@ -83,9 +98,11 @@ export class LayerStore {
 
   /**
    * Copies `source.upperDir` into a new layer and records the snapshot. The caller keeps the sandbox still
-   * (frozen) meanwhile. `cp -a` keeps what overlayfs put there: uid-shifted owners, modes, xattrs (opaque dirs)
-   * and whiteouts (0:0 character devices), which overlayfs honours in lower layers too. With `dumpMemory`, the
-   * processes are dumped next to it (after the files, from the same frozen moment).
+   * (frozen) meanwhile. The copy keeps what overlayfs put there: uid-shifted owners, modes, xattrs (opaque dirs)
+   * and whiteouts (0:0 character devices), which overlayfs honours in lower layers too. With `incremental`, a
+   * capture after the first copies only what changed since the previous one (a template build's later steps, a
+   * sandbox paused again), as a layer above that capture's. With `dumpMemory`, the processes are dumped next to it
+   * (after the files, from the same frozen moment).
    */
   async capture(
     snapshotId: string,
@@ -100,8 +117,29 @@ export class LayerStore {
     const layerId = `l${randomBytes(8).toString("hex")}`;
     const tmpLayer = join(this.layersDir, `.${layerId}`);
     const tmpMeta = join(this.snapshotsDir, `.${snapshotId}-${layerId}`);
+    const { previous, manifestDir } = source.incremental ?? {};
+    // The previous capture's manifest is named after its top layer: only kept with that layer's stack.
+    const stacked =
+      previous?.[0] !== undefined &&
+      previous.length < MAX_CAPTURE_CHAIN &&
+      previous.every((layer) => existsSync(layer)) &&
+      manifestDir !== undefined;
+    const manifestFile = manifestDir ? join(manifestDir, `${layerId}.manifest`) : undefined;
+    this.hold(previous ?? []);
     try {
-      await exec("cp", ["-a", "--", source.upperDir, tmpLayer]);
+      let below = source.layers;
+      if (manifestFile) {
+        const captured = await captureUpper({
+          upperDir: source.upperDir,
+          layerDir: tmpLayer,
+          manifestFile,
+          ...(stacked ? { previousManifestFile: join(manifestDir, `${basename(previous[0] ?? "")}.manifest`) } : {}),
+        });
+        // A full copy holds the whole writable layer: it goes right above what the instance was made from.
+        if (captured.kind === "diff" && previous) below = previous;
+      } else {
+        await exec("cp", ["-a", "--", source.upperDir, tmpLayer]);
+      }
       await mkdir(tmpMeta, { mode: 0o755 });
       const criu = dumpMemory ? await dumpMemory(join(tmpMeta, "memory")) : undefined;
       // `du -c` ends with the total of the layer and the description (with its memory images).
@@ -117,7 +155,7 @@ export class LayerStore {
         resources: source.resources,
         sizeBytes,
         createdAt: Date.now(),
-        layers: [layer, ...source.layers],
+        layers: [layer, ...below],
         ...(criu ? { criu } : {}),
       };
       await writeFile(join(tmpMeta, "snapshot.json"), JSON.stringify(snapshot));
@@ -134,7 +172,10 @@ export class LayerStore {
     } catch (error) {
       await rm(tmpLayer, { recursive: true, force: true });
       await rm(tmpMeta, { recursive: true, force: true });
+      if (manifestFile) await rm(manifestFile, { force: true });
       throw error;
+    } finally {
+      this.unhold(previous ?? []);
     }
   }
 
@@ -194,45 +235,54 @@ export class LayerStore {
     await rm(join(this.snapshotsDir, snapshotId), { recursive: true, force: true });
   }
 
+  /** The names of the snapshot's layers, topmost first (undefined for an unknown snapshot). */
+  async layerNames(snapshotId: string): Promise<string[] | undefined> {
+    return (await this.get(snapshotId))?.layers.map((layer) => basename(layer));
+  }
+
+  /** The names of every layer on this node. */
+  async localLayers(): Promise<string[]> {
+    const names = existsSync(this.layersDir) ? await readdir(this.layersDir) : [];
+    return names.filter((name) => LAYER_NAME.test(name));
+  }
+
   /**
-   * The snapshot as a tar stream: `snapshots/<id>/snapshot.json` and each of its layers as `layers/<name>/`
-   * (paths relative to the state dir), for `import` on another node. The layers stay pinned while it streams.
+   * The snapshot as a tar stream: `snapshots/<id>/` (its description and memory) and each of its layers as
+   * `layers/<name>/` (paths relative to the state dir) but those in `omitLayers` (the receiver has them, or gets
+   * them separately from `exportLayer`), for `import` on another node. The layers stay pinned while it streams.
    */
-  async *export(snapshotId: string): AsyncIterable<Uint8Array> {
+  async *export(snapshotId: string, omitLayers: ReadonlySet<string> = new Set()): AsyncIterable<Uint8Array> {
     const { snapshot, release } = await this.pin(snapshotId);
     try {
       const root = join(this.layersDir, "..");
       const members = [
         relative(root, join(this.snapshotsDir, snapshotId)),
-        ...snapshot.layers.map((layer) => relative(root, layer)),
+        ...snapshot.layers.filter((layer) => !omitLayers.has(basename(layer))).map((layer) => relative(root, layer)),
       ];
-      const tar = spawn("tar", ["--create", ...TAR_KEEP, "-C", root, "--", ...members], {
-        stdio: ["ignore", "pipe", "pipe"],
-      });
-      let stderr = "";
-      tar.stderr.on("data", (chunk: Buffer) => {
-        stderr += chunk.toString();
-      });
-      const exited = new Promise<number>((resolve) => tar.once("close", (code) => resolve(code ?? 1)));
-      let streamed = false;
-      try {
-        for await (const chunk of tar.stdout) yield chunk as Buffer;
-        streamed = true;
-      } finally {
-        // Only a consumer that stopped early ends tar; after its last byte, tar is left to exit by itself.
-        if (!streamed) tar.kill("SIGKILL");
-      }
-      const code = await exited;
-      if (code !== 0) throw new Error(`tar of snapshot '${snapshotId}' failed (${code}): ${stderr.trim()}`);
+      yield* tarCreate(root, members, `snapshot '${snapshotId}'`);
     } finally {
       release();
     }
   }
 
+  /** One layer as a tar stream (`layers/<name>/`), which `import` reads after an export that omitted it. */
+  async *exportLayer(name: string): AsyncIterable<Uint8Array> {
+    const layer = join(this.layersDir, name);
+    if (!LAYER_NAME.test(name) || !existsSync(layer)) throw new Error(`layer '${name}' is not on this node`);
+    this.hold([layer]);
+    try {
+      yield* tarCreate(join(this.layersDir, ".."), [relative(join(this.layersDir, ".."), layer)], `layer '${name}'`);
+    } finally {
+      this.unhold([layer]);
+    }
+  }
+
   /**
-   * Stores a stream `export` made on another node. Its layers keep their names (random, so the same name is the
-   * same content: a layer this node already has is kept and the copy dropped); the description is rewritten to
-   * this node's paths. Extracted into a hidden directory first: a failure leaves nothing.
+   * Stores a stream `export` made on another node, possibly followed by `exportLayer` streams (tar archives one
+   * after the other: read with `--ignore-zeros`). Its layers keep their names (random, so the same name is the
+   * same content: a layer this node already has is kept and the copy dropped); a layer the stream left out must be
+   * on this node already. The description is rewritten to this node's paths. Extracted into a hidden directory
+   * first: a failure leaves nothing.
    */
   async import(snapshotId: string, data: AsyncIterable<Uint8Array>): Promise<LayeredSnapshot> {
     if (!isSnapshotId(snapshotId)) throw new Error(`invalid snapshot id '${snapshotId}'`);
@@ -241,7 +291,8 @@ export class LayerStore {
     await mkdir(tmp);
     const moved: string[] = [];
     try {
-      const tar = spawn("tar", ["--extract", ...TAR_KEEP, "--same-owner", "--same-permissions", "-C", tmp], {
+      const extract = ["--extract", "--ignore-zeros", ...TAR_KEEP, "--same-owner", "--same-permissions", "-C", tmp];
+      const tar = spawn("tar", extract, {
         stdio: ["pipe", "ignore", "pipe"],
       });
       let stderr = "";
@@ -275,6 +326,9 @@ export class LayerStore {
         for (const name of names) {
           const target = join(this.layersDir, name);
           if (existsSync(target)) continue;
+          if (!existsSync(join(tmp, "layers", name))) {
+            throw new Error(`layer '${name}' of snapshot '${snapshotId}' is neither in the stream nor on this node`);
+          }
           await rename(join(tmp, "layers", name), target);
           moved.push(target);
         }
@@ -307,4 +361,26 @@ export class LayerStore {
       await rm(layer, { recursive: true, force: true });
     }
   }
+}
+
+/** `tar --create` of `members` under `root` as a stream; a consumer that stops early ends tar. */
+async function* tarCreate(root: string, members: readonly string[], what: string): AsyncIterable<Uint8Array> {
+  const tar = spawn("tar", ["--create", ...TAR_KEEP, ...TAR_REPRODUCIBLE, "-C", root, "--", ...members], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let stderr = "";
+  tar.stderr.on("data", (chunk: Buffer) => {
+    stderr += chunk.toString();
+  });
+  const exited = new Promise<number>((resolve) => tar.once("close", (code) => resolve(code ?? 1)));
+  let streamed = false;
+  try {
+    for await (const chunk of tar.stdout) yield chunk as Buffer;
+    streamed = true;
+  } finally {
+    // Only a consumer that stopped early ends tar; after its last byte, tar is left to exit by itself.
+    if (!streamed) tar.kill("SIGKILL");
+  }
+  const code = await exited;
+  if (code !== 0) throw new Error(`tar of ${what} failed (${code}): ${stderr.trim()}`);
 }

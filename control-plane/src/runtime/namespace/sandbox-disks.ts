@@ -49,8 +49,10 @@ export type DiskLaunch = Readonly<Record<string, string>>;
  * fresh copy of a formatted image), so there is nothing to replay, and writes go straight to their blocks. No
  * blocks reserved for root (sandbox root is the sandbox's own). Inode tables are left unzeroed (lazy_itable_init)
  * and the mount says `noinit_itable`, so neither mkfs nor the kernel writes them: the image stays sparse.
+ * 256-byte inodes at every size (mkfs gives small filesystems 128): they keep nanosecond times, which incremental
+ * snapshots of the writable layer compare (layer-diff.ts).
  */
-const MKFS_ARGS = ["-q", "-F", "-m", "0", "-O", "^has_journal"];
+const MKFS_ARGS = ["-q", "-F", "-m", "0", "-O", "^has_journal", "-I", "256"];
 
 /**
  * Writable layers of this agent's sandboxes: which kind the node gets (the start-up probe); one formatted, sparse
