@@ -3,8 +3,10 @@
 //   node e2e/bench/templates.mjs [--quick]
 // Starts its own cluster (two namespace node agents, the template store on a loopback docker-registry) in a temp
 // dir and drives it with the official e2b SDK: a cold five-step build, the same build fully cached, create from a
-// custom template → first command side by side with `base`, and a template's first pull onto another node.
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+// custom template → first command side by side with `base`, a template's first pull onto another node, and what
+// the step layers of a build whose first step writes BIG_MB take on the node's disk and in the store (from the
+// node agents' "sandbox snapshotted" and "snapshot published" logs).
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { LocalCluster } from "@warren/local";
@@ -50,6 +52,23 @@ async function createAndRun(template) {
   const elapsed = performance.now() - t0;
   await sbx.kill();
   return elapsed;
+}
+
+/** What the node agents log from now on: `sum(msg, field)` adds a field over the new lines with that message. */
+function agentLogs(instances) {
+  const files = instances.map((i) => join(dataDir, "logs", `node-agent-${i}.log`));
+  const offsets = files.map((file) => statSync(file).size);
+  return {
+    sum(msg, field) {
+      let total = 0;
+      files.forEach((file, i) => {
+        for (const row of readFileSync(file, "utf8").slice(offsets[i]).split("\n")) {
+          if (row.includes(`"${msg}"`)) total += Number(JSON.parse(row)[field] ?? 0);
+        }
+      });
+      return total;
+    },
+  };
 }
 
 async function nodeOf(cluster, sandboxId) {
@@ -130,6 +149,23 @@ async function main() {
     await cordon(home, false);
     line(`first create on ${other}: pull ${BIG_MB} MB + create + command`, ms(pulled.ms));
     line(`second create there (copy cached)`, ms(again.ms));
+
+    // Three steps after one that writes BIG_MB: each later step's layer holds only what it changed.
+    const logs = agentLogs(["qa", "qb"]);
+    const layered = Template()
+      .fromTemplate("base")
+      .runCmd(`head -c ${BIG_MB}M /dev/urandom > /opt/first`, { user: "root" })
+      .runCmd("echo 2 > /opt/second", { user: "root" })
+      .runCmd("echo 3 > /opt/third", { user: "root" })
+      .runCmd("echo 4 > /opt/fourth", { user: "root" });
+    const layeredBuild = await timed(() => Template.build(layered, "bench-layers"));
+    const mib = (bytes) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+    line(`build: a ${BIG_MB} MB step + 3 small steps (publish included)`, ms(layeredBuild.ms));
+    line(
+      "  its snapshots on the node (4 step layers + the ready one)",
+      `${logs.sum("sandbox snapshotted", "sizeMiB").toFixed(1)} MiB`,
+    );
+    line("  moved to the store by its publishes", mib(logs.sum("snapshot published", "uploadedBytes")));
   } finally {
     await cluster.stop();
     await registry.process.stop();
