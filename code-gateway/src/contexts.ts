@@ -65,7 +65,17 @@ export class CodeContext implements ContextInfo {
       (previous) => previous.shutdown(),
       () => undefined,
     );
-    const next = this.startKernel();
+    // A kernel that cannot start beside the old one's processes (a fork bomb's, holding the sandbox's process
+    // limit until they are reaped: ZeroMQ then cannot make its threads) is started again once they are gone.
+    const next = this.startKernel().catch(async (error: unknown) => {
+      await stopped;
+      this.log.warn("kernel did not start beside the old one; starting it again", {
+        contextId: this.id,
+        language: this.language,
+        error: error instanceof Error ? error.message : String(error),
+      });
+      return this.startKernel();
+    });
     this.kernel = Promise.all([next, stopped]).then(([kernel]) => kernel);
     return this.kernel;
   }

@@ -28,8 +28,9 @@ beforeAll(async () => {
       WARREN_STORE: `docker://${registry.host}/warren`,
       WARREN_STORE_INSECURE: "1",
       WARREN_STORE_GC_INTERVAL_MS: "1000",
-      // Layers no snapshot lists leave at the next collection (nothing else publishes meanwhile here).
-      WARREN_STORE_LAYER_GRACE_MS: "1",
+      // Layers no snapshot lists leave at a collection 20 s after their push (a publish pushes its layers first:
+      // a shorter grace would take them from under a publish in progress).
+      WARREN_STORE_LAYER_GRACE_MS: "20000",
     },
   });
   env = await cluster.start();
@@ -99,7 +100,7 @@ describe("the template store across nodes", () => {
       headers: { "X-API-KEY": env.E2B_API_KEY },
     });
     expect(removed.status).toBe(204);
-    const deadline = Date.now() + 30_000;
+    const deadline = Date.now() + 60_000;
     while ((await tags()).length > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 500));
     expect(await tags()).toEqual([]);
     expect((await running.commands.run("cat /opt/where")).stdout.trim()).toBe("portable");

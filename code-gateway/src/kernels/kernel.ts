@@ -260,6 +260,7 @@ export class Kernel {
     const graceful = wasAlive && this.death !== undefined;
     this.killGroup();
     await this.exited;
+    await this.groupReaped();
     this.closeSockets();
     await rm(this.dir, { recursive: true, force: true });
     if (wasAlive) {
@@ -279,6 +280,24 @@ export class Kernel {
       process.kill(-pid, "SIGKILL");
     } catch {
       // the group is already gone
+    }
+  }
+
+  /**
+   * Waits (at most 5 s) until no process of the kernel's group is left, reaped ones included: what it forked
+   * counts against the sandbox's process limit until then, and a new kernel could not start.
+   */
+  private async groupReaped(): Promise<void> {
+    const pid = this.child.pid;
+    if (!pid) return;
+    const deadline = performance.now() + 5000;
+    while (performance.now() < deadline) {
+      try {
+        process.kill(-pid, 0);
+      } catch {
+        return;
+      }
+      await new Promise((resolve) => setTimeout(resolve, 20));
     }
   }
 

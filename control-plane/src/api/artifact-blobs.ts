@@ -1,6 +1,6 @@
 import { createHash, randomBytes } from "node:crypto";
 import { createReadStream, createWriteStream, type ReadStream } from "node:fs";
-import { mkdir, readdir, rename, rm, stat } from "node:fs/promises";
+import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { PassThrough, Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
@@ -110,10 +110,12 @@ export class ArtifactBlobs {
 
   /** The blob's bytes; undefined when it is not there (removed under the caller, or the folder was lost). */
   async open(sha256: string): Promise<{ stream: ReadStream; sizeBytes: number } | undefined> {
-    const path = this.blobPath(sha256);
-    const info = await stat(path).catch(() => undefined);
-    if (!info) return undefined;
-    return { stream: createReadStream(path), sizeBytes: info.size };
+    // Opened before the stream exists: a path-based stream opens lazily, and a blob removed in between made it
+    // emit ENOENT with no listener yet (an uncaught error, seen in the tests).
+    const handle = await open(this.blobPath(sha256), "r").catch(() => undefined);
+    if (!handle) return undefined;
+    const info = await handle.stat();
+    return { stream: handle.createReadStream(), sizeBytes: info.size };
   }
 
   /**

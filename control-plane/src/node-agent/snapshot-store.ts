@@ -94,10 +94,7 @@ export class SnapshotStore {
         layers.push({ name, ...known });
         continue;
       }
-      const pushed = await this.oci.push(tag, parts.layer(name), (ref) => ({
-        [LAYER_LABEL]: name,
-        [`${LAYER_LABEL}.size`]: `${ref.size}`,
-      }));
+      const pushed = await this.pushLayer(name, parts);
       uploadedBytes += pushed.size;
       layers.push({ name, ...pushed });
     }
@@ -108,6 +105,17 @@ export class SnapshotStore {
       return { ...labels, "dev.warren.snapshot": snapshotId, ...(layers.length > 0 ? { [PARTS_LABEL]: list } : {}) };
     });
     uploadedBytes += own.size;
+    // A layer found in the store may have been collected since (no snapshot listed it while this publish ran):
+    // pushed again, the same bytes (layer tars are reproducible), so the snapshot never lists a missing part.
+    const after = new Set(await this.oci.listTags());
+    for (const layer of layers) {
+      if (after.has(`${LAYER_TAG_PREFIX}${layer.name}`)) continue;
+      const again = await this.pushLayer(layer.name, parts);
+      if (again.digest !== layer.digest) {
+        throw new AgentError("internal", `layer '${layer.name}' changed while snapshot '${snapshotId}' was published`);
+      }
+      uploadedBytes += again.size;
+    }
     const sizeBytes = own.size + layers.reduce((sum, layer) => sum + layer.size, 0);
     this.log.info("snapshot published", {
       snapshotId,
@@ -120,6 +128,14 @@ export class SnapshotStore {
     // Without shared layers the snapshot is one part, and its digest is that part's, as before parts existed.
     const digest = layers.length > 0 ? `sha256:${createHash("sha256").update(list).digest("hex")}` : own.digest;
     return { digest, sizeBytes, uploadedBytes };
+  }
+
+  /** Pushes one of the snapshot's layers under `layer.<name>`, its size in a label (`layerRef` reads it back). */
+  private pushLayer(name: string, parts: SnapshotParts): Promise<BlobRef> {
+    return this.oci.push(`${LAYER_TAG_PREFIX}${name}`, parts.layer(name), (ref) => ({
+      [LAYER_LABEL]: name,
+      [`${LAYER_LABEL}.size`]: `${ref.size}`,
+    }));
   }
 
   /** A layer the store has: its digest and size from its config (undefined when that is not Warren's). */
