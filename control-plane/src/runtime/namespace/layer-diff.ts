@@ -1,7 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { link, lstat, mkdir, readFile, rename, rm, unlink, writeFile } from "node:fs/promises";
-import { resolve } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import { promisify } from "node:util";
 import { gunzip, gzip } from "node:zlib";
 import { exec } from "../exec.js";
@@ -46,9 +46,10 @@ export interface CaptureUpperOptions {
 /**
  * Kernel timestamps are coarse (a jiffy, 4–10 ms, on tmpfs and ext4 with 256-byte inodes, as sandbox disks are
  * made; a second on ext4 with small inodes): an entry changed in the same tick as the previous capture's walk
- * could keep the same ctime through a later change. Entries whose ctime was this close to the previous capture's
- * start are copied again whatever their ctime says now: ten jiffies where the manifest shows sub-second times,
- * two seconds where every time it holds is a whole second (a filesystem that keeps no more).
+ * could keep the same ctime through a later change. A capture reads the filesystem's clock (UpperManifest.clockS)
+ * and the next one copies again what changed within that tick. Manifests without it (older ones) use a window
+ * around the capture's start instead: ten jiffies where they show sub-second times, two seconds where every time
+ * they hold is a whole second.
  */
 const CTIME_SAFETY_WINDOW_S = 0.1;
 const COARSE_CTIME_SAFETY_WINDOW_S = 2;
@@ -76,6 +77,11 @@ interface ScannedEntry extends ManifestEntry {
 interface UpperManifest {
   readonly upperDir: string;
   readonly startedAtMs: number;
+  /**
+   * The upper dir's filesystem clock when the capture started (the change time it gave a file made then, seconds):
+   * an entry changed before that tick cannot change again unseen; one changed within it can.
+   */
+  readonly clockS?: number;
   /** Path relative to the upper dir ("" for itself) → entry, parents before their children. */
   readonly entries: ReadonlyMap<string, ManifestEntry>;
 }
@@ -95,13 +101,14 @@ export async function captureUpper(options: CaptureUpperOptions): Promise<UpperC
   const tmpManifest = `${options.manifestFile}.${randomBytes(4).toString("hex")}.tmp`;
   try {
     const startedAtMs = Date.now();
+    const clockS = await filesystemClock(dirname(upperDir));
     const current = await scanUpper(upperDir);
     // A new root is a new upper dir (a fresh tmpfs, a copy back from elsewhere): nothing of the old one is there.
     const result =
       previous && sameInode(previous.entries.get(""), current.get(""))
         ? await writeDiff(upperDir, layerDir, previous, current)
         : await writeFull(upperDir, layerDir, current);
-    await writeFile(tmpManifest, await encodeManifest({ upperDir, startedAtMs, entries: current }));
+    await writeFile(tmpManifest, await encodeManifest({ upperDir, startedAtMs, clockS, entries: current }));
     await rename(tmpManifest, options.manifestFile);
     return result;
   } catch (error) {
@@ -148,8 +155,12 @@ function planDiff(previous: UpperManifest, current: ReadonlyMap<string, ScannedE
     for (let dir = parentOf(path); !chosen.has(dir); dir = parentOf(dir)) chosen.set(dir, "structure");
   };
   const wholeSeconds = [...previous.entries.values()].every((entry) => /^\d+(\.0*)?$/.test(entry.ctime));
+  // Entries changed in the filesystem's tick at the previous capture (or after): a millisecond below it, as no
+  // tick is shorter. Manifests from before the clock was kept fall back to a window around the capture's start.
   const windowStart =
-    previous.startedAtMs / 1000 - (wholeSeconds ? COARSE_CTIME_SAFETY_WINDOW_S : CTIME_SAFETY_WINDOW_S);
+    previous.clockS !== undefined
+      ? previous.clockS - 0.001
+      : previous.startedAtMs / 1000 - (wholeSeconds ? COARSE_CTIME_SAFETY_WINDOW_S : CTIME_SAFETY_WINDOW_S);
   for (const [path, now] of current) {
     if (path === "") continue;
     const before = previous.entries.get(path);
@@ -336,6 +347,22 @@ async function scanUpper(upperDir: string): Promise<Map<string, ScannedEntry>> {
   return entries;
 }
 
+/**
+ * The filesystem's current change time at `dir` (seconds): the ctime a file made there now gets, which is what the
+ * kernel's coarse clock stamps on any change in this tick. `dir` is the upper dir's parent (the sandbox disk's
+ * root): nothing made there shows in the sandbox.
+ */
+async function filesystemClock(dir: string): Promise<number> {
+  const probe = join(dir, `.capture-clock-${randomBytes(4).toString("hex")}`);
+  await writeFile(probe, "");
+  try {
+    const { ctimeNs } = await lstat(probe, { bigint: true });
+    return Number(ctimeNs) / 1e9;
+  } finally {
+    await rm(probe, { force: true });
+  }
+}
+
 /** The manifest: a JSON header line (UTF-8), then one `type ino ctime birth path` record per entry, NUL-ended
  * (latin1), gzipped. */
 async function encodeManifest(manifest: UpperManifest): Promise<Buffer> {
@@ -343,6 +370,7 @@ async function encodeManifest(manifest: UpperManifest): Promise<Buffer> {
     format: MANIFEST_FORMAT,
     upperDir: manifest.upperDir,
     startedAtMs: manifest.startedAtMs,
+    clockS: manifest.clockS,
   });
   const records: string[] = [];
   for (const [path, e] of manifest.entries) records.push(`${e.type} ${e.ino} ${e.ctime} ${e.birth} ${path}\0`);
@@ -371,7 +399,8 @@ async function readManifest(file: string, upperDir: string): Promise<UpperManife
       const [type, ino, ctime, birth, path] = fields;
       entries.set(path, { type, ino, ctime, birth });
     }
-    return entries.has("") ? { upperDir, startedAtMs: header.startedAtMs, entries } : undefined;
+    const clockS = typeof header.clockS === "number" ? { clockS: header.clockS } : {};
+    return entries.has("") ? { upperDir, startedAtMs: header.startedAtMs, ...clockS, entries } : undefined;
   } catch {
     return undefined;
   }
