@@ -70,6 +70,9 @@ export async function pushBusyboxImage(
   }
   mkdirSync(join(root, "etc"));
   writeFileSync(join(root, "etc/greeting"), "hello from the image\n");
+  // An image's own node (a `node:22` image's), which stays the sandbox's `node` beside envd's.
+  mkdirSync(join(root, "usr/local/bin"), { recursive: true });
+  writeFileSync(join(root, "usr/local/bin/node"), '#!/bin/sh\necho "the image\'s own node $*"\n', { mode: 0o755 });
   mkdirSync(join(root, "tmp"));
   chmodSync(join(root, "tmp"), 0o1777);
   const layout = join(workDir, "layout");

@@ -112,9 +112,9 @@ describe("the official @e2b/code-interpreter SDK against a whole Warren cluster"
           return { pid: Number(pid), ppid: Number(ppid), sid: Number(sid), args: args.join(" ") };
         });
       const gateway = rows.find(
-        (r) => r.args.includes("/opt/warren/code-gateway/dist/main.js") && r.args.startsWith("/usr/local/bin/node"),
+        (r) => r.args.includes("/opt/warren/code-gateway/dist/main.js") && r.args.startsWith("/opt/warren/bin/node"),
       );
-      const envd = rows.find((r) => r.args.startsWith("/usr/local/bin/node") && r.args.includes("/opt/warren/envd/"));
+      const envd = rows.find((r) => r.args.startsWith("/opt/warren/bin/node") && r.args.includes("/opt/warren/envd/"));
       expect(gateway).toBeDefined();
       expect(envd).toBeDefined();
       expect(gateway?.sid).not.toBe(envd?.sid);

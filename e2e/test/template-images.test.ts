@@ -66,6 +66,8 @@ describe("templates from OCI images", () => {
     expect(await run(sbx, "cat /etc/layered")).toBe("layered");
     expect(await run(sbx, "cat /tmp/seen-at-build")).toBe("from-the-config");
     expect(await run(sbx, "id -un")).toBe("user");
+    // The image's own node is the sandbox's; envd runs on the host's, bound at a path of Warren's own.
+    expect(await run(sbx, "/usr/local/bin/node --version")).toBe("the image's own node --version");
 
     // A rebuild reuses the pulled image (the reference is its cache key, as on E2B).
     const again: string[] = [];

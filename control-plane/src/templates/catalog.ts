@@ -60,9 +60,10 @@ chmod 0440 /etc/sudoers.d/user
 echo sandbox > /etc/hostname
 printf '127.0.0.1\\tlocalhost sandbox\\n::1\\tlocalhost ip6-localhost ip6-loopback\\n' > /etc/hosts
 : > /etc/resolv.conf
-mkdir -p /opt/warren/envd /opt/warren/proto /opt/warren/node_modules /usr/local/bin
+mkdir -p /opt/warren/envd /opt/warren/proto /opt/warren/node_modules /opt/warren/bin /usr/local/bin
+: > /opt/warren/bin/node
 : > /usr/local/bin/node
-chmod 0755 /usr/local/bin/node
+chmod 0755 /opt/warren/bin/node /usr/local/bin/node
 `;
 
 const CLEAN_APT = "apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb";

@@ -81,7 +81,7 @@ export interface NamespaceDriverOptions {
   /** The cap on each sandbox's envd.log (log-cap.ts; default DEFAULT_LOG_CAP). */
   readonly logCap?: LogCapLimits;
   readonly uidBase: number;
-  /** The host's node binary, bind-mounted read-only at /usr/local/bin/node (one copy of its pages per host). */
+  /** The host's node binary, bind-mounted read-only into sandboxes for envd (instance-container.ts ENVD_NODE). */
   readonly nodeBinary: string;
   /** Directory holding envd/, proto/ and node_modules/ (the repository root), bind-mounted read-only. */
   readonly envdRoot: string;

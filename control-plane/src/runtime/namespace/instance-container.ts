@@ -1,7 +1,7 @@
 import { spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
-import { open, readFile, writeFile } from "node:fs/promises";
+import { lstat, open, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
 import { exec } from "../exec.js";
@@ -30,15 +30,35 @@ export const WORKLOAD_OOM_FD = 4;
  * from the gateway (setpriv --pdeathsig KILL: they never outlive it). The runtime directory is the gateway's
  * default, /tmp/warren-cg-<pid> (a restarted gateway removes the dead one's).
  */
+/**
+ * Where envd and the code gateway find the host's node: a path of Warren's own, so an image's own
+ * /usr/local/bin/node (a `node:22` image's) stays the sandbox's `node`.
+ */
+export const ENVD_NODE = "/opt/warren/bin/node";
+/** The sandbox's `node` in templates without one of their own (an empty placeholder there): the host's too. */
+const USER_NODE = "/usr/local/bin/node";
+
 const sandboxInit = (processLimit: number) => `env CODE_GATEWAY_HOST=0.0.0.0 CODE_GATEWAY_PORT=${CODE_GATEWAY_PORT} \
   CODE_GATEWAY_ENVD_URL=http://127.0.0.1:${ENVD_PORT} CODE_GATEWAY_AUTH=envd \
-  CODE_GATEWAY_NODE=/usr/local/bin/node CODE_GATEWAY_PYTHON=/usr/bin/python3 \
+  CODE_GATEWAY_NODE=${ENVD_NODE} CODE_GATEWAY_PYTHON=/usr/bin/python3 \
   CODE_GATEWAY_PROCESS_LIMIT=${processLimit} CODE_GATEWAY_WORKLOAD_FD=${WORKLOAD_FD} \
-  setsid -f /bin/sh -c 'while :; do /usr/local/bin/node --max-semi-space-size=1 /opt/warren/code-gateway/dist/main.js; sleep 1; done' </dev/null
+  setsid -f /bin/sh -c 'while :; do ${ENVD_NODE} --max-semi-space-size=1 /opt/warren/code-gateway/dist/main.js; sleep 1; done' </dev/null
 exec "$@"
 `;
 
 const ID_COUNT = 65536;
+
+/**
+ * Whether the sandbox's /usr/local/bin/node, as its topmost layer has it, is the empty file Warren's recipes and
+ * image preparation leave for the host's node to be bound over; an image's own node (or none) is left alone.
+ */
+async function hasNodePlaceholder(record: InstanceRecord): Promise<boolean> {
+  for (const dir of [...(record.layers ?? []), record.lowerDir]) {
+    const entry = await lstat(join(dir, USER_NODE)).catch(() => undefined);
+    if (entry) return entry.isFile() && entry.size === 0;
+  }
+  return false;
+}
 
 /**
  * The process limit (RLIMIT_NPROC) of everything envd starts: the sandbox's pids limit minus a reserve that only
@@ -99,7 +119,10 @@ export interface InstanceContainersOptions {
   readonly crunRoot: string;
   readonly records: InstanceRecords;
   readonly uidBase: number;
-  /** The host's node binary, bind-mounted read-only at /usr/local/bin/node (one copy of its pages per host). */
+  /**
+   * The host's node binary, bind-mounted read-only at ENVD_NODE, and at /usr/local/bin/node where the template has
+   * only a placeholder there (one copy of its pages per host).
+   */
   readonly nodeBinary: string;
   /** Directory holding envd/, proto/, platform/ and node_modules/ (the repository root), bind-mounted read-only. */
   readonly envdRoot: string;
@@ -132,7 +155,7 @@ export class InstanceContainers {
     // envd's commands and the gateway's kernels (RLIMIT_NPROC): both stop short of the pids limit.
     const processLimit = userProcessLimit(record.resources.pidsMax);
     const envd = [
-      "/usr/local/bin/node",
+      ENVD_NODE,
       `--max-old-space-size=${maxOldSpace}`,
       // envd's own measurement: a 1 MiB semi-space cuts idle PSS by about a third.
       "--max-semi-space-size=1",
@@ -163,7 +186,8 @@ export class InstanceContainers {
       args,
       env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"],
       hostBinds: [
-        { source: this.options.nodeBinary, destination: "/usr/local/bin/node" },
+        { source: this.options.nodeBinary, destination: ENVD_NODE },
+        ...((await hasNodePlaceholder(record)) ? [{ source: this.options.nodeBinary, destination: USER_NODE }] : []),
         { source: join(this.options.envdRoot, "envd"), destination: "/opt/warren/envd" },
         { source: join(this.options.envdRoot, "proto"), destination: "/opt/warren/proto" },
         // `@warren/platform` (the logger, env parsing) for the code gateway and an unbundled envd: node_modules

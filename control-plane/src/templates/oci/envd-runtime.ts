@@ -6,7 +6,7 @@ import { Rootfs } from "./rootfs-path.js";
 
 /**
  * What envd needs from an image it was not built into. The namespace driver bind-mounts the host's `node` (a
- * glibc binary) at /usr/local/bin/node and starts `/usr/bin/tini -g -- node envd`; envd starts every process of
+ * glibc binary) at /opt/warren/bin/node (and over an empty /usr/local/bin/node) and starts `/usr/bin/tini -g -- node envd`; envd starts every process of
  * `user` through `/usr/bin/setpriv`, and E2B's SDK runs commands with `/bin/bash -l -c`. So an image needs a glibc
  * loader and libraries that node can use, and those three programs.
  *
@@ -31,7 +31,7 @@ export interface EnvdRuntime {
 export interface EnvdRuntimeOptions {
   /** For messages. */
   readonly imageName: string;
-  /** The host binary the driver bind-mounts at /usr/local/bin/node. */
+  /** The host binary the driver bind-mounts at /opt/warren/bin/node. */
   readonly nodeBinary: string;
   /** The directory whose node_modules the driver bind-mounts at /opt/warren/node_modules (envd's native modules). */
   readonly envdRoot: string;

@@ -209,6 +209,8 @@ describe.skipIf(process.arch !== "x64")("preparing an unpacked image for the nam
     expect(lstatSync(join(root, "etc/resolv.conf")).isFile()).toBe(true);
     expect(readFileSync(join(root, "etc/resolv.conf"), "utf8")).toBe("");
     expect(statSync(join(root, "usr/local/bin/node")).mode & 0o777).toBe(0o755);
+    // envd's node goes to a path of Warren's own (an image's own /usr/local/bin/node stays the sandbox's).
+    expect(lstatSync(join(root, "opt/warren/bin/node")).isFile()).toBe(true);
     expect(statSync(join(root, "usr/bin/sudo")).mode & 0o7777).toBe(0o4755);
   });
 

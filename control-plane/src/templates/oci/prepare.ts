@@ -25,7 +25,7 @@ export interface PrepareOptions {
   readonly imageName: string;
   /** The namespace driver's uid shift (node agent's WARREN_UID_BASE). */
   readonly uidBase: number;
-  /** The host binary the driver bind-mounts at /usr/local/bin/node. */
+  /** The host binary the driver bind-mounts at /opt/warren/bin/node. */
   readonly nodeBinary: string;
   /** The directory the driver bind-mounts envd, its proto and node_modules from (node agent's envdRoot). */
   readonly envdRoot: string;
@@ -47,7 +47,7 @@ export interface PreparedRootfs {
 /**
  * Turns an unpacked image into a rootfs the namespace driver starts sandboxes from, as from the `base` template
  * (catalog.ts BASE_SETUP): envd's runtime (envd-runtime.ts), `user` with a home and sudo when the image has it,
- * the driver's bind-mount points (/opt/warren/{envd,proto,node_modules}, /usr/local/bin/node), the per-sandbox
+ * the driver's bind-mount points (/opt/warren/{envd,proto,node_modules,bin/node}, /usr/local/bin/node), the per-sandbox
  * /etc/hosts, /etc/hostname and an empty /etc/resolv.conf, then every owner shifted into the sandbox uid range.
  * Nothing from the image is executed: every step is a file operation from the host, confined to the rootfs.
  */
@@ -81,7 +81,10 @@ async function writeMountPoints(image: Rootfs): Promise<void> {
   await chmod(await image.mkdir("/tmp", 0o1777), 0o1777);
   const root = await image.resolve("/root");
   if (!(await lstat(root).catch(() => undefined))) await image.mkdir("/root", 0o700);
-  // The host's node is bound over this; an image's own node (node:20 images) is simply covered.
+  // envd's node (the host's) is bound over /opt/warren/bin/node; the sandbox's `node` is the image's own where it
+  // has one (node:22 images), else the host's bound over an empty placeholder.
+  await image.mkdir("/opt/warren/bin", 0o755);
+  await image.writeFile("/opt/warren/bin/node", "", 0o755);
   if (!(await image.stat("/usr/local/bin/node"))?.isFile()) await image.writeFile("/usr/local/bin/node", "", 0o755);
   await image.writeFile("/etc/hostname", "sandbox\n");
   await image.writeFile("/etc/hosts", HOSTS);

@@ -39,7 +39,7 @@ export interface PullImageOptions {
   readonly destRootfs: string;
   /** The namespace driver's uid shift (WARREN_UID_BASE). */
   readonly uidBase: number;
-  /** The host binary the driver bind-mounts at /usr/local/bin/node; default: this process's. */
+  /** The host binary the driver bind-mounts at /opt/warren/bin/node; default: this process's. */
   readonly nodeBinary?: string;
   /** The node agent's envdRoot (envd, proto, node_modules bound into sandboxes); default: this repository. */
   readonly envdRoot?: string;
