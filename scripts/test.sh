@@ -21,4 +21,9 @@ runuser -u postgres -- psql -h 127.0.0.1 -tAc "SELECT 1 FROM pg_database WHERE d
   runuser -u postgres -- createdb -h 127.0.0.1 test
 
 npm ci --no-audit --no-fund
-npm test
+status=0
+npm test || status=$?
+# Which pause tier this run covered: the memory path (CRIU checkpoints, memory snapshots, moves) runs only where
+# the node agent's probe saw CRIU dump and restore (runtime/namespace/criu-probe.ts).
+echo "test.sh: CRIU on this host: $(cat /var/lib/warren/criu/probe.json 2>/dev/null || echo 'not probed')"
+exit "$status"
