@@ -171,8 +171,15 @@ describe("snapshots and fork (official e2b SDK, namespace node)", () => {
       // The restored envd still puts what it starts, as `user` too, in the child's own workload cgroup: CRIU handed
       // it the workload's descriptor as the launcher opened it (host root), not reopened with the sandbox's creds.
       await child.commands.run("sleep 777", { background: true });
-      // (Its shell, or the sleep the shell became.)
-      expect(workloadCommands(child.sandboxId).some((line) => line.endsWith("sleep 777"))).toBe(true);
+      // (Its shell, or the sleep the shell became; envd moves it there a moment after the spawn.)
+      const joined = async () => {
+        for (const deadline = Date.now() + 10_000; Date.now() < deadline; ) {
+          if (workloadCommands(child.sandboxId).some((line) => line.endsWith("sleep 777"))) return true;
+          await new Promise((resolve) => setTimeout(resolve, 100));
+        }
+        return false;
+      };
+      expect(await joined()).toBe(true);
       expect(workloadCommands(child.sandboxId)).toContain("sleep 3600");
     } else {
       // Files only: a fresh boot (new boot id, none of the source's processes).
