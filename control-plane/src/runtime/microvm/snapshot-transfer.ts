@@ -1,4 +1,3 @@
-import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { createReadStream, existsSync } from "node:fs";
 import { copyFile, link, mkdir, open, rm, stat, statfs, writeFile } from "node:fs/promises";
@@ -6,6 +5,7 @@ import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
 import { withCurrentResourceNames } from "../driver.js";
 import { exec } from "../exec.js";
+import { tarCreateStream } from "../tar-stream.js";
 import type { SandboxSnapshots, SnapshotMeta, VmIdentity } from "./snapshots.js";
 import { readTar, type TarEntry } from "./tar-reader.js";
 
@@ -320,28 +320,13 @@ async function digest(path: string): Promise<FileDigest> {
   return { size: (await stat(path)).size, sha256: hash.digest("hex") };
 }
 
-/** `tar` of the staged files, killed only if the consumer stops before its end (see layer-store.ts's export). */
+/** `tar` of the staged files (tar-stream.ts: killed only if the consumer stops before its end). */
 async function* tarOf(dir: string, snapshotId: string): AsyncGenerator<Uint8Array> {
   const names = [META, DISK, ...((await stat(join(dir, MEMORY)).catch(() => undefined)) ? [MEMORY] : [])];
-  const tar = spawn(
-    "tar",
-    ["--create", "--format=gnu", "--numeric-owner", "--owner=0", "--group=0", "--mode=0644", "-C", dir, "--", ...names],
-    { stdio: ["ignore", "pipe", "pipe"] },
+  yield* tarCreateStream(
+    ["--format=gnu", "--numeric-owner", "--owner=0", "--group=0", "--mode=0644", "-C", dir, "--", ...names],
+    `snapshot '${snapshotId}'`,
   );
-  let stderr = "";
-  tar.stderr.on("data", (chunk: Buffer) => {
-    stderr += chunk.toString();
-  });
-  const exited = new Promise<number>((resolve) => tar.once("close", (code) => resolve(code ?? 1)));
-  let streamed = false;
-  try {
-    for await (const chunk of tar.stdout) yield chunk as Buffer;
-    streamed = true;
-  } finally {
-    if (!streamed) tar.kill("SIGKILL");
-  }
-  const code = await exited;
-  if (code !== 0) throw new Error(`tar of snapshot '${snapshotId}' failed (${code}): ${stderr.trim()}`);
 }
 
 function mib(bytes: number): number {

@@ -9,6 +9,7 @@ import type { Logger } from "@warren/platform/log";
 import { isSnapshotId } from "@warren/proto/redis";
 import { type SandboxResources, type SnapshotImage, withCurrentResourceNames } from "../driver.js";
 import { exec } from "../exec.js";
+import { tarCreateStream } from "../tar-stream.js";
 import type { CriuExternalFiles } from "./criu.js";
 import { captureUpper, TAR_KEEP } from "./layer-diff.js";
 
@@ -363,24 +364,7 @@ export class LayerStore {
   }
 }
 
-/** `tar --create` of `members` under `root` as a stream; a consumer that stops early ends tar. */
-async function* tarCreate(root: string, members: readonly string[], what: string): AsyncIterable<Uint8Array> {
-  const tar = spawn("tar", ["--create", ...TAR_KEEP, ...TAR_REPRODUCIBLE, "-C", root, "--", ...members], {
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let stderr = "";
-  tar.stderr.on("data", (chunk: Buffer) => {
-    stderr += chunk.toString();
-  });
-  const exited = new Promise<number>((resolve) => tar.once("close", (code) => resolve(code ?? 1)));
-  let streamed = false;
-  try {
-    for await (const chunk of tar.stdout) yield chunk as Buffer;
-    streamed = true;
-  } finally {
-    // Only a consumer that stopped early ends tar; after its last byte, tar is left to exit by itself.
-    if (!streamed) tar.kill("SIGKILL");
-  }
-  const code = await exited;
-  if (code !== 0) throw new Error(`tar of ${what} failed (${code}): ${stderr.trim()}`);
+/** `tar --create` of `members` under `root` as a stream, reproducibly (the same layer always makes the same bytes). */
+function tarCreate(root: string, members: readonly string[], what: string): AsyncIterable<Uint8Array> {
+  return tarCreateStream([...TAR_KEEP, ...TAR_REPRODUCIBLE, "-C", root, "--", ...members], what);
 }
