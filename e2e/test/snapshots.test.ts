@@ -282,7 +282,9 @@ describe("snapshots and fork (official e2b SDK, namespace node)", () => {
     const remaining = await Sandbox.listSnapshots().nextItems();
     expect(remaining).toHaveLength(1);
     expect(await Sandbox.deleteSnapshot(remaining[0]?.snapshotId ?? "")).toBe(true);
-    expect(layerDirs()).toEqual([]);
+    // What is left is only what a snapshot still on a node stacks: a paused sandbox's durable capture lingers
+    // there (hidden, swept by the leader later) and may share the deleted snapshot's lower layer.
+    expect(layerDirs().sort()).toEqual(snapshotLayerNames());
     for (const state of agentStates) expect(mountsOf(join(state, "layers"))).toEqual([]);
   }, 60_000);
 });
@@ -316,7 +318,8 @@ describe("resume on another node (official e2b SDK, two namespace nodes)", () =>
       expect(await admin("DELETE", `/warren/v1/admin/nodes/${from}/cordon`)).toBe(204);
     }
     await sbx.kill();
-    expect(layerDirs()).toEqual([]);
+    // The move's layers went with the sandbox; any left are what snapshots still on the nodes stack.
+    expect(layerDirs().sort()).toEqual(snapshotLayerNames());
   });
 
   it("a sandbox paused with its memory moves with its processes where CRIU works, else resumes in place", async () => {
