@@ -1,4 +1,4 @@
-import { readSync, writeSync } from "node:fs";
+import { readdirSync, readFileSync, readSync, writeSync } from "node:fs";
 import type { Logger } from "./log.js";
 
 /** The descriptors of a sandbox's workload cgroup its node handed to PID 1 (each undefined: not given). */
@@ -18,8 +18,8 @@ export interface WorkloadDescriptors {
  * open files to the sandbox (crun --preserve-fds). A cgroup v1 write is allowed by the credentials the file was
  * opened with (Linux ≥ 5.16), so envd can move a process even after it has dropped to `user`. Node gives these
  * descriptors to none of its children, so no command can use them. Moving only adds limits: at worst (a process
- * that forks before it is moved) the sandbox's own limits still hold, and the user's processes are still the OOM
- * killer's first pick.
+ * forked and orphaned before its parent was moved) the sandbox's own limits still hold, and the user's processes are
+ * still the OOM killer's first pick.
  */
 export class WorkloadCgroup {
   private warned = false;
@@ -29,14 +29,29 @@ export class WorkloadCgroup {
     private readonly log: Logger,
   ) {}
 
-  /** Moves `pid` (and what it forks from now on) into the workload cgroup; a process already gone is fine. */
+  /**
+   * Moves `pid`, what it forked before it was moved, and what it forks from now on into the workload cgroup; a
+   * process already gone is fine. The process runs from the moment it was spawned, so a busy envd moves it only after
+   * its shell may have forked (a login shell's profile does): each process is moved first and its children read
+   * after, so a child forked before its parent moved is found and moved, and one forked after is born inside.
+   */
   join(pid: number): void {
     if (this.fds.procsFd === undefined) return;
+    const pending = [pid];
+    for (let next = pending.pop(); next !== undefined; next = pending.pop()) {
+      if (this.move(next)) pending.push(...childrenOf(next));
+    }
+  }
+
+  /** Whether `pid` is in the workload now (false: it is gone, or could not be moved). */
+  private move(pid: number): boolean {
+    if (this.fds.procsFd === undefined) return false;
     try {
       writeSync(this.fds.procsFd, `${pid}\n`);
+      return true;
     } catch (error) {
       const code = (error as NodeJS.ErrnoException).code;
-      if (code === "ESRCH") return;
+      if (code === "ESRCH") return false;
       if (!this.warned) {
         this.warned = true;
         this.log.warn("could not move a process into the workload cgroup; it runs in the sandbox's own", {
@@ -45,6 +60,7 @@ export class WorkloadCgroup {
           error: (error as Error).message,
         });
       }
+      return false;
     }
   }
 
@@ -60,4 +76,25 @@ export class WorkloadCgroup {
       return undefined;
     }
   }
+}
+
+/** The pids `pid`'s threads have forked and not yet lost (none when it is gone or /proc cannot tell). */
+function childrenOf(pid: number): number[] {
+  let tasks: string[];
+  try {
+    tasks = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return [];
+  }
+  const children: number[] = [];
+  for (const task of tasks) {
+    try {
+      for (const child of readFileSync(`/proc/${pid}/task/${task}/children`, "latin1").split(" ")) {
+        if (child) children.push(Number(child));
+      }
+    } catch {
+      // The thread ended meanwhile.
+    }
+  }
+  return children;
 }
