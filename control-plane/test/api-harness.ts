@@ -188,6 +188,7 @@ export class TestEnv {
       // No periodic samples: tests see exactly the samples their requests take.
       metricsIntervalMs: 0,
       reconcileIntervalMs: 100,
+      durabilityIntervalMs: 100,
       storeGcIntervalMs: 60_000,
       storeLayerGraceMs: 3_600_000,
       leaderIntervalMs: 100,

@@ -66,6 +66,11 @@ export interface MasterConfig {
   readonly storeLayerGraceMs: number;
   /** WARREN_RECONCILE_INTERVAL_MS (default 5000). */
   readonly reconcileIntervalMs: number;
+  /**
+   * WARREN_DURABILITY_INTERVAL_MS (default 5000): how often the leader's durability pass looks for paused sandboxes
+   * and snapshots to publish to the store; a pause on any master nudges it at once besides.
+   */
+  readonly durabilityIntervalMs: number;
   /** WARREN_LEADER_INTERVAL_MS (default 2000). */
   readonly leaderIntervalMs: number;
   /** WARREN_DB_SYNCHRONOUS_COMMIT: on | off (default off; see store/db.ts). */
@@ -170,6 +175,7 @@ export function loadMasterConfig(
     evictIntervalMs: positiveNumber(env, "WARREN_EVICT_INTERVAL_MS", 1000),
     metricsIntervalMs: positiveNumber(env, "WARREN_METRICS_INTERVAL_MS", 5000),
     reconcileIntervalMs: positiveNumber(env, "WARREN_RECONCILE_INTERVAL_MS", 5000),
+    durabilityIntervalMs: positiveNumber(env, "WARREN_DURABILITY_INTERVAL_MS", 5000),
     storeGcIntervalMs: positiveNumber(env, "WARREN_STORE_GC_INTERVAL_MS", 300_000),
     storeLayerGraceMs: positiveNumber(env, "WARREN_STORE_LAYER_GRACE_MS", 3_600_000),
     leaderIntervalMs,

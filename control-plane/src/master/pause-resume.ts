@@ -1,5 +1,6 @@
 import type { NodeHeartbeat } from "@warren/proto/redis";
 import { reservedMemoryByNode } from "../store/nodes.js";
+import { notify } from "../store/notify.js";
 import type { SandboxRow } from "../store/sandboxes.js";
 import { Durability } from "./durability.js";
 import { MasterError } from "./errors.js";
@@ -51,17 +52,19 @@ export class PauseAndResume {
       );
       throw nodeFailure(`pausing sandbox ${sandboxId}`, error);
     }
-    await transition(this.deps.db, sandboxId, undefined, (tx, current) =>
-      // Durable again only once this pause is in the store (master/durability.ts).
-      setState(
+    await transition(this.deps.db, sandboxId, undefined, async (tx, current) => {
+      // Durable again only once this pause is in the store (master/durability.ts); the leader's pass is nudged to
+      // capture it now (on commit) instead of at its next turn.
+      await notify(tx, "durability", sandboxId);
+      return setState(
         tx,
         current,
         "paused",
         "sandbox.paused",
         { memory },
         ", paused_at = now(), end_at = now(), durable_snapshot_id = NULL",
-      ),
-    );
+      );
+    });
   }
 
   async resume(sandboxId: string, teamId: string, timeout: number, memory: boolean): Promise<SandboxRow> {

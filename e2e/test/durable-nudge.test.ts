@@ -1,0 +1,66 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type ClusterEnv, LocalCluster } from "@warren/local";
+import { Sandbox } from "e2b";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+// A pause is captured into the cluster's store right away: the master that paused it nudges the leader's durability
+// pass (PostgreSQL LISTEN/NOTIFY, sent when the pause commits). The pass's own timer
+// (WARREN_DURABILITY_INTERVAL_MS) is ten minutes here and its first turn ran when the master was elected, before any
+// sandbox existed: only the nudge can make a pause durable within this test's waits.
+const dataDir = mkdtempSync(join(tmpdir(), "warren-nudge-"));
+const cluster = new LocalCluster({
+  dataDir,
+  nodeAgents: 1,
+  poolSize: 1,
+  instancePrefix: "dn",
+  nodeCidr: () => "10.221.0.0/22",
+  env: { WARREN_DURABILITY_INTERVAL_MS: "600000" },
+});
+let env: ClusterEnv;
+
+beforeAll(async () => {
+  env = await cluster.start();
+  Object.assign(process.env, {
+    E2B_API_URL: env.E2B_API_URL,
+    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+    E2B_API_KEY: env.E2B_API_KEY,
+  });
+}, 600_000);
+
+afterAll(async () => {
+  await cluster.stop();
+  rmSync(dataDir, { recursive: true, force: true });
+}, 120_000);
+
+/** `durable` of the sandbox's detail once it is true; throws after `timeoutMs`. */
+async function durableWithin(sandboxId: string, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const res = await fetch(`${env.E2B_API_URL}/sandboxes/${sandboxId}`, {
+      headers: { "X-API-KEY": env.E2B_API_KEY },
+    });
+    const body = (await res.json()) as { state?: string; durable?: boolean };
+    if (body.durable === true) return;
+    if (Date.now() > deadline) throw new Error(`sandbox ${sandboxId} not durable: ${JSON.stringify(body)}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+describe("a pause nudges the durability pass", () => {
+  it("each pause is durable long before the pass's next turn, and resumes with its files", async () => {
+    const sandbox = await Sandbox.create({ timeoutMs: 300_000 });
+    try {
+      await sandbox.files.write("/home/user/kept.txt", "kept");
+      for (let round = 1; round <= 2; round++) {
+        expect(await sandbox.pause()).toBe(true);
+        await durableWithin(sandbox.sandboxId, 90_000);
+        await sandbox.connect();
+        expect(await sandbox.files.read("/home/user/kept.txt")).toBe("kept");
+      }
+    } finally {
+      await sandbox.kill();
+    }
+  }, 300_000);
+});
