@@ -1,9 +1,15 @@
-import { defineConfig } from "vitest/config";
+import { configDefaults, defineConfig } from "vitest/config";
+
+/**
+ * The microvm driver's files: their guests run under TCG here (no real KVM), a full core each for minutes. They run
+ * as a group of their own once every other file has finished, so that on this 2-core machine neither they nor the
+ * namespace driver's whole-cluster files (CRIU dumps and restores, code sandboxes) are starved by the other.
+ */
+const TCG_FILES = ["control-plane/test/microvm-*.test.ts", "control-plane/test/mixed-drivers.test.ts"];
+const TEST_FILES = ["*/src/**/*.test.ts", "*/test/**/*.test.ts"];
 
 export default defineConfig({
   test: {
-    include: ["*/src/**/*.test.ts", "*/test/**/*.test.ts"],
-    exclude: ["**/node_modules/**", "**/dist/**"],
     testTimeout: 30_000,
     hookTimeout: 30_000,
     // Each test file starts its own envd; two at a time keep this 2-core machine responsive.
@@ -12,5 +18,25 @@ export default defineConfig({
     // their sandboxes' DNS goes nowhere (the discard port on loopback) unless a test sets its own upstream: no
     // query leaves this machine.
     env: { WARREN_UPLINK_FORWARDING: "0", WARREN_DNS_UPSTREAM: "127.0.0.1:9" },
+    projects: [
+      {
+        extends: true,
+        test: {
+          name: "warren",
+          include: TEST_FILES,
+          exclude: [...configDefaults.exclude, "**/dist/**", ...TCG_FILES],
+          sequence: { groupOrder: 0 },
+        },
+      },
+      {
+        extends: true,
+        test: {
+          name: "microvm",
+          include: TCG_FILES,
+          exclude: [...configDefaults.exclude, "**/dist/**"],
+          sequence: { groupOrder: 1 },
+        },
+      },
+    ],
   },
 });

@@ -14,7 +14,8 @@ const config = loadNodeAgentConfig({
   WARREN_AGENT_LISTEN: "127.0.0.1:0",
   WARREN_STATE_DIR: "/var/lib/warren/bench",
   WARREN_INSTANCE: "bn",
-  WARREN_NET_CIDR: "10.212.0.0/20",
+  // A range no test uses: a bench's leftover sandboxes must never shadow a test cluster's routes.
+  WARREN_NET_CIDR: "10.253.0.0/20",
   WARREN_POOL_SIZE: "2",
   WARREN_NET_POOL_SIZE: "8",
   WARREN_PREBUILD_TEMPLATES: "",

@@ -105,7 +105,7 @@ describe("microvm driver snapshots (QEMU microvm, TCG)", () => {
     });
     const sandbox = sdkOf(source);
     await sandbox.files.write("/home/user/state.txt", "from the source");
-    pid = (await sandbox.commands.run(MEMORY_PROCESS, { background: true })).pid;
+    pid = (await sandbox.commands.run(MEMORY_PROCESS, { background: true, timeoutMs: 0 })).pid;
     before = await reportMemory(sandbox, pid);
 
     const image = await driver.snapshot(source.instanceId, "ms-run");

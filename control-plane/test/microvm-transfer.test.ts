@@ -112,7 +112,7 @@ describe("microvm snapshots moving between nodes (QEMU microvm, TCG)", () => {
     });
     const sandbox = sdkOf(source);
     await sandbox.files.write("/home/user/moved.txt", "written on node A");
-    pid = (await sandbox.commands.run(MEMORY_PROCESS, { background: true })).pid;
+    pid = (await sandbox.commands.run(MEMORY_PROCESS, { background: true, timeoutMs: 0 })).pid;
     before = await reportMemory(sandbox, pid);
     expect((await a.snapshot(source.instanceId, "mt-run")).memory).toBe(true);
 

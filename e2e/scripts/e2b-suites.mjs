@@ -329,7 +329,7 @@ async function startCluster(mode) {
       },
     };
   }
-  const { makeTestCertificates } = await import(join(E2E_DIR, "dist/test-ca.js"));
+  const { makeTestCertificates } = await import("@warren/local/test-certificates");
   const certificates = makeTestCertificates(join(dataDir, "tls"), DOMAIN);
   const proxyHost = `127.${randomInt(1, 255)}.${randomInt(0, 256)}.${randomInt(1, 255)}`;
   const cluster = new LocalCluster({

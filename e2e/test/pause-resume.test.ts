@@ -423,6 +423,31 @@ describe("pause and resume with the official e2b SDK", () => {
     expect(readFileSync("/proc/self/mountinfo", "utf8")).not.toContain(instanceId);
   }, 180_000);
 
+  it("a sandbox busy starting commands goes to the deep tier and its loop goes on after resume", async () => {
+    // The shell vforks for every /bin/true: a freeze sometimes catches it waiting for a child that has not exec'd
+    // yet, a moment CRIU cannot seize (seizable-freeze.test.ts makes one and shows it); the whole path here.
+    const sandbox = await Sandbox.create();
+    try {
+      const loop = await sandbox.commands.run(
+        "sh -c 'i=0; while :; do /bin/true; i=$((i+1)); echo $i > /tmp/n; done'",
+        {
+          background: true,
+        },
+      );
+      for (let round = 1; round <= 3; round++) {
+        expect(await sandbox.pause()).toBe(true);
+        await awaitDeepTier(sandbox.sandboxId);
+        await sandbox.connect();
+      }
+      expect((await sandbox.commands.list()).map((p) => p.pid)).toContain(loop.pid);
+      const count = async () => Number(await sandbox.files.read("/tmp/n"));
+      const before = await count();
+      await eventually(async () => ((await count()) > before ? true : undefined), 10_000);
+    } finally {
+      await sandbox.kill();
+    }
+  }, 180_000);
+
   it("kills a sandbox in the deep pause tier and removes its checkpoint", async () => {
     const sandbox = await Sandbox.create();
     const { instanceId } = instanceOf(sandbox.sandboxId);

@@ -12,23 +12,37 @@ import { pushBusyboxImage, startRegistry } from "../src/registry.js";
 // for envd and kept as the template's bottom layer; then steps on top, through the official SDK.
 const dataDir = mkdtempSync(join(tmpdir(), "warren-timg-"));
 const login = { username: "builder", password: "s3cret-pass" };
+// A service account key as fromGCPRegistry sends it (JSON text); Google's registries take it as the password of
+// the user `_json_key`, and so does the test's registry.
+const gcpKey = {
+  type: "service_account",
+  private_key_id: "5f2c0d7e",
+  project_id: "warren-tests",
+  client_email: "builder@warren-tests.example",
+};
 let open: { host: string; process: ManagedChild };
 let locked: { host: string; process: ManagedChild };
+let gcp: { host: string; process: ManagedChild };
 let cluster: LocalCluster;
 const created: Sandbox[] = [];
 
 beforeAll(async () => {
   open = await startRegistry(join(dataDir, "open"));
   locked = await startRegistry(join(dataDir, "locked"), login);
+  gcp = await startRegistry(join(dataDir, "gcp"), { username: "_json_key", password: JSON.stringify(gcpKey) });
   await pushBusyboxImage(join(dataDir, "img-open"), `${open.host}/tests/busybox:1`);
   await pushBusyboxImage(join(dataDir, "img-locked"), `${locked.host}/private/busybox:1`, login);
+  await pushBusyboxImage(join(dataDir, "img-gcp"), `${gcp.host}/warren-tests/busybox:1`, {
+    username: "_json_key",
+    password: JSON.stringify(gcpKey),
+  });
   cluster = new LocalCluster({
     dataDir,
     nodeAgents: 1,
     poolSize: 0,
     instancePrefix: "v",
     nodeCidr: () => "10.230.0.0/22",
-    env: { WARREN_INSECURE_REGISTRIES: `${open.host},${locked.host}` },
+    env: { WARREN_INSECURE_REGISTRIES: `${open.host},${locked.host},${gcp.host}` },
   });
   const env = await cluster.start();
   Object.assign(process.env, {
@@ -43,6 +57,7 @@ afterAll(async () => {
   await cluster?.stop();
   await open?.process.stop();
   await locked?.process.stop();
+  await gcp?.process.stop();
   rmSync(dataDir, { recursive: true, force: true });
 }, 120_000);
 
@@ -96,6 +111,21 @@ describe("templates from OCI images", () => {
       skipCache: true,
     }).catch((e: unknown) => e as Error);
     expect((anonymous as Error).message).toMatch(/unauthorized/);
+  }, 240_000);
+
+  it("pulls with a GCP service account key (fromGCPRegistry: the key is the password of `_json_key`), and refuses another key", async () => {
+    const ref = `${gcp.host}/warren-tests/busybox:1`;
+    await Template.build(Template().fromGCPRegistry(ref, { serviceAccountJSON: gcpKey }).runCmd("true"), "from-gcp");
+    const sbx = await Sandbox.create("from-gcp", { timeoutMs: 120_000 });
+    created.push(sbx);
+    expect(await run(sbx, "cat /etc/greeting")).toBe("hello from the image");
+    const otherKey = { ...gcpKey, private_key_id: "9a01b3c4" };
+    const refused = await Template.build(
+      Template().fromGCPRegistry(ref, { serviceAccountJSON: otherKey }).runCmd("true"),
+      "gcp-refused",
+      { skipCache: true },
+    ).catch((e: unknown) => e as Error);
+    expect((refused as Error).message).toMatch(/unauthorized/);
   }, 240_000);
 
   it("fails a build from a missing image with a clear reason at the base step", async () => {

@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type ClusterEnv, LocalCluster } from "@warren/local";
@@ -20,8 +20,8 @@ const cluster = new LocalCluster({
   poolSize: 1,
   instancePrefix: "w",
   nodeCidr: () => "10.224.0.0/22",
-  // Small enough for a test to go over it.
-  env: { WARREN_TEMPLATE_UPLOAD_MAX_BYTES: String(1 << 20) },
+  // Small enough for a test to go over it; one build at a time on the node, so a second one queues.
+  env: { WARREN_TEMPLATE_UPLOAD_MAX_BYTES: String(1 << 20), WARREN_BUILD_CONCURRENCY: "1" },
 });
 let env: ClusterEnv;
 let apiKeyB: string;
@@ -49,6 +49,16 @@ afterAll(async () => {
   rmSync(dataDir, { recursive: true, force: true });
   rmSync(contextDir, { recursive: true, force: true });
 }, 120_000);
+
+/** The sandbox ids of the instances on the node agent's disk (build sandboxes have no row in the database). */
+function instanceSandboxIds(): string[] {
+  const dir = join(dataDir, "agent-wa", "instances");
+  return readdirSync(dir).flatMap((name) => {
+    const file = join(dir, name, "instance.json");
+    if (!existsSync(file)) return [];
+    return [(JSON.parse(readFileSync(file, "utf8")) as { labels: Record<string, string> }).labels.sandboxId ?? ""];
+  });
+}
 
 async function sandbox(template: string): Promise<Sandbox> {
   const sbx = await Sandbox.create(template, { timeoutMs: 120_000 });
@@ -263,6 +273,52 @@ describe("custom templates with the official SDK", () => {
     expect(await Template.exists("doomed")).toBe(false);
     await expect(Sandbox.create("doomed")).rejects.toThrow();
     expect(await run(sbx, "cat /gone")).toBe("gone");
+  }, 240_000);
+
+  it("queues a build beyond the node's build slots (WARREN_BUILD_CONCURRENCY=1): it waits its turn, the two never overlap, both finish", async () => {
+    const timed = (tag: string) =>
+      Template()
+        .fromTemplate("base")
+        .runCmd(`date +%s%N > /opt/began && sleep 2 && date +%s%N > /opt/ended && echo ${tag}`, { user: "root" });
+    const builds = await Promise.all([build(timed("first"), "queued-a"), build(timed("second"), "queued-b")]);
+    const waited = builds.map(({ logs }) => logs.some((line) => line.includes("waiting for a build slot")));
+    expect(waited.filter(Boolean)).toHaveLength(1);
+    const spans: [number, number][] = [];
+    for (const name of ["queued-a", "queued-b"]) {
+      const sbx = await sandbox(name);
+      const [began, ended] = (await run(sbx, "cat /opt/began /opt/ended")).split("\n").map(Number);
+      spans.push([began as number, ended as number]);
+    }
+    const [[aBegan, aEnded], [bBegan, bEnded]] = spans as [[number, number], [number, number]];
+    // The queued build's step ran only after the other build's step had ended (and the other way round).
+    expect(aEnded < bBegan || bEnded < aBegan).toBe(true);
+  }, 240_000);
+
+  it("a build whose master restarts mid-build is handed over and finished by the new master, its finished steps from the cache", async () => {
+    const template = Template()
+      .fromTemplate("base")
+      .runCmd("date +%s%N > /opt/first", { user: "root" })
+      .runCmd("sleep 6 && echo second > /opt/second", { user: "root" });
+    const logs: string[] = [];
+    const built = Template.build(template, "handed-over", { onBuildLogs: (entry) => logs.push(entry.message) });
+    // Once the first step is done and the second one runs.
+    for (let i = 0; i < 600 && !logs.some((line) => line.includes("sleep 6")); i++) {
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(logs.some((line) => line.includes("sleep 6"))).toBe(true);
+    await cluster.restartMaster();
+    const { buildId } = await built;
+    const text = logs.join("\n");
+    expect(text).toContain("this master is stopping; the build goes to another master");
+    expect(text).toContain("another master continues it (takeover 1 of at most 2");
+    expect(logs.filter((line) => line.startsWith("CACHED [builder 1/2]"))).toHaveLength(1);
+    expect(logs.filter((line) => line.startsWith("CACHED [builder 2/2]"))).toHaveLength(0);
+    const sbx = await sandbox("handed-over");
+    expect(await run(sbx, "cat /opt/second")).toBe("second");
+    expect(await run(sbx, "test -s /opt/first && echo yes")).toBe("yes");
+    // Neither run's build sandbox is left on the node.
+    const prefix = `b${buildId.replaceAll("-", "")}`;
+    expect(instanceSandboxIds().filter((id) => id.startsWith(prefix))).toEqual([]);
   }, 240_000);
 });
 

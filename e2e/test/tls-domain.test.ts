@@ -6,9 +6,9 @@ import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { LocalCluster } from "@warren/local";
+import { makeTestCertificates } from "@warren/local/test-certificates";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { makeTestCertificates } from "../src/test-ca.js";
 
 // E2B's own layout end to end: the official e2b SDK with only E2B_DOMAIN (no E2B_API_URL, no E2B_SANDBOX_URL)
 // reaches the api at https://api.<domain> and sandboxes at https://<port>-<id>.<domain>, through the proxy's TLS

@@ -15,6 +15,9 @@ const cluster = new LocalCluster({
   poolSize: 1,
   instancePrefix: "d",
   nodeCidr: (i) => `10.248.${i * 4}.0/22`,
+  // Plain folders on a filesystem the nodes share (NFS's layout, as the chart runs it); image volumes, one
+  // filesystem per volume on one host (`warren up`), are volume-images.test.ts's.
+  env: { WARREN_VOLUME_IMAGES: "0" },
 });
 let env: ClusterEnv;
 const sandboxes: Sandbox[] = [];

@@ -4,6 +4,7 @@ import { rm } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { ClusterRedis } from "./cluster-redis.js";
+import { unmountUnder } from "./mounts.js";
 import { ProcessEnv } from "./process-env.js";
 import { assertRunning, waitForHttp, waitForTls } from "./readiness.js";
 import { clusterSecrets } from "./secrets.js";
@@ -100,6 +101,7 @@ export class LocalCluster {
   private redisChild: ManagedChild | undefined;
   private postgresChild: ManagedChild | undefined;
   private readonly agentEnv: NodeJS.ProcessEnv[] = [];
+  private master: { child: ManagedChild; env: NodeJS.ProcessEnv; url: string } | undefined;
 
   constructor(private readonly options: ClusterOptions = {}) {
     this.dataDir = resolve(options.dataDir ?? join(REPO_ROOT, ".warren"));
@@ -135,8 +137,10 @@ export class LocalCluster {
       });
 
       progress("starting the master");
-      const master = this.spawn("master", dist("control-plane/dist/master/main.js"), env.master());
-      await waitForHttp(master, `http://127.0.0.1:${masterPort}/`, 30_000);
+      const masterEnv = env.master();
+      const master = this.spawn("master", dist("control-plane/dist/master/main.js"), masterEnv);
+      this.master = { child: master, env: masterEnv, url: `http://127.0.0.1:${masterPort}/` };
+      await waitForHttp(master, this.master.url, 30_000);
 
       progress("starting the api");
       const api = this.spawn("api", dist("control-plane/dist/api/main.js"), env.api());
@@ -266,9 +270,13 @@ export class LocalCluster {
     return created.apiKey.key;
   }
 
-  /** Stops every process, newest first: proxy, node agents (which remove their sandboxes), api, master, databases. */
+  /**
+   * Stops every process, newest first: proxy, node agents (which remove their sandboxes), api, master, databases;
+   * then unmounts the volumes' filesystems (their images stay: the next start mounts them again on first use).
+   */
   async stop(): Promise<void> {
     for (const child of [...this.processes].reverse()) await child.stop("SIGTERM", 30_000);
+    await unmountUnder(join(this.dataDir, "volumes"));
   }
 
   /** Fault injection: SIGKILL node agent `index` (its sandboxes keep running, as after a crash). */
@@ -312,6 +320,22 @@ export class LocalCluster {
     const agent = this.spawn(`node-agent-${env.WARREN_INSTANCE}-restarted`, NODE_AGENT_MAIN, env);
     this.nodeAgentChildren[index] = agent;
     return agent;
+  }
+
+  /**
+   * Stops the master (SIGTERM: it hands the template builds it runs over) and starts it again on the same port,
+   * as a rolling upgrade of a one-replica master does.
+   */
+  async restartMaster(): Promise<void> {
+    const master = this.master;
+    if (!master) throw new Error("the cluster has no master");
+    await master.child.stop("SIGTERM", 30_000);
+    const next = this.spawn("master-restarted", dist("control-plane/dist/master/main.js"), master.env);
+    // In the old one's place, so `stop()` still ends the processes in their order.
+    this.processes.pop();
+    this.replace(master.child, next);
+    this.master = { ...master, child: next };
+    await waitForHttp(next, master.url, 30_000);
   }
 
   /** Fault injection: restarts the private Redis on the same port (it keeps nothing, as configured). */

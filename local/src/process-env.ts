@@ -37,8 +37,10 @@ export class ProcessEnv {
       WARREN_DATABASE_URL: layout.databaseUrl,
       WARREN_DB_SCHEMA: layout.dbSchema,
       WARREN_REDIS_URL: layout.redisUrl,
-      // Team volumes: a folder the api and every node agent share (one host here; NFS or alike across hosts).
+      // Team volumes: a folder the api and every node agent share (one host here; NFS or alike across hosts). One
+      // host: each volume is a filesystem of its quota's size, so the quota binds sandboxes' writes too.
       WARREN_VOLUMES_DIR: join(layout.dataDir, "volumes"),
+      WARREN_VOLUME_IMAGES: "1",
       WARREN_ARTIFACTS_DIR: join(layout.dataDir, "artifacts"),
       ...options.env,
     };

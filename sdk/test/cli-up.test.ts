@@ -1,7 +1,9 @@
 import { execFileSync } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { request } from "node:https";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { makeTestCertificates } from "@warren/local/test-certificates";
 import { afterAll, describe, expect, it } from "vitest";
 import { cleanEnv, eventually, isAlive, processTree, startWarren, warren } from "./cli-harness.js";
 
@@ -102,14 +104,23 @@ describe("warren up in the foreground, and a failed start", () => {
     rmSync(failDir, { recursive: true, force: true });
   }, 240_000);
 
-  it("up without --detach serves until Ctrl-C, then stops everything and exits 0", async () => {
+  it("up without --detach, with --domain and a certificate, serves E2B's domain layout over TLS until Ctrl-C, then stops everything and exits 0", async () => {
+    const domain = "warren.test"; // RFC 2606: never a real domain
+    const tls = makeTestCertificates(join(fgDir, "tls"), domain);
     const flags = upFlags.filter((flag) => flag !== "--detach").map((flag) => (flag === dataDir ? fgDir : flag));
-    const fg = startWarren(["up", ...flags], env);
+    const tlsFlags = ["--domain", domain, "--tls-cert", tls.certFile, "--tls-key", tls.keyFile, "--tls-ca", tls.caFile];
+    const fg = startWarren(["up", ...flags, ...tlsFlags], env);
     await eventually(() => (fg.output().stdout.includes("Ctrl-C stops it") ? true : undefined));
     const pid = Number(readFileSync(join(fgDir, "warren.pid"), "utf8").trim());
     const tree = processTree(pid);
     expect(tree.length).toBeGreaterThan(5);
     expect((await warren(["status", "--data-dir", fgDir], env)).code).toBe(0);
+    // The SDK's only setting is E2B_DOMAIN (`<domain>:<proxy port>`); api.<domain> reaches the api through the proxy.
+    const clientDomain = /export E2B_DOMAIN=(\S+)/.exec(fg.output().stdout)?.[1] ?? "";
+    expect(clientDomain).toMatch(/^warren\.test:\d+$/);
+    expect(readFileSync(join(fgDir, "env"), "utf8")).toContain(`E2B_DOMAIN=${clientDomain}`);
+    const health = await httpsStatus(`api.${clientDomain}`, "/health", readFileSync(tls.caFile));
+    expect(health).toBe(200);
 
     fg.child.kill("SIGINT");
     const end = await fg.done;
@@ -119,6 +130,47 @@ describe("warren up in the foreground, and a failed start", () => {
     expect(netnsOfCluster()).toEqual([]);
     expect(existsSync(join(fgDir, "warren.pid"))).toBe(false);
   }, 960_000);
+
+  it("--domain without a certificate, or a name that is not a domain, is a usage error before anything starts", async () => {
+    const missing = await warren(["up", "--detach", "--data-dir", failDir, "--domain", "warren.test"], env);
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toContain("--domain, --tls-cert and --tls-key go together");
+    const bad = await warren(
+      [
+        "up",
+        "--detach",
+        "--data-dir",
+        failDir,
+        "--domain",
+        "not a domain",
+        "--tls-cert",
+        "/etc/hostname",
+        "--tls-key",
+        "/etc/hostname",
+      ],
+      env,
+    );
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain("--domain 'not a domain' is not a domain name");
+    const absent = await warren(
+      [
+        "up",
+        "--detach",
+        "--data-dir",
+        failDir,
+        "--domain",
+        "warren.test",
+        "--tls-cert",
+        "/nonexistent.pem",
+        "--tls-key",
+        "/etc/hostname",
+      ],
+      env,
+    );
+    expect(absent.code).toBe(2);
+    expect(absent.stderr).toContain("--tls-cert /nonexistent.pem: no such file");
+    expect(existsSync(join(failDir, "warren.pid"))).toBe(false);
+  });
 
   it("a cluster that cannot start exits 1 with the cause and a hint to the logs, and leaves no launcher", async () => {
     const res = await warren(
@@ -134,3 +186,19 @@ describe("warren up in the foreground, and a failed start", () => {
     expect((await warren(["status", "--data-dir", failDir], env)).code).toBe(3);
   }, 240_000);
 });
+
+/** The status of GET `path` at `host` (`name:port`) over TLS, connecting to loopback and trusting `ca`. */
+function httpsStatus(host: string, path: string, ca: Buffer): Promise<number> {
+  const [name, port] = host.split(":") as [string, string];
+  return new Promise((resolve, reject) => {
+    const req = request(
+      { host: "127.0.0.1", port: Number(port), path, servername: name, headers: { host }, ca, timeout: 10_000 },
+      (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      },
+    );
+    req.on("error", reject);
+    req.end();
+  });
+}

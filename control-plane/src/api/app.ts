@@ -101,7 +101,10 @@ export function createApp(deps: AppDeps): express.Express {
   const volumes = {
     db: deps.db,
     log: deps.log,
-    volumes: deps.volumes === undefined ? { dir: "/var/lib/warren/volumes", quotaBytes: 10 * 2 ** 30 } : deps.volumes,
+    volumes:
+      deps.volumes === undefined
+        ? { dir: "/var/lib/warren/volumes", quotaBytes: 10 * 2 ** 30, images: false }
+        : deps.volumes,
   };
   // Before the JSON parser and the API key check: the upload's body is an archive and its link authorizes it;
   // a volume's content API takes raw file bodies and authorizes with the volume's token.

@@ -37,8 +37,18 @@ export interface ApiConfig {
    * off (their endpoints answer 403, as E2B's do when disabled).
    */
   readonly volumesDir: string;
-  /** WARREN_VOLUME_QUOTA_MB (default 10240): a new volume's quota, enforced on writes through the content API. */
+  /**
+   * WARREN_VOLUME_QUOTA_MB (default 10240): a new volume's quota. Enforced on writes through the content API, and
+   * with `volumeImages` on every write, from sandboxes too.
+   */
   readonly volumeQuotaMB: number;
+  /**
+   * WARREN_VOLUME_IMAGES (`1`, default off): each new volume is a filesystem of its quota's size in an image file
+   * next to its folder, loop-mounted there (runtime/volume-images.ts), so the quota binds writes from sandboxes.
+   * Only where the api and every node agent run on one host (`warren up` turns it on); several hosts share plain
+   * folders (NFS), whose server sets quotas.
+   */
+  readonly volumeImages: boolean;
   /** Artifacts published out of sandboxes (api/artifacts.ts). */
   readonly artifacts: ArtifactConfig;
 }
@@ -105,6 +115,7 @@ export function loadApiConfig(
     secretKeys: parseSecretKeys(env.WARREN_SECRETS_KEYS ?? ""),
     volumesDir: env.WARREN_VOLUMES_DIR === "" ? "" : absoluteDir(env, "WARREN_VOLUMES_DIR", "/var/lib/warren/volumes"),
     volumeQuotaMB: positiveInt(env, "WARREN_VOLUME_QUOTA_MB", 10240),
+    volumeImages: ["1", "true", "yes"].includes((env.WARREN_VOLUME_IMAGES ?? "").toLowerCase()),
     artifacts: {
       dir: absoluteDir(env, "WARREN_ARTIFACTS_DIR", "/var/lib/warren/artifacts"),
       maxMB: positiveInt(env, "WARREN_ARTIFACT_MAX_MB", 1024),

@@ -54,7 +54,9 @@ export class ApiServer {
       secretKeys: config.secretKeys,
       maxUploadBytes: config.maxTemplateUploadBytes,
       maxActiveBuildsPerTeam: config.maxActiveBuildsPerTeam,
-      volumes: config.volumesDir ? { dir: config.volumesDir, quotaBytes: config.volumeQuotaMB * 2 ** 20 } : null,
+      volumes: config.volumesDir
+        ? { dir: config.volumesDir, quotaBytes: config.volumeQuotaMB * 2 ** 20, images: config.volumeImages }
+        : null,
       artifacts: config.artifacts,
       streams,
       console: config.console,

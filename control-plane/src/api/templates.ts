@@ -207,10 +207,13 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
       if (error instanceof BuildSpecError) throw badRequest(error.message);
       throw error;
     }
-    if (spec.fromImageRegistry && spec.fromImageRegistry.type !== "registry") {
+    if (spec.fromImageRegistry?.type === "aws") {
       throw badRequest(
-        `fromImageRegistry type '${spec.fromImageRegistry.type}' is not supported: give the registry's username and password (type registry)`,
+        "fromImageRegistry type 'aws' is not supported: give the registry's username and password (type registry; for ECR, user AWS and the password of `aws ecr get-login-password`)",
       );
+    }
+    if (spec.fromImageRegistry?.type === "gcp" && spec.fromImageRegistry.password === undefined) {
+      throw badRequest("fromImageRegistry type 'gcp' needs serviceAccountJson (a service account key as JSON text)");
     }
     // The registry password goes to the master with the trigger; the stored steps never hold it.
     const { fromImageRegistry: credentials, ...stored } = spec;

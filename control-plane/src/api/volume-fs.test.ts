@@ -57,6 +57,25 @@ describe("volume operations chrooted into the volume", () => {
     expect(readdirSync(root).sort()).toEqual(["a.txt"]);
   });
 
+  it("a refusal midway through a large upload leaves the request whole and reads the rest of it (no reset)", async () => {
+    // 16 MiB in 64 KiB chunks: the helper refuses long before the client is done sending.
+    let sent = 0;
+    const upload = new Readable({
+      read() {
+        if (sent >= 256) return void this.push(null);
+        sent++;
+        this.push(Buffer.alloc(64 * 1024, 1));
+      },
+    });
+    await expect(runVolumeOp(root, "write", "/big", { quotaBytes: 1 << 20 }, upload)).rejects.toMatchObject({
+      status: 507,
+    });
+    expect(upload.destroyed && !upload.readableEnded).toBe(false);
+    await new Promise((resolve) => (upload.readableEnded ? resolve(undefined) : upload.once("end", resolve)));
+    expect(sent).toBe(256);
+    expect(readdirSync(root).sort()).toEqual(["a.txt"]);
+  });
+
   it("a symlink to the host's root resolves inside the volume", async () => {
     symlinkSync("/", join(root, "up"));
     mkdirSync(join(root, "etc"));

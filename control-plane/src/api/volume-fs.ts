@@ -1,6 +1,6 @@
 import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
-import type { Readable, Writable } from "node:stream";
+import { type Readable, Transform, type Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { fileURLToPath } from "node:url";
 import { ApiError } from "./errors.js";
@@ -68,9 +68,11 @@ export async function runVolumeOp(
     stdout += chunk;
   });
   if (input) {
-    // The helper may refuse before reading its input (a missing parent): a broken pipe is its answer, not ours.
+    // The helper may refuse before or while reading its input (a missing parent, a full volume): a broken pipe is
+    // its answer, not ours. The request stays whole (not destroyed with the pipe) and the rest of its body is read
+    // and dropped, so the client gets the refusal on a sound connection instead of a reset.
     // An input that fails midway (the client went away) ends without the closing frame: the helper discards it.
-    await pipeline(input, framed, child.stdin).catch(() => undefined);
+    await sendFramed(input, child.stdin);
   } else child.stdin.end();
   const code = await exited;
   if (code !== 0) throw refusal(stderr(), code);
@@ -83,17 +85,48 @@ const MAX_FRAME = 1 << 20;
  * A write's content as the helper reads it: each chunk after its 4-byte big-endian length, then a 0 length. Only
  * an upload that arrived whole carries that end, so an interrupted one can never become a shorter file.
  */
-async function* framed(source: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
-  for await (const chunk of source) {
-    for (let at = 0; at < chunk.length; at += MAX_FRAME) {
-      const part = chunk.subarray(at, at + MAX_FRAME);
-      const header = Buffer.alloc(4);
-      header.writeUInt32BE(part.length);
-      yield header;
-      yield part;
-    }
-  }
-  yield Buffer.alloc(4);
+function framer(): Transform {
+  return new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      for (let at = 0; at < chunk.length; at += MAX_FRAME) {
+        const part = chunk.subarray(at, at + MAX_FRAME);
+        const header = Buffer.alloc(4);
+        header.writeUInt32BE(part.length);
+        this.push(header);
+        this.push(part);
+      }
+      done();
+    },
+    flush(done) {
+      done(null, Buffer.alloc(4));
+    },
+  });
+}
+
+/**
+ * Sends `input` framed to the helper's stdin; resolves when the helper has it all, has stopped reading, or the
+ * input failed. An input that fails midway (the client went away) closes the pipe without the end frame. The
+ * helper stopping early (a refusal) is its answer: the input is then unhooked, never destroyed, and the rest of it
+ * read and dropped.
+ */
+function sendFramed(input: Readable, stdin: Writable): Promise<void> {
+  return new Promise((resolve) => {
+    const frames = framer();
+    const stop = () => {
+      input.unpipe(frames);
+      frames.unpipe(stdin);
+      if (!input.readableEnded && !input.destroyed) input.resume();
+      resolve();
+    };
+    input.once("error", () => {
+      stdin.destroy();
+      resolve();
+    });
+    stdin.once("error", stop);
+    stdin.once("close", stop);
+    stdin.once("finish", () => resolve());
+    input.pipe(frames).pipe(stdin);
+  });
 }
 
 /**

@@ -2,6 +2,7 @@ import { mkdir, rm } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
 import express, { type NextFunction, type Request, type Response, Router } from "express";
+import { createVolumeImage, isVolumeImage, mountVolumeImage, removeVolumeImage } from "../runtime/volume-images.js";
 import type { Db } from "../store/db.js";
 import type { Team } from "../store/teams.js";
 import {
@@ -20,8 +21,10 @@ import { readVolumeFile, runVolumeOp, type VolumeOpOptions } from "./volume-fs.j
 export interface VolumeSettings {
   /** WARREN_VOLUMES_DIR: `<dir>/<team>/<volume id>` holds a volume's files. */
   readonly dir: string;
-  /** A new volume's quota (bytes), enforced on content-API writes. */
+  /** A new volume's quota (bytes), enforced on content-API writes (and on every write with `images`). */
   readonly quotaBytes: number;
+  /** New volumes are filesystems of their quota's size (runtime/volume-images.ts); existing ones stay as made. */
+  readonly images: boolean;
 }
 
 export interface VolumeRoutesDeps {
@@ -43,6 +46,12 @@ const MAX_DEPTH = 10;
 /** Where a volume's files live (the same path on the api and on every node agent). */
 export function volumeDir(settings: VolumeSettings, volume: Pick<VolumeRow, "teamId" | "id">): string {
   return join(settings.dir, volume.teamId, volume.id);
+}
+
+/** A volume's files (its filesystem image too): gone whatever held them. */
+async function removeVolumeFiles(dir: string): Promise<void> {
+  if (isVolumeImage(dir)) await removeVolumeImage(dir);
+  else await rm(dir, { recursive: true, force: true });
 }
 
 function volumeId(req: Request): string {
@@ -74,12 +83,18 @@ export function volumeRoutes(deps: VolumeRoutesDeps): Router {
     );
     const volume = await insertVolume(deps.db, team(res).id, name, settings.quotaBytes);
     if (!volume) throw badRequest(`Volume with name '${name}' already exists`);
+    const dir = volumeDir(settings, volume);
     try {
-      const dir = volumeDir(settings, volume);
       await mkdir(dir, { recursive: true, mode: 0o700 });
+      if (settings.images) {
+        await createVolumeImage(dir, volume.quotaBytes).catch((error: Error) => {
+          throw new ApiError(500, `making the volume's filesystem failed (WARREN_VOLUME_IMAGES): ${error.message}`);
+        });
+      }
       // Sandboxes see the root as on-disk ids (an idmapped mount): anyone may create entries there, as on E2B.
       await runVolumeOp(dir, "chmeta", "/", { mode: 0o777, uid: 0, gid: 0 });
     } catch (error) {
+      await removeVolumeFiles(dir).catch(() => undefined);
       await deleteVolume(deps.db, volume.teamId, volume.id);
       throw error;
     }
@@ -107,7 +122,7 @@ export function volumeRoutes(deps: VolumeRoutesDeps): Router {
     if (!(await deleteVolume(deps.db, teamId, id))) throw new ApiError(404, `Volume ${id} not found`);
     res.status(204).end();
     // The row is gone (the name is free); the files follow. Sandboxes that mount it keep what they hold open.
-    await rm(volumeDir(settings, { teamId, id }), { recursive: true, force: true }).catch((error) =>
+    await removeVolumeFiles(volumeDir(settings, { teamId, id })).catch((error) =>
       deps.log.warn("removing a deleted volume's files failed", { volumeId: id, error: String(error) }),
     );
   });
@@ -166,7 +181,7 @@ function ownership(req: Request): VolumeOpOptions {
 export function volumeContentRoutes(deps: VolumeRoutesDeps): Router {
   const router = Router();
 
-  const open = async (req: Request): Promise<{ volume: VolumeRow; dir: string }> => {
+  const open = async (req: Request): Promise<{ volume: VolumeRow; dir: string; image: boolean }> => {
     const settings = enabled(deps);
     const id = volumeId(req);
     const auth = req.get("Authorization") ?? "";
@@ -174,7 +189,12 @@ export function volumeContentRoutes(deps: VolumeRoutesDeps): Router {
     if (!token) throw new ApiError(401, "Missing volume token: set Authorization: Bearer <token>", "401");
     const volume = await volumeForToken(deps.db, id, token);
     if (!volume) throw new ApiError(401, "Invalid or expired volume token for this volume", "401");
-    return { volume, dir: volumeDir(settings, volume) };
+    const dir = volumeDir(settings, volume);
+    // An image volume's filesystem is mounted again after a reboot; its own size is then its quota.
+    const image = await mountVolumeImage(dir).catch((error: Error) => {
+      throw new ApiError(503, `volume ${id} cannot be opened: ${error.message}`);
+    });
+    return { volume, dir, image };
   };
 
   router.get("/volumecontent/:volumeID/dir", async (req: Request, res: Response) => {
@@ -225,8 +245,13 @@ export function volumeContentRoutes(deps: VolumeRoutesDeps): Router {
   });
 
   router.put("/volumecontent/:volumeID/file", async (req: Request, res: Response) => {
-    const { volume, dir } = await open(req);
-    const options = { ...ownership(req), force: queryBool(req, "force"), quotaBytes: volume.quotaBytes };
+    const { volume, dir, image } = await open(req);
+    const options = {
+      ...ownership(req),
+      force: queryBool(req, "force"),
+      // A filesystem of the quota's size refuses past it by itself (ENOSPC): no walk of the volume per write.
+      ...(image ? {} : { quotaBytes: volume.quotaBytes }),
+    };
     res.status(201).json(await runVolumeOp(dir, "write", contentPath(req), options, req));
   });
 

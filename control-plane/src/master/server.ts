@@ -6,6 +6,7 @@ import { Redis } from "ioredis";
 import { createDb, type Db } from "../store/db.js";
 import { migrate } from "../store/migrations.js";
 import { cordonedNodeIds } from "../store/nodes.js";
+import { Listener } from "../store/notify.js";
 import type { MasterConfig } from "./config.js";
 import { CrashWatch } from "./crash-watch.js";
 import { Durability } from "./durability.js";
@@ -51,6 +52,8 @@ export class Master {
   private readonly drainer: NodeDrainer | undefined;
   private server: http.Server | undefined;
   private leaderTasks = new Set<Promise<unknown>>();
+  /** The leader's LISTEN for nudges from every replica. */
+  private nudges: Listener | undefined;
   /** Bumped on demotion so loops of an earlier term stop rescheduling. */
   private generation = 0;
 
@@ -231,30 +234,58 @@ export class Master {
       }),
     );
     this.every(this.config.reconcileIntervalMs, () => this.snapshots.sweepNodes());
-    this.every(this.config.reconcileIntervalMs, () => this.durability.pass());
+    const durabilityNow = this.every(this.config.durabilityIntervalMs, () => this.durability.pass());
+    // A pause on any replica nudges the pass (store/notify.ts): durable in seconds, not a reconcile interval later.
+    this.nudges = new Listener({
+      url: this.config.databaseUrl,
+      schema: this.config.schema,
+      topic: "durability",
+      onNotify: durabilityNow,
+      onError: (error) => this.log.warn("listening for durability nudges failed; retrying", { error: error.message }),
+    });
+    this.nudges.start();
     this.every(this.config.storeGcIntervalMs, () => this.snapshots.collectStore());
-    this.every(this.config.reconcileIntervalMs, () => this.builder.failAbandoned());
+    this.every(this.config.reconcileIntervalMs, () => this.builder.recoverAbandoned());
     this.every(this.config.reconcileIntervalMs, () => this.execPolicies.syncAll());
   }
 
-  /** Runs `task` repeatedly, never overlapping itself. */
-  private every(intervalMs: number, task: () => Promise<unknown>): void {
+  /**
+   * Runs `task` repeatedly, never overlapping itself. The function it returns runs it now instead of at its next
+   * turn (or once more right after a run in progress).
+   */
+  private every(intervalMs: number, task: () => Promise<unknown>): () => void {
     const slot = this.loops.length;
     const generation = this.generation;
+    let running = false;
+    let again = false;
     const run = () => {
+      running = true;
+      again = false;
       const pending = task()
         .catch((error) => this.log.warn("leader task failed", { error }))
         .finally(() => {
+          running = false;
           this.leaderTasks.delete(pending);
-          if (this.generation === generation) this.loops[slot] = setTimeout(run, intervalMs);
+          if (this.generation === generation) this.loops[slot] = setTimeout(run, again ? 0 : intervalMs);
         });
       this.leaderTasks.add(pending);
     };
     this.loops.push(setTimeout(run, 0));
+    return () => {
+      if (this.generation !== generation) return;
+      if (running) {
+        again = true;
+        return;
+      }
+      clearTimeout(this.loops[slot]);
+      this.loops[slot] = setTimeout(run, 0);
+    };
   }
 
   private stopLeaderLoops(): void {
     this.generation++;
+    void this.nudges?.stop();
+    this.nudges = undefined;
     this.crashWatch.stop();
     for (const timer of this.loops) clearTimeout(timer);
     this.loops.length = 0;

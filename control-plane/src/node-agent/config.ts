@@ -40,7 +40,7 @@ import type { SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_ENVD_ROOT | this repository | directory with envd/, proto/, node_modules/ |
  * | WARREN_DEBIAN_MIRROR | apt's own | mirror for debootstrap |
  * | WARREN_HEARTBEAT_MS | 5000 | heartbeat period (the node key expires after NODE_TTL_SECONDS) |
- * | WARREN_READY_TIMEOUT_MS | 15000 | how long a start may take before it counts as failed |
+ * | WARREN_READY_TIMEOUT_MS | 15000 | how long a start may take before it counts as failed (namespace driver: one still using CPU gets up to 3 times this) |
  * | WARREN_LOG_LEVEL | info | debug, info, warn, error |
  * | WARREN_SANDBOX_LOG_MAX_BYTES | 8388608 | cap on each sandbox's log file on the node (envd.log / the microVM's console.log, which the sandbox itself writes); a larger one is cut to its last half every second |
  * | WARREN_DNS_UPSTREAM | first nameserver of /etc/resolv.conf | DNS server (`ip` or `ip:port`) the egress gateway asks for sandboxes |

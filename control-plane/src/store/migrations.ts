@@ -394,6 +394,27 @@ CREATE INDEX exec_approvals_team ON exec_approvals (team_id, requested_at DESC, 
 CREATE INDEX exec_approvals_pending ON exec_approvals (sandbox_id, digest) WHERE state = 'pending';
 `,
   },
+  {
+    version: 12,
+    name: "build slots: which node a running build holds a slot on, and the builds waiting for one (every master's)",
+    sql: `
+-- The node whose build slot the build holds (set while its build sandbox exists; build-slots.ts).
+ALTER TABLE template_builds ADD COLUMN slot_node_id text;
+-- A build waiting for a slot: since when (its place in the queue) and the nodes it could run on at its last look.
+ALTER TABLE template_builds ADD COLUMN slot_waiting_since timestamptz;
+ALTER TABLE template_builds ADD COLUMN slot_candidates text[];
+CREATE INDEX template_builds_slots ON template_builds (slot_node_id) WHERE status = 'building';
+`,
+  },
+  {
+    version: 13,
+    name: "build takeovers: how often another master continued a build whose master stopped",
+    sql: `
+-- Each takeover gives the build a new build sandbox id and token nonce (the run's identity: a stalled old runner can
+-- no longer finish, fail or heartbeat the build).
+ALTER TABLE template_builds ADD COLUMN takeovers integer NOT NULL DEFAULT 0;
+`,
+  },
 ];
 
 const MIGRATION_LOCK = 0x5741_5252; // "WARR"

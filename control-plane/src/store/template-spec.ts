@@ -18,6 +18,26 @@ export interface RegistryCredentials {
   readonly password?: string;
 }
 
+/**
+ * `fromGCPRegistry`: Google's registries (Artifact Registry, gcr.io) take a service account key as a basic-auth
+ * password for the user `_json_key` (what `docker login -u _json_key` does), so the key itself is the login and
+ * no token is fetched from Google first.
+ */
+function gcpLogin(serviceAccountJson: unknown): RegistryCredentials {
+  // A stored spec keeps only the type (the key went to the master with the trigger).
+  if (serviceAccountJson === undefined) return { type: "gcp" };
+  let key: unknown;
+  try {
+    key = typeof serviceAccountJson === "string" ? JSON.parse(serviceAccountJson) : undefined;
+  } catch {
+    key = undefined;
+  }
+  if (typeof key !== "object" || key === null || Array.isArray(key)) {
+    throw new BuildSpecError("fromImageRegistry.serviceAccountJson must be a service account key as JSON text");
+  }
+  return { type: "gcp", username: "_json_key", password: serviceAccountJson as string };
+}
+
 export interface TemplateBuildSpec {
   readonly fromTemplate?: string;
   readonly fromImage?: string;
@@ -102,11 +122,14 @@ export function parseBuildSpec(raw: unknown): TemplateBuildSpec {
     if (typeof r !== "object" || (r.type !== "registry" && r.type !== "aws" && r.type !== "gcp")) {
       throw new BuildSpecError("fromImageRegistry.type must be registry, aws or gcp");
     }
-    registry = {
-      type: r.type,
-      ...(typeof r.username === "string" ? { username: r.username } : {}),
-      ...(typeof r.password === "string" ? { password: r.password } : {}),
-    };
+    registry =
+      r.type === "gcp"
+        ? gcpLogin(r.serviceAccountJson)
+        : {
+            type: r.type,
+            ...(typeof r.username === "string" ? { username: r.username } : {}),
+            ...(typeof r.password === "string" ? { password: r.password } : {}),
+          };
   }
   return {
     ...(fromTemplate ? { fromTemplate } : {}),

@@ -60,6 +60,8 @@ export interface BuildRecord {
   readonly layerKeys: string[];
   readonly buildSandboxId: string | null;
   readonly tokenNonce: string | null;
+  /** How often another master continued this build after its master stopped. */
+  readonly takeovers: number;
   readonly createdAt: Date;
   readonly updatedAt: Date;
   readonly finishedAt: Date | null;
@@ -115,6 +117,7 @@ export function toBuild(row: any): BuildRecord {
     layerKeys: row.layer_keys ?? [],
     buildSandboxId: row.build_sandbox_id,
     tokenNonce: row.token_nonce,
+    takeovers: row.takeovers ?? 0,
     createdAt: row.created_at,
     updatedAt: row.updated_at,
     finishedAt: row.finished_at,
@@ -261,9 +264,56 @@ export async function markBuildBuilding(db: Queryable, buildId: string, buildSan
   return result.rows[0] ? toBuild(result.rows[0]) : undefined;
 }
 
-/** The runner's heartbeat: a build whose row stops changing was abandoned (its master died). */
-export async function touchBuild(db: Queryable, buildId: string): Promise<void> {
-  await db.query("UPDATE template_builds SET updated_at = now() WHERE id = $1 AND status = 'building'", [buildId]);
+/**
+ * The runner's heartbeat: a build whose row stops changing was abandoned (its master died). False when the build
+ * is no longer this run's (it ended, or another master took it over: its nonce changed).
+ */
+export async function touchBuild(db: Queryable, buildId: string, nonce: string): Promise<boolean> {
+  const result = await db.query(
+    "UPDATE template_builds SET updated_at = now() WHERE id = $1 AND status = 'building' AND token_nonce = $2",
+    [buildId, nonce],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
+/** A stopping master hands its build over: stale at once, so the leader's next pass gives it to a master. */
+export async function handOffBuild(db: Queryable, buildId: string, nonce: string): Promise<boolean> {
+  const result = await db.query(
+    `UPDATE template_builds SET updated_at = 'epoch', slot_node_id = NULL, slot_waiting_since = NULL,
+       slot_candidates = NULL
+     WHERE id = $1 AND status = 'building' AND token_nonce = $2`,
+    [buildId, nonce],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
+/** Builds left `building` by a master that stopped (no heartbeat for `staleMs`, or handed off). */
+export async function abandonedBuilds(db: Queryable, staleMs: number): Promise<BuildRecord[]> {
+  const result = await db.query(
+    "SELECT * FROM template_builds WHERE status = 'building' AND updated_at < now() - make_interval(secs => $1)",
+    [staleMs / 1000],
+  );
+  return result.rows.map(toBuild);
+}
+
+/**
+ * Gives an abandoned build to this master: a new build sandbox id and nonce (the old run, should it still be alive,
+ * can no longer heartbeat, finish or fail it). Undefined when it is no longer abandoned (another master took it).
+ */
+export async function takeOverBuild(
+  db: Queryable,
+  buildId: string,
+  staleMs: number,
+  buildSandboxId: string,
+  nonce: string,
+): Promise<BuildRecord | undefined> {
+  const result = await db.query(
+    `UPDATE template_builds SET takeovers = takeovers + 1, build_sandbox_id = $3, token_nonce = $4,
+       updated_at = now(), slot_node_id = NULL, slot_waiting_since = NULL, slot_candidates = NULL
+     WHERE id = $1 AND status = 'building' AND updated_at < now() - make_interval(secs => $2) RETURNING *`,
+    [buildId, staleMs / 1000, buildSandboxId, nonce],
+  );
+  return result.rows[0] ? toBuild(result.rows[0]) : undefined;
 }
 
 export interface BuildResult {
@@ -287,12 +337,13 @@ export async function addBuildLayerKey(db: Queryable, buildId: string, key: stri
 }
 
 /** false when the build is no longer `building` (deleted or failed meanwhile). */
-export async function markBuildReady(db: Queryable, buildId: string, r: BuildResult): Promise<boolean> {
+/** The build's result, when the build is still this run's (`nonce`). */
+export async function markBuildReady(db: Queryable, buildId: string, r: BuildResult, nonce: string): Promise<boolean> {
   const result = await db.query(
     `UPDATE template_builds SET status = 'ready', node_id = $2, snapshot_id = $3, layer_snapshot_id = $4,
        base_template_id = $5, start_cmd = $6, ready_cmd = $7, default_user = $8, default_workdir = $9, env_vars = $10,
        layer_keys = ARRAY(SELECT DISTINCT unnest(layer_keys || $11::text[])), disk_size_mb = $12, finished_at = now(), updated_at = now()
-     WHERE id = $1 AND status = 'building'`,
+     WHERE id = $1 AND status = 'building' AND token_nonce = $13`,
     [
       buildId,
       r.nodeId,
@@ -306,29 +357,40 @@ export async function markBuildReady(db: Queryable, buildId: string, r: BuildRes
       JSON.stringify(r.context.env),
       r.layerKeys,
       r.diskSizeMB,
+      nonce,
     ],
   );
   return (result.rowCount ?? 0) > 0;
 }
 
-export async function markBuildFailed(db: Queryable, buildId: string, reason: BuildReason): Promise<boolean> {
+/** Fails a build; with `nonce`, only while it is still that run's (another master may have taken it over). */
+export async function markBuildFailed(
+  db: Queryable,
+  buildId: string,
+  reason: BuildReason,
+  nonce?: string,
+): Promise<boolean> {
   const result = await db.query(
     `UPDATE template_builds SET status = 'error', reason = $2, finished_at = now(), updated_at = now()
-     WHERE id = $1 AND status IN ('waiting', 'building')`,
-    [buildId, JSON.stringify(reason)],
+     WHERE id = $1 AND status IN ('waiting', 'building') AND ($3::text IS NULL OR token_nonce = $3)`,
+    [buildId, JSON.stringify(reason), nonce ?? null],
   );
   return (result.rowCount ?? 0) > 0;
 }
 
-/** Builds left `building` by a master that stopped (no heartbeat for `staleMs`): failed with that reason. */
-export async function failAbandonedBuilds(db: Queryable, staleMs: number): Promise<BuildRecord[]> {
+/** An abandoned build no master can continue, failed with `message`; false when it is no longer abandoned. */
+export async function failAbandonedBuild(
+  db: Queryable,
+  buildId: string,
+  staleMs: number,
+  message: string,
+): Promise<boolean> {
   const result = await db.query(
-    `UPDATE template_builds SET status = 'error', finished_at = now(), updated_at = now(),
-       reason = '{"message":"An internal error occurred: the build was interrupted (its master stopped). Please try again."}'
-     WHERE status = 'building' AND updated_at < now() - make_interval(secs => $1) RETURNING *`,
-    [staleMs / 1000],
+    `UPDATE template_builds SET status = 'error', finished_at = now(), updated_at = now(), reason = $3
+     WHERE id = $1 AND status = 'building' AND updated_at < now() - make_interval(secs => $2)`,
+    [buildId, staleMs / 1000, JSON.stringify({ message })],
   );
-  return result.rows.map(toBuild);
+  return (result.rowCount ?? 0) > 0;
 }
 
 export async function appendBuildLogs(

@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, mkdirSync, openSync, readFileSync, rmSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { CliConfig } from "./config.js";
 import { CliError, ExitCode } from "./errors.js";
@@ -19,7 +19,47 @@ export interface UpOptions {
   nodeCidr: string[];
   databaseUrl?: string;
   redisUrl?: string;
+  /** E2B_DOMAIN mode: the domain and the PEM certificate (for `*.<domain>` and `<domain>`) and key the proxy serves. */
+  domain?: string;
+  tlsCert?: string;
+  tlsKey?: string;
+  /** The CA that signed the certificate, when this machine does not trust it (the readiness check uses it). */
+  tlsCa?: string;
   timeout: number;
+}
+
+// A DNS name of two or more labels (letters, digits, inner hyphens), as a certificate's `*.<domain>` needs.
+const DOMAIN = /^(?=.{1,253}$)(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/i;
+
+/** The TLS part of the launch, checked before anything starts: all of domain, certificate and key, or none. */
+function tlsSpec(opts: UpOptions): LaunchSpec["tls"] {
+  const given = [opts.domain, opts.tlsCert, opts.tlsKey, opts.tlsCa].some((value) => value !== undefined);
+  if (!given) return undefined;
+  if (!opts.domain || !opts.tlsCert || !opts.tlsKey) {
+    throw new CliError(
+      "--domain, --tls-cert and --tls-key go together (E2B's domain layout is served over TLS only)",
+      "give the domain, and a certificate for it and for *.<domain> with its key",
+      ExitCode.usage,
+    );
+  }
+  if (!DOMAIN.test(opts.domain)) {
+    throw new CliError(
+      `--domain '${opts.domain}' is not a domain name (e.g. sandboxes.example.com)`,
+      undefined,
+      ExitCode.usage,
+    );
+  }
+  const file = (flag: string, path: string) => {
+    const absolute = resolve(path);
+    if (!existsSync(absolute)) throw new CliError(`${flag} ${path}: no such file`, undefined, ExitCode.usage);
+    return absolute;
+  };
+  return {
+    domain: opts.domain.toLowerCase(),
+    certFile: file("--tls-cert", opts.tlsCert),
+    keyFile: file("--tls-key", opts.tlsKey),
+    ...(opts.tlsCa ? { caFile: file("--tls-ca", opts.tlsCa) } : {}),
+  };
 }
 
 /** A process that is alive and not a zombie (a reparented launcher may wait to be reaped). */
@@ -47,6 +87,7 @@ export function runningLauncher(dataDir: string): number | undefined {
 }
 
 function launchSpec(config: CliConfig, opts: UpOptions): LaunchSpec {
+  const tls = tlsSpec(opts);
   return {
     dataDir: config.dataDir,
     apiPort: opts.apiPort,
@@ -57,6 +98,7 @@ function launchSpec(config: CliConfig, opts: UpOptions): LaunchSpec {
     ...(opts.nodeCidr.length > 0 ? { nodeCidrs: opts.nodeCidr } : {}),
     ...(opts.databaseUrl ? { databaseUrl: opts.databaseUrl } : {}),
     ...(opts.redisUrl ? { redisUrl: opts.redisUrl } : {}),
+    ...(tls ? { tls } : {}),
   };
 }
 

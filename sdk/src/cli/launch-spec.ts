@@ -12,6 +12,13 @@ export interface LaunchSpec {
   readonly nodeCidrs?: readonly string[];
   readonly databaseUrl?: string;
   readonly redisUrl?: string;
+  /** E2B's domain layout over TLS (`<port>-<id>.<domain>`, `api.<domain>`); absolute paths of PEM files. */
+  readonly tls?: {
+    readonly domain: string;
+    readonly certFile: string;
+    readonly keyFile: string;
+    readonly caFile?: string;
+  };
 }
 
 /** Messages from the launcher to `warren up`. */

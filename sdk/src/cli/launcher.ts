@@ -46,6 +46,7 @@ async function main(): Promise<void> {
     ...(cidrs.length > 0 ? { nodeCidr: (i: number) => cidrs[Math.min(i, cidrs.length - 1)] } : {}),
     ...(spec.databaseUrl ? { databaseUrl: spec.databaseUrl } : {}),
     ...(spec.redisUrl ? { redisUrl: spec.redisUrl } : {}),
+    ...(spec.tls ? { tls: spec.tls } : {}),
     onProgress: (line: string) => send({ type: "progress", line }),
   });
 

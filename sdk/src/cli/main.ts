@@ -86,6 +86,23 @@ function clusterCommands(warren: Command): void {
       new Option("--database-url <url>", "use this PostgreSQL (default: a private one)").env("WARREN_DATABASE_URL"),
     )
     .addOption(new Option("--redis-url <url>", "use this Redis (default: a private one)").env("WARREN_REDIS_URL"))
+    .addOption(
+      new Option(
+        "--domain <domain>",
+        "serve E2B's domain layout over TLS (<port>-<id>.<domain>, api.<domain>): clients need only E2B_DOMAIN",
+      ).env("WARREN_DOMAIN"),
+    )
+    .addOption(
+      new Option("--tls-cert <file>", "PEM certificate for <domain> and *.<domain> (with --domain)").env(
+        "WARREN_TLS_CERT",
+      ),
+    )
+    .addOption(new Option("--tls-key <file>", "PEM key of --tls-cert").env("WARREN_TLS_KEY"))
+    .addOption(
+      new Option("--tls-ca <file>", "PEM CA that signed --tls-cert, when this machine does not trust it").env(
+        "WARREN_TLS_CA",
+      ),
+    )
     .option("--timeout <seconds>", "give up if not ready by then", integer("--timeout", 1), 900)
     .action(
       run(({ config, out, opts }) =>
@@ -101,6 +118,10 @@ function clusterCommands(warren: Command): void {
             nodeCidr: opts.nodeCidr,
             databaseUrl: opts.databaseUrl,
             redisUrl: opts.redisUrl,
+            domain: opts.domain,
+            tlsCert: opts.tlsCert,
+            tlsKey: opts.tlsKey,
+            tlsCa: opts.tlsCa,
             timeout: opts.timeout,
           },
           out,

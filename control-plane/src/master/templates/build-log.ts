@@ -26,6 +26,17 @@ export class BuildLog {
     private readonly buildId: string,
   ) {}
 
+  /** The log of a build another run already wrote to (a takeover): it goes on after the last line. */
+  static async continuing(db: Db, buildId: string): Promise<BuildLog> {
+    const log = new BuildLog(db, buildId);
+    const result = await db.query<{ next: number }>(
+      "SELECT coalesce(max(seq) + 1, 0)::int AS next FROM template_build_logs WHERE build_id = $1",
+      [buildId],
+    );
+    log.seq = result.rows[0]?.next ?? 0;
+    return log;
+  }
+
   add(level: BuildLogEntry["level"], message: string, step?: string): void {
     const text = message.length > MAX_LINE ? `${message.slice(0, MAX_LINE)}…` : message;
     this.pending.push({ timestamp: new Date(), level, message: text, ...(step ? { step } : {}) });

@@ -71,7 +71,7 @@ export class BuildSnapshots {
    * builds) from it; a failure fails the build (nothing a user relies on may live on one node's disk only).
    */
   async publish(
-    placed: PlacedBuild,
+    placed: Pick<PlacedBuild, "node" | "nodeId">,
     snapshotId: string,
     build: BuildRecord,
     kind: "template" | "layer",

@@ -3,16 +3,19 @@ import { getTeam, type Team } from "../../store/teams.js";
 import { findLayer, type LayerRecord, putLayer } from "../../store/template-layers.js";
 import { parseBuildSpec, type TemplateBuildSpec, type TemplateStep } from "../../store/template-spec.js";
 import {
+  abandonedBuilds,
   addBuildLayerKey,
   type BuildContext,
   type BuildReason,
   type BuildRecord,
   type BuildResult,
-  failAbandonedBuilds,
+  failAbandonedBuild,
   getBuild,
+  handOffBuild,
   markBuildBuilding,
   markBuildFailed,
   markBuildReady,
+  takeOverBuild,
   touchBuild,
 } from "../../store/templates.js";
 import { MasterError } from "../errors.js";
@@ -30,7 +33,7 @@ import { PhaseError } from "./phase-error.js";
 import { StartReadyError, startAndAwaitReady } from "./start-ready.js";
 
 export interface TemplateBuildConfig {
-  /** Builds a node runs at once (more wait in `waiting`). */
+  /** Builds a node runs at once (more wait in the master's queue, `building`, within their deadline). */
   readonly maxConcurrentPerNode: number;
   /** A build still running after this fails with "build timed out". */
   readonly timeoutMs: number;
@@ -57,6 +60,27 @@ export interface RegistryLogin {
 }
 
 const HEARTBEAT_MS = 10_000;
+/** A build whose row has not changed for this long was abandoned by its master. */
+const ABANDONED_AFTER_MS = HEARTBEAT_MS * 6;
+/** A build is continued by another master at most this often (a build that kills its masters must end). */
+const MAX_TAKEOVERS = 2;
+
+/** Why a run ends without a result: its master stops and hands the build to another. */
+class HandOff extends Error {
+  constructor() {
+    super("the master running this build stopped");
+  }
+}
+
+/**
+ * Why a run ends without a result: the build is no longer this run's — another master took it over (this run was
+ * taken for dead), or it ended meanwhile (its template was deleted).
+ */
+class TakenOver extends Error {
+  constructor() {
+    super("the build is no longer this run's");
+  }
+}
 
 /** Where a build's steps left off: the context and the layer the next step starts from. */
 interface BuildState {
@@ -72,6 +96,7 @@ interface BuildState {
  */
 export class TemplateBuilder {
   private readonly running = new Map<string, AbortController>();
+  private stopping = false;
   private readonly sandboxes: BuildSandboxes;
   private readonly snapshots: BuildSnapshots;
 
@@ -90,7 +115,7 @@ export class TemplateBuilder {
     if (build.status !== "waiting" || !build.spec) {
       throw new MasterError("conflict", `build '${buildId}' is not in waiting state (it is ${build.status})`);
     }
-    const sandboxId = `b${buildId.replaceAll("-", "")}`;
+    const sandboxId = buildSandboxId(buildId, 0);
     const marked = await markBuildBuilding(db, buildId, sandboxId, tokens.newNonce());
     if (!marked) throw new MasterError("conflict", `build '${buildId}' is not in waiting state`);
     const abort = new AbortController();
@@ -98,31 +123,83 @@ export class TemplateBuilder {
     void this.run(marked, abort, credentials).finally(() => this.running.delete(buildId));
   }
 
-  /** Cancels builds running here (master shutdown): each ends in `error`. */
+  /**
+   * Master shutdown: every build running here stops and is handed over (its sandbox removed, its row stale at
+   * once), so the leader gives it to a master that continues it from its cached steps.
+   */
   async stop(): Promise<void> {
-    for (const abort of this.running.values()) abort.abort(new Error("build was cancelled (the master stopped)"));
+    // This master's leader loop must not take back what it hands over.
+    this.stopping = true;
+    for (const abort of this.running.values()) abort.abort(new HandOff());
     const deadline = Date.now() + 15_000;
     while (this.running.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
   }
 
-  /** Leader loop: builds whose master stopped mid-build (no heartbeat) are failed and their sandboxes removed. */
-  async failAbandoned(): Promise<void> {
-    const failed = await failAbandonedBuilds(this.deps.db, HEARTBEAT_MS * 6);
-    for (const build of failed) {
-      this.deps.log.warn("template build abandoned by its master; failed", { buildId: build.id });
+  /**
+   * Leader loop: a build whose master stopped (handed over, or no heartbeat for a minute) is continued here from
+   * its stored spec; its completed steps are cached layers, so only the step that was running and the later ones
+   * run again. One that needs registry credentials (never stored) or was continued too often fails instead.
+   */
+  async recoverAbandoned(): Promise<void> {
+    const { db, log, tokens } = this.deps;
+    if (this.stopping) return;
+    for (const build of await abandonedBuilds(db, ABANDONED_AFTER_MS)) {
+      if (this.running.has(build.id)) continue;
+      const cannot = !build.spec
+        ? "it has no stored spec"
+        : (build.spec as { fromImageRegistry?: unknown }).fromImageRegistry
+          ? "its registry credentials are never stored"
+          : build.takeovers >= MAX_TAKEOVERS
+            ? `it was continued ${build.takeovers} times already`
+            : undefined;
+      if (cannot) {
+        const message = `An internal error occurred: the build was interrupted (its master stopped) and cannot be continued (${cannot}). Please try again.`;
+        if (await failAbandonedBuild(db, build.id, ABANDONED_AFTER_MS, message)) {
+          log.warn("template build abandoned by its master; failed", { buildId: build.id, why: cannot });
+          if (build.buildSandboxId) await this.sandboxes.removeEverywhere(build.buildSandboxId);
+        }
+        continue;
+      }
+      const sandboxId = buildSandboxId(build.id, build.takeovers + 1);
+      const taken = await takeOverBuild(db, build.id, ABANDONED_AFTER_MS, sandboxId, tokens.newNonce());
+      if (!taken) continue;
+      // The old run's sandbox (its master may have died before removing it) goes first: it holds a build slot.
       if (build.buildSandboxId) await this.sandboxes.removeEverywhere(build.buildSandboxId);
+      log.info("template build continued after its master stopped", { buildId: build.id, takeover: taken.takeovers });
+      const abort = new AbortController();
+      this.running.set(build.id, abort);
+      void this.run(taken, abort).finally(() => this.running.delete(build.id));
     }
   }
 
   private async run(build: BuildRecord, abort: AbortController, credentials?: RegistryLogin): Promise<void> {
     const { db, log } = this.deps;
     const started = Date.now();
-    const buildLog = new BuildLog(db, build.id);
-    const timer = setTimeout(() => abort.abort(new Error("build timed out")), this.deps.config.timeoutMs);
-    const heartbeat = setInterval(() => void touchBuild(db, build.id).catch(() => undefined), HEARTBEAT_MS);
+    const nonce = build.tokenNonce as string;
+    const buildLog = build.takeovers > 0 ? await BuildLog.continuing(db, build.id) : new BuildLog(db, build.id);
+    // A continued build keeps its deadline (counted from its creation, a little before its first start).
+    const timeoutMs =
+      build.takeovers > 0
+        ? Math.max(0, this.deps.config.timeoutMs - (started - build.createdAt.getTime()))
+        : this.deps.config.timeoutMs;
+    const timer = setTimeout(() => abort.abort(new Error("build timed out")), timeoutMs);
+    const heartbeat = setInterval(() => {
+      void touchBuild(db, build.id, nonce).then(
+        (ours) => {
+          if (!ours && !abort.signal.aborted) abort.abort(new TakenOver());
+        },
+        () => undefined,
+      );
+    }, HEARTBEAT_MS);
     let placed: PlacedBuild | undefined;
     const sandboxId = build.buildSandboxId as string;
     let outcome: { result: BuildResult } | { reason: BuildReason };
+    if (build.takeovers > 0) {
+      buildLog.info(
+        `[base] the master running this build stopped; another master continues it (takeover ${build.takeovers} of at most ${MAX_TAKEOVERS}, cached steps are reused)`,
+        "base",
+      );
+    }
     try {
       const spec = parseBuildSpec(build.spec);
       const team = await getTeam(db, build.teamId);
@@ -135,20 +212,37 @@ export class TemplateBuilder {
     } catch (error) {
       const reason = failureReason(error, abort.signal);
       outcome = { reason };
-      buildLog.add("error", `Build failed: ${reason.message}`, reason.step);
+      const continues = abort.signal.reason instanceof HandOff || abort.signal.reason instanceof TakenOver;
+      if (!continues) buildLog.add("error", `Build failed: ${reason.message}`, reason.step);
     }
     clearTimeout(timer);
+    clearInterval(heartbeat);
+    const stoppedBy = abort.signal.reason;
+    if (stoppedBy instanceof TakenOver) {
+      // Another master runs it now, in a sandbox of its own; this run's log lines and result are not the build's.
+      if (placed) await this.sandboxes.release(placed, sandboxId);
+      log.warn("template build no longer this run's (taken over, or its template deleted); this run stops", {
+        buildId: build.id,
+      });
+      return;
+    }
     // The status changes last: when a client sees `ready` or `error`, the log is whole and the sandbox gone.
     if (placed) await this.sandboxes.release(placed, sandboxId);
+    if (stoppedBy instanceof HandOff && !("result" in outcome)) {
+      buildLog.info("[base] this master is stopping; the build goes to another master", "base");
+      await buildLog.flush().catch((error) => log.warn("writing build logs failed", { buildId: build.id, error }));
+      await handOffBuild(db, build.id, nonce).catch(() => undefined);
+      log.info("template build handed over (the master is stopping)", { buildId: build.id });
+      return;
+    }
     await buildLog.flush().catch((error) => log.warn("writing build logs failed", { buildId: build.id, error }));
-    clearInterval(heartbeat);
     const seconds = Math.round((Date.now() - started) / 100) / 10;
-    if ("result" in outcome && (await markBuildReady(db, build.id, outcome.result))) {
+    if ("result" in outcome && (await markBuildReady(db, build.id, outcome.result, nonce))) {
       log.info("template build ready", { buildId: build.id, templateId: build.templateId, seconds });
       return;
     }
     const reason = "reason" in outcome ? outcome.reason : { message: "build was cancelled" };
-    await markBuildFailed(db, build.id, reason).catch(() => undefined);
+    await markBuildFailed(db, build.id, reason, nonce).catch(() => undefined);
     log.warn("template build failed", { buildId: build.id, templateId: build.templateId, seconds, ...reason });
   }
 
@@ -184,7 +278,7 @@ export class TemplateBuilder {
     let finalSnapshot = snapshot;
     if (needsSandbox) {
       const token = this.deps.tokens.envdToken(build.buildSandboxId as string, build.tokenNonce as string);
-      placed = await this.sandboxes.start(build, team, base, snapshot);
+      placed = await this.sandboxes.start(build, team, base, snapshot, { signal, buildLog });
       onPlaced(placed);
       const sandbox: StepSandbox = {
         node: placed.node,
@@ -314,6 +408,11 @@ export class TemplateBuilder {
     );
     return { id: made.id, nodeId: placed.nodeId };
   }
+}
+
+/** The build sandbox of a build's run: its first, or the one of its `takeover`th continuation. */
+function buildSandboxId(buildId: string, takeover: number): string {
+  return `b${buildId.replaceAll("-", "")}${takeover > 0 ? `t${takeover}` : ""}`;
 }
 
 function failureReason(error: unknown, signal: AbortSignal): BuildReason {

@@ -3,22 +3,27 @@ import { mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { exec } from "../exec.js";
+import { CRIU_ENV } from "./criu.js";
 
 /**
  * Whether CRIU really checkpoints and restores on this host: `criu check` is not enough. Seen here: on a PVM guest
- * (kernel 6.18.44, AMD EPYC) CRIU 4.1.1's dump hangs for ever inside its parasite (a helper dies of a general
- * protection fault on `int $0x80`), while `criu check` says "Looks good". So the node agent dumps and restores a
- * `sleep` of its own, with deadlines, before it offers the checkpoint tier; without it paused sandboxes stay in
- * the freezer tier (memory kept) and nothing hangs.
+ * (kernel 6.18.44, AMD EPYC) CRIU 4.1.1's dump hung for ever while taking its parasite out (waiting for a hardware
+ * breakpoint PVM never delivers; criu.ts CRIU_ENV now runs CRIU without breakpoints), while `criu check` says
+ * "Looks good". So the node agent dumps and restores a `sleep` of its own, with deadlines and CRIU's environment,
+ * before it offers the checkpoint tier; without it paused sandboxes stay in the freezer tier (memory kept) and
+ * nothing hangs.
  *
- * The verdict is cached next to the CRIU wrapper (`probe.json`), keyed by the kernel's boot id and the wrapper's
- * mtime, so only the first agent after a boot pays (~0.3 s when CRIU works, the deadline when it hangs).
+ * The verdict is cached next to the CRIU wrapper (`probe.json`), keyed by the kernel's boot id, the wrapper's
+ * mtime and how CRIU is run (`recipe`), so only the first agent after a boot pays (~0.3 s when CRIU works, the
+ * deadline when it hangs).
  */
 export interface CriuProbe {
   readonly usable: boolean;
   readonly reason: string;
   readonly bootId: string;
   readonly criuMtimeMs: number;
+  /** How CRIU was run (its environment): a verdict reached another way is probed again. */
+  readonly recipe: string;
 }
 
 const DEADLINE_MS = 5_000;
@@ -32,11 +37,13 @@ async function bootId(): Promise<string> {
 }
 
 export async function probeCriu(criu: string): Promise<CriuProbe> {
-  const key = { bootId: await bootId(), criuMtimeMs: (await stat(criu)).mtimeMs };
+  const key = { bootId: await bootId(), criuMtimeMs: (await stat(criu)).mtimeMs, recipe: JSON.stringify(CRIU_ENV) };
   const cacheFile = criuProbeFile(criu);
   try {
     const cached = JSON.parse(await readFile(cacheFile, "utf8")) as CriuProbe;
-    if (cached.bootId === key.bootId && cached.criuMtimeMs === key.criuMtimeMs) return cached;
+    if (cached.bootId === key.bootId && cached.criuMtimeMs === key.criuMtimeMs && cached.recipe === key.recipe) {
+      return cached;
+    }
   } catch {
     // no verdict yet
   }
@@ -58,6 +65,7 @@ async function dumpAndRestore(criu: string): Promise<{ usable: boolean; reason: 
     const dump = await exec(criu, ["dump", "-t", String(pid), "-D", dir, "-o", "dump.log"], {
       allowFailure: true,
       timeoutMs: DEADLINE_MS,
+      env: CRIU_ENV,
     });
     if (dump.code !== 0) {
       const hung = Date.now() - startedAt >= DEADLINE_MS;
@@ -73,6 +81,7 @@ async function dumpAndRestore(criu: string): Promise<{ usable: boolean; reason: 
     const restore = await exec(criu, ["restore", "-d", "-D", dir, "-o", "restore.log", "--pidfile", pidFile], {
       allowFailure: true,
       timeoutMs: DEADLINE_MS,
+      env: CRIU_ENV,
     });
     if (restore.code !== 0) {
       return {

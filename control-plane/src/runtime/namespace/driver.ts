@@ -236,7 +236,7 @@ export class NamespaceDriver implements RuntimeDriver {
         await this.containers.launch(record, cgroup);
       }
       const readyAt = performance.now();
-      if (!memory) await this.containers.waitReady(record, log);
+      if (!memory) await this.containers.waitReady(record, cgroup, log);
       log.debug("instance ready", {
         addr: record.addr,
         launchMs: Math.round(readyAt - launchAt),

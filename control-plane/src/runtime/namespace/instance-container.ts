@@ -48,6 +48,14 @@ exec "$@"
 
 const ID_COUNT = 65536;
 
+/** How many times `readyTimeoutMs` a start that keeps using CPU may take: 45 s by default, within the 60 s the
+ * E2B SDK waits for a create. */
+const READY_PATIENCE = 3;
+/** The span over which a slow start's CPU use is measured, and the extra time each busy span earns. */
+const PROGRESS_WINDOW_MS = 2500;
+/** The share of one core a slow start must have used lately to count as making progress. */
+const MIN_PROGRESS_CPU_SHARE = 0.02;
+
 /**
  * Whether the sandbox's /usr/local/bin/node, as its topmost layer has it, is the empty file Warren's recipes and
  * image preparation leave for the host's node to be bound over; an image's own node (or none) is left alone.
@@ -283,22 +291,54 @@ export class InstanceContainers {
     }
   }
 
-  /** Resolves once envd (and the code gateway, in code templates) answer; throws if the sandbox exits first. */
-  async waitReady(record: InstanceRecord, log: Logger): Promise<void> {
-    const deadline = Date.now() + this.options.readyTimeoutMs;
+  /**
+   * Resolves once envd (and the code gateway, in code templates) answer; throws if the sandbox exits first, or
+   * stops making progress. Past `readyTimeoutMs` a sandbox that is still using CPU is slow (a loaded node: the
+   * code gateway's kernels and envd start on the same cores as every other sandbox), not stuck, and gets more time,
+   * up to READY_PATIENCE times the timeout; one that sits idle fails at the timeout.
+   */
+  async waitReady(record: InstanceRecord, cgroup: Pick<SandboxCgroup, "usage">, log: Logger): Promise<void> {
+    const { readyTimeoutMs } = this.options;
+    const started = Date.now();
+    const ceiling = started + readyTimeoutMs * READY_PATIENCE;
+    let deadline = started + readyTimeoutMs;
+    const cpuUsec = () =>
+      cgroup.usage().then(
+        (u) => u.cpuUsec,
+        () => 0,
+      );
+    // CPU samples taken every PROGRESS_WINDOW_MS: the latest and the one before it.
+    let earlier = { at: started, cpuUsec: await cpuUsec() };
+    let latest = earlier;
     let envdUp = false;
     for (let attempt = 0; ; attempt++) {
       envdUp ||= await healthy(record.addr, 250);
       if (envdUp && (!record.codeGateway || (await healthy(record.addr, 250, CODE_GATEWAY_PORT)))) return;
+      const waiting = envdUp ? "the code gateway" : "envd";
       if (!record.pid || (await processStartTime(record.pid)) !== record.pidStartTime) {
         const logPath = join(this.options.records.dir(record.instanceId), "envd.log");
         const tail = (await readFile(logPath, "utf8").catch(() => "")).slice(-500).trim();
-        throw new Error(`sandbox exited before ${envdUp ? "the code gateway" : "envd"} answered: ${tail}`);
+        throw new Error(`sandbox exited before ${waiting} answered: ${tail}`);
       }
-      if (Date.now() > deadline) {
-        throw new Error(
-          `${envdUp ? "the code gateway" : "envd"} did not answer within ${this.options.readyTimeoutMs} ms`,
-        );
+      let now = Date.now();
+      if (now - latest.at >= PROGRESS_WINDOW_MS) {
+        earlier = latest;
+        latest = { at: now, cpuUsec: await cpuUsec() };
+      }
+      if (now > deadline) {
+        // Progress over the last half window or more: the latest sample when it is that old, else the one before.
+        const since = now - latest.at >= PROGRESS_WINDOW_MS / 2 ? latest : earlier;
+        const current = await cpuUsec();
+        now = Date.now();
+        const usedMs = Math.round((current - since.cpuUsec) / 1000);
+        const windowMs = now - since.at;
+        if (usedMs < windowMs * MIN_PROGRESS_CPU_SHARE || now > ceiling) {
+          throw new Error(
+            `${waiting} did not answer within ${now - started} ms (the sandbox used ${usedMs} ms of CPU in its last ${windowMs} ms)`,
+          );
+        }
+        deadline = Math.min(now + PROGRESS_WINDOW_MS, ceiling);
+        log.info("sandbox still starting on a busy node: waiting longer", { waiting, usedMs, windowMs });
       }
       if (attempt % 500 === 499) log.debug("still waiting for envd", { attempt });
       await new Promise((resolve) => setTimeout(resolve, attempt < 100 ? 2 : 10));

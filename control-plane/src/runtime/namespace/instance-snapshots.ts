@@ -17,6 +17,7 @@ import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import { type LayeredSnapshot, LayerStore, type MemoryImage } from "./layer-store.js";
 import type { NetworkPool } from "./network.js";
 import type { PauseTiers } from "./pause-tiers.js";
+import { freezeSeizable } from "./seizable-freeze.js";
 
 export interface InstanceSnapshotsOptions {
   readonly stateDir: string;
@@ -62,12 +63,14 @@ export class InstanceSnapshots {
     const { instanceId } = record;
     const cgroup = this.options.cgroups.open(instanceId);
     const freeze = !record.paused;
-    if (freeze) await cgroup.freeze();
     const withMemory =
       !filesOnly &&
       this.options.tiers.canCheckpoint &&
       !record.stopped &&
       (record.checkpoint || record.pid !== undefined);
+    // The files are copied and the processes dumped from one frozen moment, which CRIU must be able to seize.
+    if (withMemory && !record.checkpoint) await freezeSeizable(cgroup);
+    else if (freeze) await cgroup.freeze();
     const manifestDir = join(this.options.records.dir(instanceId), "captures");
     try {
       await mkdir(manifestDir, { recursive: true });

@@ -18,6 +18,7 @@ import { BOOT_ID, type InstanceContainers, RESOLV_CONF, WORKLOAD_FD, WORKLOAD_OO
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
 import type { NetworkPool } from "./network.js";
 import { moveRestoredIntoWorkload } from "./restored-workload.js";
+import { freezeSeizable } from "./seizable-freeze.js";
 
 export interface PauseTiersOptions {
   readonly records: InstanceRecords;
@@ -78,6 +79,8 @@ export class PauseTiers {
     const dir = this.options.records.dir(instanceId);
     const images = join(dir, "checkpoint");
     const cgroup = this.options.cgroups.open(instanceId);
+    // Frozen since the pause, perhaps at a moment CRIU cannot seize (seizable-freeze.ts).
+    await freezeSeizable(cgroup);
     const memoryBeforeBytes = (await cgroup.usage()).memoryBytes;
     const files = await criuExternalFiles(record.pid, join(dir, "envd.log"), {
       procsFile: cgroup.workloadProcsFile,
@@ -132,8 +135,9 @@ export class PauseTiers {
     await this.stop(record);
     const dir = this.options.records.dir(instanceId);
     await writeFile(join(dir, "boot_id"), `${randomUUID()}\n`);
-    await this.options.containers.relaunch(record, this.options.cgroups.open(instanceId));
-    await this.options.containers.waitReady(record, this.options.log.child({ instanceId }));
+    const cgroup = this.options.cgroups.open(instanceId);
+    await this.options.containers.relaunch(record, cgroup);
+    await this.options.containers.waitReady(record, cgroup, this.options.log.child({ instanceId }));
     record.stopped = false;
     record.paused = false;
     await this.options.records.persist(record);
@@ -201,7 +205,11 @@ export class PauseTiers {
     record.pidStartTime = await processStartTime(pid);
     await moveRestoredIntoWorkload(cgroup, this.options.log);
     try {
-      await this.options.containers.waitReady(record, this.options.log.child({ instanceId: record.instanceId }));
+      await this.options.containers.waitReady(
+        record,
+        cgroup,
+        this.options.log.child({ instanceId: record.instanceId }),
+      );
     } catch (error) {
       await this.options.cgroups.open(record.instanceId).killAll();
       await this.options.records.persist(record);

@@ -2,7 +2,7 @@ import { execFileSync } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
-/** PEM files of a throwaway CA and the wildcard certificate it signed. */
+/** PEM files of a throwaway CA and the wildcard certificate it signed (tests, and trying E2B_DOMAIN mode locally). */
 export interface TestCertificates {
   /** The CA certificate: what a client trusts (NODE_EXTRA_CA_CERTS). */
   readonly caFile: string;

@@ -1,0 +1,41 @@
+import { describe, expect, it } from "vitest";
+import { BuildSpecError, parseBuildSpec } from "./template-spec.js";
+
+const key = JSON.stringify({ type: "service_account", project_id: "p", private_key_id: "k" });
+
+describe("parseBuildSpec: registry credentials", () => {
+  it("turns a GCP service account key into the `_json_key` login Google's registries take", () => {
+    const spec = parseBuildSpec({
+      fromImage: "europe-docker.pkg.dev/p/repo/app:1",
+      fromImageRegistry: { type: "gcp", serviceAccountJson: key },
+    });
+    expect(spec.fromImageRegistry).toEqual({ type: "gcp", username: "_json_key", password: key });
+  });
+
+  it("refuses a GCP key that is not a JSON object, naming the field", () => {
+    for (const serviceAccountJson of ["not json", "[1,2]", "42", 7]) {
+      expect(() =>
+        parseBuildSpec({ fromImage: "gcr.io/p/app", fromImageRegistry: { type: "gcp", serviceAccountJson } }),
+      ).toThrow(BuildSpecError);
+    }
+    expect(() =>
+      parseBuildSpec({ fromImage: "gcr.io/p/app", fromImageRegistry: { type: "gcp", serviceAccountJson: "{" } }),
+    ).toThrow(/serviceAccountJson must be a service account key/);
+  });
+
+  it("reads back a stored spec, which keeps only the credentials' type", () => {
+    const spec = parseBuildSpec({ fromImage: "gcr.io/p/app", fromImageRegistry: { type: "gcp" } });
+    expect(spec.fromImageRegistry).toEqual({ type: "gcp" });
+  });
+
+  it("keeps a registry login as given and refuses unknown types", () => {
+    const spec = parseBuildSpec({
+      fromImage: "registry.example/app",
+      fromImageRegistry: { type: "registry", username: "u", password: "p" },
+    });
+    expect(spec.fromImageRegistry).toEqual({ type: "registry", username: "u", password: "p" });
+    expect(() => parseBuildSpec({ fromImage: "a", fromImageRegistry: { type: "azure" } })).toThrow(
+      /must be registry, aws or gcp/,
+    );
+  });
+});
