@@ -1,4 +1,4 @@
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { LocalCluster } from "@warren/local";
@@ -54,14 +54,49 @@ async function readyInPool(): Promise<number> {
 }
 
 /** The node agent's "sandbox created" log lines of these sandboxes, pooled or not. */
-function createdLines(ids: ReadonlySet<string>): { sandboxId: string; pooled: boolean }[] {
+function createdLines(ids: ReadonlySet<string>): { sandboxId: string; pooled: boolean; instanceId: string }[] {
   const log = readFileSync(join(dataDir, "logs", "node-agent-ipa.log"), "utf8");
   return log
     .split("\n")
     .filter((line) => line.includes('"sandbox created"'))
-    .map((line) => JSON.parse(line) as { sandboxId: string; pooled: boolean })
+    .map((line) => JSON.parse(line) as { sandboxId: string; pooled: boolean; instanceId: string })
     .filter((line) => ids.has(line.sandboxId));
 }
+
+/** The pids in a v1 cgroup.procs file (none when the cgroup is gone). */
+function procsOf(dir: string): number[] {
+  if (!existsSync(join(dir, "cgroup.procs"))) return [];
+  return readFileSync(join(dir, "cgroup.procs"), "utf8").split("\n").filter(Boolean).map(Number);
+}
+
+describe("a warm pool's CPU class", () => {
+  // The node agent's cgroups (cgroup v1, this host): sandboxes under warren/ipa, the background class at the top.
+  const BACKGROUND = "/sys/fs/cgroup/cpu/warren-background";
+
+  it("pooled sandboxes start in the node's background CPU class; a claimed one leaves it before its create returns", async () => {
+    await waitFor("the warm pool at its floor", async () => ((await readyInPool()) >= 2 ? true : undefined), 120_000);
+    // The class weighs the minimum against the node's own processes and every other top-level group.
+    expect(readFileSync(join(BACKGROUND, "cpu.shares"), "utf8").trim()).toBe("2");
+    const pooled = readdirSync(join(BACKGROUND, "ipa")).filter((name) => procsOf(join(BACKGROUND, "ipa", name)).length);
+    expect(pooled.length).toBeGreaterThanOrEqual(2);
+
+    const sandbox = await Sandbox.create();
+    try {
+      const [created] = createdLines(new Set([sandbox.sandboxId]));
+      expect(created?.pooled).toBe(true);
+      expect(pooled).toContain(created?.instanceId);
+      // Its processes (tini, envd) take their CPU in the sandbox's own cpu cgroup now, and what it starts too.
+      expect(procsOf(join(BACKGROUND, "ipa", created?.instanceId ?? ""))).toEqual([]);
+      const own = join("/sys/fs/cgroup/cpu/warren/ipa", created?.instanceId ?? "");
+      const before = procsOf(own).length;
+      expect(before).toBeGreaterThanOrEqual(2);
+      await sandbox.commands.run("sleep 30", { background: true });
+      expect(procsOf(own).length).toBeGreaterThan(before);
+    } finally {
+      await sandbox.kill();
+    }
+  }, 300_000);
+});
 
 describe("a burst of creates larger than the warm pool", () => {
   it("all succeed (the rest wait their turn for a start), and the pool then refills above its floor", async () => {

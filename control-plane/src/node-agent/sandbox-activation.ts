@@ -45,6 +45,9 @@ export async function activateSandbox(deps: ActivationDeps, activation: Activati
   let routeWritten = false;
   try {
     const claimed = instance;
+    // A pooled sandbox started in the background CPU class (a refill yields to creates and commands); from now on
+    // a user waits for it.
+    if (pooled) await deps.driver.foreground?.(claimed.instanceId);
     const [envdVersion] = await Promise.all([
       initEnvd(
         claimed.envdUrl,

@@ -109,6 +109,7 @@ export class TemplateBuilds {
       template,
       resources,
       labels: { pooled: "1" },
+      background: true,
       ...(driver.setEgress ? { egress: OPEN_EGRESS } : {}),
       ...(snapshotId ? { snapshotId } : {}),
     });

@@ -73,6 +73,12 @@ export interface InstanceSpec {
    * mount): every sandbox that binds one sees the same owners. Drivers that cannot refuse the create.
    */
   readonly volumes?: readonly { readonly source: string; readonly destination: string }[];
+  /**
+   * Start in the node's background CPU class (a warm pool's refill): the start takes only CPU that creates,
+   * commands and the node's own processes leave; `foreground` ends it when the instance is claimed. Drivers without
+   * such a class start it normally.
+   */
+  readonly background?: boolean;
 }
 
 export interface Instance {
@@ -202,6 +208,8 @@ export interface RuntimeDriver {
   create(spec: InstanceSpec): Promise<Instance>;
   /** Merges labels into the instance's on-disk record. */
   label(instanceId: string, labels: Readonly<Record<string, string>>): Promise<Instance>;
+  /** Gives an instance started `background` (InstanceSpec) the node's normal CPU weight; idempotent. */
+  foreground?(instanceId: string): Promise<void>;
   /** Stops every process and removes every trace (mounts, cgroups, netns, veth, firewall rules, files). */
   kill(instanceId: string): Promise<void>;
   /** Freezes the instance's processes (instant tier; memory stays resident). */

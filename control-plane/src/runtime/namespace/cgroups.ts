@@ -42,13 +42,26 @@ export interface SandboxCgroup {
   remove(): Promise<void>;
   /** True when any of its directories exists. */
   exists(): boolean;
+  /**
+   * Gives a sandbox made `background` (CreateOptions) the node's normal CPU weight: its processes leave the
+   * background group. Idempotent; a no-op for a sandbox made in the foreground.
+   */
+  foreground(): Promise<void>;
+}
+
+export interface CreateOptions {
+  /**
+   * Start in the node's background CPU class: a warm pool's refill, whose start (crun, envd's Node.js start: about
+   * 250 ms of CPU) should take only CPU that no create, command or control-plane process wants.
+   */
+  readonly background?: boolean;
 }
 
 export interface CgroupManager {
   readonly version: 1 | 2;
   prepare(): Promise<void>;
   open(name: string): SandboxCgroup;
-  create(name: string, resources: SandboxResources): Promise<SandboxCgroup>;
+  create(name: string, resources: SandboxResources, options?: CreateOptions): Promise<SandboxCgroup>;
   /** Names of the sandbox cgroups that exist under this agent's parent. */
   listNames(): Promise<string[]>;
 }
@@ -65,6 +78,30 @@ const WORKLOAD = "workload";
 export function workloadMemoryMB(memoryMB: number): number {
   const reserve = Math.min(Math.floor(memoryMB / 2), Math.min(128, Math.max(32, Math.round(memoryMB / 8))));
   return memoryMB - reserve;
+}
+
+/** Where the node mounts the hierarchy that turns the kernel's `favordynmods` on (favorDynamicModifications). */
+const DYNMODS_MOUNT = "/run/warren/cgroup-dynmods";
+
+/**
+ * Makes moving a process between cgroups cheap: on this machine each move (a write to `cgroup.procs`) waited for an
+ * RCU grace period, 5–12 ms, and a sandbox's start makes several (the launcher joins five v1 controllers, envd moves
+ * every command into the workload, a claimed pool sandbox leaves the background class). With the kernel's
+ * `favordynmods` (Linux ≥ 6.1) a move takes about 0.1 ms, for a slightly dearer fork and exit (a shared counter
+ * instead of a per-CPU one). The setting is global but v1 cannot remount a hierarchy to change it, so the node
+ * mounts a hierarchy of its own with no controller (like `name=systemd`), which turns it on for every hierarchy
+ * while it is mounted. Returns why it could not (an older kernel), or undefined once it is on.
+ */
+export async function favorDynamicModifications(): Promise<string | undefined> {
+  const mounts = await readFile("/proc/mounts", "utf8");
+  if (/^\S+ \S+ cgroup2? \S*\bfavordynmods\b/m.test(mounts)) return undefined;
+  await mkdir(DYNMODS_MOUNT, { recursive: true });
+  try {
+    await exec("mount", ["-t", "cgroup", "-o", "none,name=warren-dynmods,favordynmods", "cgroup", DYNMODS_MOUNT]);
+    return undefined;
+  } catch (error) {
+    return (error as Error).message;
+  }
 }
 
 export function detectCgroupManager(parent: string): CgroupManager {
@@ -123,18 +160,37 @@ async function removeDir(path: string): Promise<void> {
   throw new Error(`cgroup ${path} stayed busy`);
 }
 
-/** cgroup v1: memory, cpu, cpuacct, pids and freezer hierarchies, each with `<parent>/<name>`. */
+/**
+ * The CPU weight of the background class (cgroup v1 `cpu.shares`, the kernel's minimum), against 1024 for each
+ * process of the node's own and each top-level group: a background start runs on CPU time nothing else wants.
+ */
+const BACKGROUND_SHARES = "2";
+
+/**
+ * cgroup v1: memory, cpu, cpuacct, pids and freezer hierarchies, each with `<parent>/<name>`. A background sandbox's
+ * cpu cgroup is `<top>-background/<rest of parent>/<name>` instead: a top-level group, because v1 weighs groups
+ * only against their siblings, and the processes a create or a command waits for (the node agent, the control
+ * plane on a small node, the claimed sandbox) sit at the top or under `<top>`.
+ */
 class CgroupV1 implements CgroupManager {
   readonly version = 1 as const;
   private static readonly CONTROLLERS = ["memory", "cpu", "cpuacct", "pids", "freezer"] as const;
+  private readonly backgroundTop: string;
+  private readonly backgroundParent: string;
 
-  constructor(private readonly parent: string) {}
+  constructor(private readonly parent: string) {
+    const [top, ...rest] = parent.split("/").filter(Boolean);
+    this.backgroundTop = `${top}-background`;
+    this.backgroundParent = join(this.backgroundTop, ...rest);
+  }
 
   async prepare(): Promise<void> {
     for (const c of CgroupV1.CONTROLLERS) {
       if (!existsSync(join(ROOT, c))) throw new Error(`cgroup v1 controller '${c}' is not mounted at ${ROOT}/${c}`);
       await mkdir(join(ROOT, c, this.parent), { recursive: true });
     }
+    await mkdir(join(ROOT, "cpu", this.backgroundParent), { recursive: true });
+    await writeFile(join(ROOT, "cpu", this.backgroundTop, "cpu.shares"), BACKGROUND_SHARES);
     // crun refuses "hybrid" hosts whose v2 tree still offers controllers (here: hugetlb, unused by anything).
     // Binding those controllers to v1 hierarchies makes the host plain v1, which crun accepts.
     const unified = join(ROOT, "unified", "cgroup.controllers");
@@ -150,6 +206,9 @@ class CgroupV1 implements CgroupManager {
 
   open(name: string): SandboxCgroup {
     const dir = (c: string) => join(ROOT, c, this.parent, name);
+    const backgroundCpu = join(ROOT, "cpu", this.backgroundParent, name);
+    // Where the sandbox's processes take their CPU now: the background group until `foreground()`.
+    const cpuDir = () => (existsSync(backgroundCpu) ? backgroundCpu : dir("cpu"));
     const dirs = CgroupV1.CONTROLLERS.map(dir);
     const freezerState = join(dir("freezer"), "freezer.state");
     const reached = async (state: string, polls: number) => {
@@ -179,11 +238,13 @@ class CgroupV1 implements CgroupManager {
     // v1: only the memory hierarchy has the workload child (pids, cpu and the freezer stay flat).
     const workloadDir = join(dir("memory"), WORKLOAD);
     return {
-      procsFiles: dirs.map((d) => join(d, "cgroup.procs")),
+      get procsFiles() {
+        return dirs.map((d) => join(d === dir("cpu") ? cpuDir() : d, "cgroup.procs"));
+      },
       workloadProcsFile: join(workloadDir, "cgroup.procs"),
       workloadOomControlFile: join(workloadDir, "memory.oom_control"),
       outsideWorkload: () => readPids(join(dir("memory"), "cgroup.procs")),
-      exists: () => dirs.some((d) => existsSync(d)),
+      exists: () => dirs.some((d) => existsSync(d)) || existsSync(backgroundCpu),
       pids,
       usage: async () => ({
         memoryBytes: await readNumber(join(dir("memory"), "memory.usage_in_bytes")),
@@ -210,25 +271,48 @@ class CgroupV1 implements CgroupManager {
       },
       remove: async () => {
         await removeDir(workloadDir);
+        await removeDir(backgroundCpu);
         for (const d of dirs) await removeDir(d);
+      },
+      foreground: async () => {
+        // Each process moves whole (threads too); one forked meanwhile by a process not yet moved is found on the
+        // next pass. A pooled sandbox is idle when it is claimed, so one pass almost always empties the group.
+        for (let pass = 0; existsSync(backgroundCpu); pass++) {
+          const left = await readPids(join(backgroundCpu, "cgroup.procs"));
+          if (left.length === 0) {
+            await removeDir(backgroundCpu);
+            return;
+          }
+          if (pass === 100) throw new Error(`cgroup ${backgroundCpu} kept gaining processes`);
+          for (const pid of left) {
+            await writeFile(join(dir("cpu"), "cgroup.procs"), String(pid)).catch((error: NodeJS.ErrnoException) => {
+              if (error.code !== "ESRCH") throw error;
+            });
+          }
+        }
       },
     };
   }
 
-  async create(name: string, resources: SandboxResources): Promise<SandboxCgroup> {
+  async create(name: string, resources: SandboxResources, options: CreateOptions = {}): Promise<SandboxCgroup> {
     const cgroup = this.open(name);
     const dir = (c: string) => join(ROOT, c, this.parent, name);
     for (const c of CgroupV1.CONTROLLERS) await mkdir(dir(c));
+    const cpuDirs = [dir("cpu")];
+    if (options.background) {
+      const background = join(ROOT, "cpu", this.backgroundParent, name);
+      await mkdir(background);
+      cpuDirs.push(background);
+    }
     const memory = String(resources.memoryMB * 1024 * 1024);
     await writeFile(join(dir("memory"), "memory.limit_in_bytes"), memory);
     // No swap escape hatch: memory+swap gets the same limit where the kernel accounts swap.
     const memsw = join(dir("memory"), "memory.memsw.limit_in_bytes");
     if (existsSync(memsw)) await writeFile(memsw, memory);
-    await writeFile(join(dir("cpu"), "cpu.cfs_period_us"), "100000");
-    await writeFile(
-      join(dir("cpu"), "cpu.cfs_quota_us"),
-      String(Math.max(1000, Math.round(resources.cpuCount * 100000))),
-    );
+    for (const cpu of cpuDirs) {
+      await writeFile(join(cpu, "cpu.cfs_period_us"), "100000");
+      await writeFile(join(cpu, "cpu.cfs_quota_us"), String(Math.max(1000, Math.round(resources.cpuCount * 100000))));
+    }
     await writeFile(join(dir("pids"), "pids.max"), String(resources.pidsMax));
     const workload = join(dir("memory"), WORKLOAD);
     await mkdir(workload);
@@ -242,9 +326,13 @@ class CgroupV1 implements CgroupManager {
 
   async listNames(): Promise<string[]> {
     const names = new Set<string>();
-    for (const c of CgroupV1.CONTROLLERS) {
+    const parents = [
+      ...CgroupV1.CONTROLLERS.map((c) => join(ROOT, c, this.parent)),
+      join(ROOT, "cpu", this.backgroundParent),
+    ];
+    for (const parent of parents) {
       try {
-        for (const entry of await readdir(join(ROOT, c, this.parent), { withFileTypes: true })) {
+        for (const entry of await readdir(parent, { withFileTypes: true })) {
           if (entry.isDirectory()) names.add(entry.name);
         }
       } catch {
@@ -325,6 +413,8 @@ class CgroupV2 implements CgroupManager {
         await removeDir(workload);
         await removeDir(dir);
       },
+      // v2 has no background class yet (one tree: moving a sandbox's processes would move all its controllers).
+      foreground: async () => undefined,
     };
   }
 

@@ -19,7 +19,7 @@ import type {
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
 import { DEFAULT_LOG_CAP, LogCap, type LogCapLimits } from "../log-cap.js";
 import { processStartTime, processState } from "../sandbox-process.js";
-import { type CgroupManager, detectCgroupManager } from "./cgroups.js";
+import { type CgroupManager, detectCgroupManager, favorDynamicModifications } from "./cgroups.js";
 import { DiskBudget } from "./disk-budget.js";
 import { InstanceContainers } from "./instance-container.js";
 import { type InstanceRecord, InstanceRecords, newInstanceRecord, toInstance } from "./instance-records.js";
@@ -192,6 +192,10 @@ export class NamespaceDriver implements RuntimeDriver {
     await mkdir(this.crunRoot, { recursive: true });
     await this.snapshots.start();
     await this.cgroups.prepare();
+    const slowMoves = await favorDynamicModifications();
+    if (slowMoves) {
+      this.options.log.warn("moving processes between cgroups stays slow (no favordynmods)", { error: slowMoves });
+    }
     await this.network.start();
     await this.egress.start();
     await this.tiers.probe();
@@ -224,7 +228,7 @@ export class NamespaceDriver implements RuntimeDriver {
       await this.records.persist(record);
       this.instances.set(instanceId, record);
       await this.admitDisk(record);
-      const cgroup = await this.cgroups.create(instanceId, spec.resources);
+      const cgroup = await this.cgroups.create(instanceId, spec.resources, { background: spec.background === true });
       await this.containers.writeFiles(record, slot, spec.command);
       await this.egress.apply(record);
       const launchAt = performance.now();
@@ -313,6 +317,11 @@ export class NamespaceDriver implements RuntimeDriver {
     record.labels = { ...record.labels, ...labels };
     await this.records.persist(record);
     return toInstance(record);
+  }
+
+  async foreground(instanceId: string): Promise<void> {
+    this.require(instanceId);
+    await this.cgroups.open(instanceId).foreground();
   }
 
   async kill(instanceId: string): Promise<void> {

@@ -1,0 +1,130 @@
+#!/usr/bin/env node
+// Where a command's time goes (issue 20): prints figures, asserts nothing. Run as root after `npm run build`:
+//   node e2e/bench/command-path.mjs [--runs N]
+// One node agent, one sandbox; each layer timed on `bash -l -c true` (what `commands.run('true')` runs), the
+// layers interleaved round by round so a busy moment hits them all:
+//   1. inside the sandbox: the login shell alone (a loop in a shell, as root and behind setpriv as `user`);
+//   2. envd's Start, reached directly at the sandbox's address (a raw Connect request on a kept-alive socket);
+//   3. the same request through the proxy (E2b-Sandbox-Id/-Port headers);
+//   4. the official SDK's `commands.run('true')`, directly at envd and through the proxy.
+import { mkdtempSync, rmSync } from "node:fs";
+import http from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { LocalCluster } from "@warren/local";
+import { routeFromHash, routeKey } from "@warren/proto/redis";
+import { Sandbox } from "e2b";
+import { Redis } from "ioredis";
+
+const runsArg = process.argv.indexOf("--runs");
+const RUNS = runsArg > 0 ? Number(process.argv[runsArg + 1]) : 40;
+const dataDir = mkdtempSync(join(tmpdir(), "warren-bench-command-"));
+const cluster = new LocalCluster({
+  dataDir,
+  nodeAgents: 1,
+  instancePrefix: "cp",
+  nodeCidr: () => "10.231.0.0/22",
+  onProgress: (line) => process.stderr.write(`  ${line}\n`),
+  // A benchmark measures this machine, it does not change it: no uplink forwarding, sandbox DNS to nowhere.
+  env: { WARREN_UPLINK_FORWARDING: "0", WARREN_DNS_UPSTREAM: "127.0.0.1:9" },
+});
+
+const pct = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)];
+const summary = (times) => {
+  const sorted = [...times].sort((a, b) => a - b);
+  return `p50 ${pct(sorted, 50).toFixed(2)} ms  p99 ${pct(sorted, 99).toFixed(2)} ms  (n=${sorted.length})`;
+};
+const line = (label, text) => console.log(`${label.padEnd(44)} ${text}`);
+
+/** One Connect server-streaming Start of `bash -l -c true`, read to its end. */
+function start(agent, host, port, headers) {
+  const message = Buffer.from(
+    JSON.stringify({ process: { cmd: "/bin/bash", args: ["-l", "-c", "true"] }, stdin: false }),
+  );
+  const envelope = Buffer.alloc(5 + message.length);
+  envelope.writeUInt32BE(message.length, 1);
+  message.copy(envelope, 5);
+  return new Promise((resolve, reject) => {
+    const req = http.request(
+      {
+        host,
+        port,
+        agent,
+        method: "POST",
+        path: "/process.Process/Start",
+        headers: { "Content-Type": "application/connect+json", "Connect-Protocol-Version": "1", ...headers },
+      },
+      (res) => {
+        res.resume();
+        res.once("end", resolve);
+      },
+    );
+    req.once("error", reject);
+    req.end(envelope);
+  });
+}
+
+async function main() {
+  const env = await cluster.start();
+  Object.assign(process.env, {
+    E2B_API_URL: env.E2B_API_URL,
+    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+    E2B_API_KEY: env.E2B_API_KEY,
+  });
+  const sandbox = await Sandbox.create({ timeoutMs: 600_000 });
+  const redis = new Redis(cluster.redisUrl);
+  const route = routeFromHash(await redis.hgetall(routeKey(sandbox.sandboxId)));
+  redis.disconnect();
+  const envdUrl = `http://${route.sandboxAddr}:49983`;
+  const direct = await Sandbox.connect(sandbox.sandboxId, { sandboxUrl: envdUrl });
+  const proxy = new URL(env.E2B_SANDBOX_URL);
+  const auth = { "X-Access-Token": sandbox.envdAccessToken ?? "" };
+  const directAgent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  const proxyAgent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  // Let the pool's refill after this create end: it is not what this bench measures (bench:pools does).
+  await new Promise((resolve) => setTimeout(resolve, 2000));
+
+  console.log(`Warren: where a command's time goes, ${new Date().toISOString()}, ${RUNS} runs per layer`);
+  const floor = await sandbox.commands.run(
+    `t() { s=$(date +%s%N); for i in $(seq ${RUNS}); do "$@"; done; echo $(( ($(date +%s%N) - s) / ${RUNS} / 1000 )); }
+     t bash -l -c true; t setpriv --reuid=1000 --regid=1000 --init-groups bash -l -c true`,
+    { user: "root" },
+  );
+  const [asRoot, asUser] = floor.stdout.trim().split("\n").map(Number);
+  line("in the sandbox: bash -l -c true (root)", `${(asRoot / 1000).toFixed(2)} ms (mean of a loop)`);
+  line("in the sandbox: setpriv … bash -l (user)", `${(asUser / 1000).toFixed(2)} ms (mean of a loop)`);
+
+  const layers = {
+    "envd Start, direct": () => start(directAgent, route.sandboxAddr, 49983, auth),
+    "envd Start, through the proxy": () =>
+      start(proxyAgent, proxy.hostname, Number(proxy.port), {
+        ...auth,
+        "E2b-Sandbox-Id": sandbox.sandboxId,
+        "E2b-Sandbox-Port": "49983",
+      }),
+    "SDK commands.run('true'), direct": () => direct.commands.run("true"),
+    "SDK commands.run('true'), through the proxy": () => sandbox.commands.run("true"),
+  };
+  const times = Object.fromEntries(Object.keys(layers).map((name) => [name, []]));
+  for (let i = 0; i < RUNS; i++) {
+    for (const [name, run] of Object.entries(layers)) {
+      const t0 = performance.now();
+      await run();
+      times[name].push(performance.now() - t0);
+    }
+  }
+  for (const [name, list] of Object.entries(times)) line(name, summary(list));
+  directAgent.destroy();
+  proxyAgent.destroy();
+  await sandbox.kill();
+}
+
+main()
+  .catch((error) => {
+    console.error(error);
+    process.exitCode = 1;
+  })
+  .finally(async () => {
+    await cluster.stop();
+    rmSync(dataDir, { recursive: true, force: true });
+  });
