@@ -1,4 +1,4 @@
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { LocalCluster } from "@warren/local";
@@ -63,35 +63,32 @@ function createdLines(ids: ReadonlySet<string>): { sandboxId: string; pooled: bo
     .filter((line) => ids.has(line.sandboxId));
 }
 
-/** The pids in a v1 cgroup.procs file (none when the cgroup is gone). */
-function procsOf(dir: string): number[] {
-  if (!existsSync(join(dir, "cgroup.procs"))) return [];
-  return readFileSync(join(dir, "cgroup.procs"), "utf8").split("\n").filter(Boolean).map(Number);
+/** A file of a sandbox's cpu cgroup (cgroup v1, this host: the node agent's sandboxes are under warren/ipa). */
+function cpuFile(instanceId: string, file: string): string {
+  return readFileSync(join("/sys/fs/cgroup/cpu/warren/ipa", instanceId, file), "utf8").trim();
 }
 
 describe("a warm pool's CPU class", () => {
-  // The node agent's cgroups (cgroup v1, this host): sandboxes under warren/ipa, the background class at the top.
-  const BACKGROUND = "/sys/fs/cgroup/cpu/warren-background";
-
   it("pooled sandboxes start in the node's background CPU class; a claimed one leaves it before its create returns", async () => {
     await waitFor("the warm pool at its floor", async () => ((await readyInPool()) >= 2 ? true : undefined), 120_000);
-    // The class weighs the minimum against the node's own processes and every other top-level group.
-    expect(readFileSync(join(BACKGROUND, "cpu.shares"), "utf8").trim()).toBe("2");
-    const pooled = readdirSync(join(BACKGROUND, "ipa")).filter((name) => procsOf(join(BACKGROUND, "ipa", name)).length);
-    expect(pooled.length).toBeGreaterThanOrEqual(2);
+    // The sandboxes waiting in the pool: the minimum weight among the node's sandboxes, at most half a CPU.
+    const background = readdirSync("/sys/fs/cgroup/cpu/warren/ipa").filter(
+      (name) => name.startsWith("i") && cpuFile(name, "cpu.shares") === "2",
+    );
+    expect(background.length).toBeGreaterThanOrEqual(2);
+    for (const name of background) expect(cpuFile(name, "cpu.cfs_quota_us")).toBe("50000");
 
     const sandbox = await Sandbox.create();
     try {
       const [created] = createdLines(new Set([sandbox.sandboxId]));
       expect(created?.pooled).toBe(true);
-      expect(pooled).toContain(created?.instanceId);
-      // Its processes (tini, envd) take their CPU in the sandbox's own cpu cgroup now, and what it starts too.
-      expect(procsOf(join(BACKGROUND, "ipa", created?.instanceId ?? ""))).toEqual([]);
-      const own = join("/sys/fs/cgroup/cpu/warren/ipa", created?.instanceId ?? "");
-      const before = procsOf(own).length;
-      expect(before).toBeGreaterThanOrEqual(2);
-      await sandbox.commands.run("sleep 30", { background: true });
-      expect(procsOf(own).length).toBeGreaterThan(before);
+      const instanceId = created?.instanceId ?? "";
+      expect(background).toContain(instanceId);
+      // Claimed: the normal weight and the sandbox's own CPUs, before the create returned.
+      const { cpuCount } = await Sandbox.getInfo(sandbox.sandboxId);
+      expect(cpuFile(instanceId, "cpu.shares")).toBe("1024");
+      expect(cpuFile(instanceId, "cpu.cfs_quota_us")).toBe(String(cpuCount * 100_000));
+      expect((await sandbox.commands.run("echo ok")).stdout).toBe("ok\n");
     } finally {
       await sandbox.kill();
     }

@@ -74,9 +74,9 @@ export interface InstanceSpec {
    */
   readonly volumes?: readonly { readonly source: string; readonly destination: string }[];
   /**
-   * Start in the node's background CPU class (a warm pool's refill): the start takes only CPU that creates,
-   * commands and the node's own processes leave; `foreground` ends it when the instance is claimed. Drivers without
-   * such a class start it normally.
+   * Start in the node's background CPU class (a warm pool's refill): the start yields the CPU to the node's other
+   * sandboxes and takes at most a share of it from the node's own processes; `foreground` ends it when the instance
+   * is claimed. Drivers without such a class start it normally.
    */
   readonly background?: boolean;
 }
@@ -208,7 +208,7 @@ export interface RuntimeDriver {
   create(spec: InstanceSpec): Promise<Instance>;
   /** Merges labels into the instance's on-disk record. */
   label(instanceId: string, labels: Readonly<Record<string, string>>): Promise<Instance>;
-  /** Gives an instance started `background` (InstanceSpec) the node's normal CPU weight; idempotent. */
+  /** Gives an instance started `background` (InstanceSpec) its normal CPU weight and quota; idempotent. */
   foreground?(instanceId: string): Promise<void>;
   /** Stops every process and removes every trace (mounts, cgroups, netns, veth, firewall rules, files). */
   kill(instanceId: string): Promise<void>;

@@ -43,19 +43,33 @@ export interface SandboxCgroup {
   /** True when any of its directories exists. */
   exists(): boolean;
   /**
-   * Gives a sandbox made `background` (CreateOptions) the node's normal CPU weight: its processes leave the
-   * background group. Idempotent; a no-op for a sandbox made in the foreground.
+   * Ends the background class of a sandbox made `background` (CreateOptions): its normal CPU weight and its
+   * `cpuCount` quota. Idempotent; for a sandbox made in the foreground it only writes what is there already.
    */
-  foreground(): Promise<void>;
+  foreground(cpuCount: number): Promise<void>;
 }
 
 export interface CreateOptions {
   /**
-   * Start in the node's background CPU class: a warm pool's refill, whose start (crun, envd's Node.js start: about
-   * 250 ms of CPU) should take only CPU that no create, command or control-plane process wants.
+   * Start in the node's background CPU class: a warm pool's refill, whose start (crun, envd's Node.js start and
+   * warm-up: about 250 ms of CPU) should leave the CPU to creates and commands that users wait for.
    */
   readonly background?: boolean;
 }
+
+/**
+ * The background class, within the sandbox's own cpu cgroup (a sandbox's processes never move to another cpu
+ * cgroup: they live in a cgroup namespace rooted there, and CRIU refuses a process outside its namespace's root):
+ * the kernel's minimum weight against the node's other sandboxes, and at most half a CPU against the node's own
+ * processes (a weight counts only among siblings).
+ */
+const BACKGROUND_SHARES = "2";
+const BACKGROUND_QUOTA_US = 50_000;
+const NORMAL_SHARES = "1024";
+const CFS_PERIOD_US = 100_000;
+
+/** A sandbox's CPU quota per period: its CPUs (at least 1 % of one). */
+const cpuQuotaUs = (cpuCount: number) => Math.max(1000, Math.round(cpuCount * CFS_PERIOD_US));
 
 export interface CgroupManager {
   readonly version: 1 | 2;
@@ -160,37 +174,18 @@ async function removeDir(path: string): Promise<void> {
   throw new Error(`cgroup ${path} stayed busy`);
 }
 
-/**
- * The CPU weight of the background class (cgroup v1 `cpu.shares`, the kernel's minimum), against 1024 for each
- * process of the node's own and each top-level group: a background start runs on CPU time nothing else wants.
- */
-const BACKGROUND_SHARES = "2";
-
-/**
- * cgroup v1: memory, cpu, cpuacct, pids and freezer hierarchies, each with `<parent>/<name>`. A background sandbox's
- * cpu cgroup is `<top>-background/<rest of parent>/<name>` instead: a top-level group, because v1 weighs groups
- * only against their siblings, and the processes a create or a command waits for (the node agent, the control
- * plane on a small node, the claimed sandbox) sit at the top or under `<top>`.
- */
+/** cgroup v1: memory, cpu, cpuacct, pids and freezer hierarchies, each with `<parent>/<name>`. */
 class CgroupV1 implements CgroupManager {
   readonly version = 1 as const;
   private static readonly CONTROLLERS = ["memory", "cpu", "cpuacct", "pids", "freezer"] as const;
-  private readonly backgroundTop: string;
-  private readonly backgroundParent: string;
 
-  constructor(private readonly parent: string) {
-    const [top, ...rest] = parent.split("/").filter(Boolean);
-    this.backgroundTop = `${top}-background`;
-    this.backgroundParent = join(this.backgroundTop, ...rest);
-  }
+  constructor(private readonly parent: string) {}
 
   async prepare(): Promise<void> {
     for (const c of CgroupV1.CONTROLLERS) {
       if (!existsSync(join(ROOT, c))) throw new Error(`cgroup v1 controller '${c}' is not mounted at ${ROOT}/${c}`);
       await mkdir(join(ROOT, c, this.parent), { recursive: true });
     }
-    await mkdir(join(ROOT, "cpu", this.backgroundParent), { recursive: true });
-    await writeFile(join(ROOT, "cpu", this.backgroundTop, "cpu.shares"), BACKGROUND_SHARES);
     // crun refuses "hybrid" hosts whose v2 tree still offers controllers (here: hugetlb, unused by anything).
     // Binding those controllers to v1 hierarchies makes the host plain v1, which crun accepts.
     const unified = join(ROOT, "unified", "cgroup.controllers");
@@ -206,9 +201,6 @@ class CgroupV1 implements CgroupManager {
 
   open(name: string): SandboxCgroup {
     const dir = (c: string) => join(ROOT, c, this.parent, name);
-    const backgroundCpu = join(ROOT, "cpu", this.backgroundParent, name);
-    // Where the sandbox's processes take their CPU now: the background group until `foreground()`.
-    const cpuDir = () => (existsSync(backgroundCpu) ? backgroundCpu : dir("cpu"));
     const dirs = CgroupV1.CONTROLLERS.map(dir);
     const freezerState = join(dir("freezer"), "freezer.state");
     const reached = async (state: string, polls: number) => {
@@ -238,13 +230,11 @@ class CgroupV1 implements CgroupManager {
     // v1: only the memory hierarchy has the workload child (pids, cpu and the freezer stay flat).
     const workloadDir = join(dir("memory"), WORKLOAD);
     return {
-      get procsFiles() {
-        return dirs.map((d) => join(d === dir("cpu") ? cpuDir() : d, "cgroup.procs"));
-      },
+      procsFiles: dirs.map((d) => join(d, "cgroup.procs")),
       workloadProcsFile: join(workloadDir, "cgroup.procs"),
       workloadOomControlFile: join(workloadDir, "memory.oom_control"),
       outsideWorkload: () => readPids(join(dir("memory"), "cgroup.procs")),
-      exists: () => dirs.some((d) => existsSync(d)) || existsSync(backgroundCpu),
+      exists: () => dirs.some((d) => existsSync(d)),
       pids,
       usage: async () => ({
         memoryBytes: await readNumber(join(dir("memory"), "memory.usage_in_bytes")),
@@ -271,25 +261,11 @@ class CgroupV1 implements CgroupManager {
       },
       remove: async () => {
         await removeDir(workloadDir);
-        await removeDir(backgroundCpu);
         for (const d of dirs) await removeDir(d);
       },
-      foreground: async () => {
-        // Each process moves whole (threads too); one forked meanwhile by a process not yet moved is found on the
-        // next pass. A pooled sandbox is idle when it is claimed, so one pass almost always empties the group.
-        for (let pass = 0; existsSync(backgroundCpu); pass++) {
-          const left = await readPids(join(backgroundCpu, "cgroup.procs"));
-          if (left.length === 0) {
-            await removeDir(backgroundCpu);
-            return;
-          }
-          if (pass === 100) throw new Error(`cgroup ${backgroundCpu} kept gaining processes`);
-          for (const pid of left) {
-            await writeFile(join(dir("cpu"), "cgroup.procs"), String(pid)).catch((error: NodeJS.ErrnoException) => {
-              if (error.code !== "ESRCH") throw error;
-            });
-          }
-        }
+      foreground: async (cpuCount) => {
+        await writeFile(join(dir("cpu"), "cpu.shares"), NORMAL_SHARES);
+        await writeFile(join(dir("cpu"), "cpu.cfs_quota_us"), String(cpuQuotaUs(cpuCount)));
       },
     };
   }
@@ -298,21 +274,18 @@ class CgroupV1 implements CgroupManager {
     const cgroup = this.open(name);
     const dir = (c: string) => join(ROOT, c, this.parent, name);
     for (const c of CgroupV1.CONTROLLERS) await mkdir(dir(c));
-    const cpuDirs = [dir("cpu")];
-    if (options.background) {
-      const background = join(ROOT, "cpu", this.backgroundParent, name);
-      await mkdir(background);
-      cpuDirs.push(background);
-    }
     const memory = String(resources.memoryMB * 1024 * 1024);
     await writeFile(join(dir("memory"), "memory.limit_in_bytes"), memory);
     // No swap escape hatch: memory+swap gets the same limit where the kernel accounts swap.
     const memsw = join(dir("memory"), "memory.memsw.limit_in_bytes");
     if (existsSync(memsw)) await writeFile(memsw, memory);
-    for (const cpu of cpuDirs) {
-      await writeFile(join(cpu, "cpu.cfs_period_us"), "100000");
-      await writeFile(join(cpu, "cpu.cfs_quota_us"), String(Math.max(1000, Math.round(resources.cpuCount * 100000))));
-    }
+    await writeFile(join(dir("cpu"), "cpu.cfs_period_us"), String(CFS_PERIOD_US));
+    const quota = cpuQuotaUs(resources.cpuCount);
+    await writeFile(
+      join(dir("cpu"), "cpu.cfs_quota_us"),
+      String(options.background ? Math.min(quota, BACKGROUND_QUOTA_US) : quota),
+    );
+    if (options.background) await writeFile(join(dir("cpu"), "cpu.shares"), BACKGROUND_SHARES);
     await writeFile(join(dir("pids"), "pids.max"), String(resources.pidsMax));
     const workload = join(dir("memory"), WORKLOAD);
     await mkdir(workload);
@@ -326,13 +299,9 @@ class CgroupV1 implements CgroupManager {
 
   async listNames(): Promise<string[]> {
     const names = new Set<string>();
-    const parents = [
-      ...CgroupV1.CONTROLLERS.map((c) => join(ROOT, c, this.parent)),
-      join(ROOT, "cpu", this.backgroundParent),
-    ];
-    for (const parent of parents) {
+    for (const c of CgroupV1.CONTROLLERS) {
       try {
-        for (const entry of await readdir(parent, { withFileTypes: true })) {
+        for (const entry of await readdir(join(ROOT, c, this.parent), { withFileTypes: true })) {
           if (entry.isDirectory()) names.add(entry.name);
         }
       } catch {
@@ -413,7 +382,7 @@ class CgroupV2 implements CgroupManager {
         await removeDir(workload);
         await removeDir(dir);
       },
-      // v2 has no background class yet (one tree: moving a sandbox's processes would move all its controllers).
+      // v2 has no background class yet (untested here: this host has no v2 controllers).
       foreground: async () => undefined,
     };
   }
@@ -424,7 +393,7 @@ class CgroupV2 implements CgroupManager {
     const memory = String(resources.memoryMB * 1024 * 1024);
     await writeFile(join(dir, "memory.max"), memory);
     if (existsSync(join(dir, "memory.swap.max"))) await writeFile(join(dir, "memory.swap.max"), "0");
-    await writeFile(join(dir, "cpu.max"), `${Math.max(1000, Math.round(resources.cpuCount * 100000))} 100000`);
+    await writeFile(join(dir, "cpu.max"), `${cpuQuotaUs(resources.cpuCount)} ${CFS_PERIOD_US}`);
     await writeFile(join(dir, "pids.max"), String(resources.pidsMax));
     await mkdir(join(dir, "system"));
     await mkdir(join(dir, WORKLOAD));

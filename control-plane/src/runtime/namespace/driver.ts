@@ -320,8 +320,8 @@ export class NamespaceDriver implements RuntimeDriver {
   }
 
   async foreground(instanceId: string): Promise<void> {
-    this.require(instanceId);
-    await this.cgroups.open(instanceId).foreground();
+    const record = this.require(instanceId);
+    await this.cgroups.open(instanceId).foreground(record.resources.cpuCount);
   }
 
   async kill(instanceId: string): Promise<void> {
