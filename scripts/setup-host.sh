@@ -38,7 +38,9 @@ packages=(sudo inotify-tools attr util-linux procps
   # chromium: the web console's browser test (e2e/test/console.test.ts drives it headless with playwright-core).
   chromium
   # unzip: the artifact tests check the zips the api makes (e2e/test/artifacts.test.ts, api/artifact-blobs.test.ts).
-  unzip)
+  unzip
+  # gcc, libc6-dev: envd's static command launcher (envd/native/warren-exec.c, built by `npm run build`).
+  gcc libc6-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

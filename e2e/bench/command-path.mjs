@@ -4,7 +4,8 @@
 // One node agent, one sandbox; each layer timed on `bash -l -c true` (what `commands.run('true')` runs), the
 // layers interleaved round by round so a busy moment hits them all:
 //   1. inside the sandbox: the login shell alone (a loop in a shell, as root and behind setpriv as `user`);
-//   2. envd's Start, reached directly at the sandbox's address (a raw Connect request on a kept-alive socket);
+//   2. envd's Start, reached directly at the sandbox's address (a raw Connect request on a kept-alive socket), and
+//      the same login shell behind the `prlimit` + `setpriv` chain envd used before its launcher;
 //   3. the same request through the proxy (E2b-Sandbox-Id/-Port headers);
 //   4. the official SDK's `commands.run('true')`, directly at envd and through the proxy.
 import { mkdtempSync, rmSync } from "node:fs";
@@ -36,11 +37,29 @@ const summary = (times) => {
 };
 const line = (label, text) => console.log(`${label.padEnd(44)} ${text}`);
 
-/** One Connect server-streaming Start of `bash -l -c true`, read to its end. */
-function start(agent, host, port, headers) {
-  const message = Buffer.from(
-    JSON.stringify({ process: { cmd: "/bin/bash", args: ["-l", "-c", "true"] }, stdin: false }),
-  );
+const LOGIN_TRUE = { cmd: "/bin/bash", args: ["-l", "-c", "true"] };
+// The chain envd used before its launcher (native/warren-exec.c), started by root through the launcher: what the
+// launcher saves per command is this layer's time less envd's own Start of the login shell.
+const HELPER_CHAIN = {
+  cmd: "/usr/bin/prlimit",
+  args: [
+    "--nproc=896:896",
+    "--",
+    "/usr/bin/setpriv",
+    "--reuid=1000",
+    "--regid=1000",
+    "--init-groups",
+    "--",
+    "/bin/bash",
+    "-l",
+    "-c",
+    "true",
+  ],
+};
+
+/** One Connect server-streaming Start of `process` (`bash -l -c true` as the default user), read to its end. */
+function start(agent, host, port, headers, process = LOGIN_TRUE) {
+  const message = Buffer.from(JSON.stringify({ process, stdin: false }));
   const envelope = Buffer.alloc(5 + message.length);
   envelope.writeUInt32BE(message.length, 1);
   message.copy(envelope, 5);
@@ -96,6 +115,8 @@ async function main() {
 
   const layers = {
     "envd Start, direct": () => start(directAgent, route.sandboxAddr, 49983, auth),
+    "envd Start of prlimit + setpriv + the same": () =>
+      start(directAgent, route.sandboxAddr, 49983, { ...auth, Authorization: `Basic ${btoa("root:")}` }, HELPER_CHAIN),
     "envd Start, through the proxy": () =>
       start(proxyAgent, proxy.hostname, Number(proxy.port), {
         ...auth,

@@ -1,3 +1,4 @@
+import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { ConfigError, parseInteger as integer } from "@warren/platform/env";
 import { ENVD_PORT } from "@warren/proto/ports";
@@ -45,6 +46,12 @@ export interface EnvdConfig {
    */
   readonly processLimit: number | undefined;
   /**
+   * ENVD_EXEC_LAUNCHER: the static launcher every command starts through (`native/warren-exec.c`, built beside
+   * envd's bundle as `dist/warren-exec`): process limit, groups, uid and exec in one exec. Where it is missing,
+   * commands start through `prlimit` and `setpriv` instead (two execs: about 1.5 ms more per command).
+   */
+  readonly execLauncher: string;
+  /**
    * `--workload-fd N`: an inherited descriptor of the sandbox's workload cgroup (process/workload.ts), which every
    * process envd starts joins. Unset: processes stay in envd's cgroup.
    */
@@ -57,7 +64,8 @@ export interface EnvdConfig {
 }
 
 export const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback] [--process-limit N] [--workload-fd N] [--workload-oom-fd N]
-environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000), ENVD_WARMUP (1)`;
+environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000), ENVD_WARMUP (1),
+ENVD_EXEC_LAUNCHER (warren-exec beside envd)`;
 
 export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): EnvdConfig {
   let parsed: ReturnType<typeof parseFlags>;
@@ -85,6 +93,8 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
     envVars: { E2B_SANDBOX: "true" },
     warmup: env.ENVD_WARMUP !== "0",
     exposeLoopback: values["expose-loopback"] === true,
+    // Beside this module: dist/warren-exec for the bundle (dist/envd.mjs) and for tsc's output alike.
+    execLauncher: env.ENVD_EXEC_LAUNCHER || fileURLToPath(new URL("./warren-exec", import.meta.url)),
     processLimit:
       values["process-limit"] === undefined
         ? undefined

@@ -1,4 +1,4 @@
-import { existsSync } from "node:fs";
+import { accessSync, constants, existsSync } from "node:fs";
 import { Code, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { WorkloadCgroup } from "@warren/platform/workload";
 import type { Process, ProcessInput, StartRequest, StreamInputRequest } from "@warren/proto/process/process_pb";
@@ -37,7 +37,8 @@ export function createProcessService(
   const registry = new ProcessRegistry(ctx.config.finishedRetentionMs);
   const leases = new LeaseBook(ctx.config.leaseGraceMs, ctx.log);
   const envdPath = ctx.config.processPath;
-  const processLimit = usableProcessLimit(ctx);
+  const execLauncher = usableLauncher(ctx);
+  const processLimit = usableProcessLimit(ctx, execLauncher);
   const workload = new WorkloadCgroup(
     { procsFd: ctx.config.workloadFd, oomControlFd: ctx.config.workloadOomFd },
     ctx.log,
@@ -126,7 +127,7 @@ export function createProcessService(
     const secretEnv = secretEnvFromHeader(handler.requestHeader.get(SECRET_ENV_HEADER));
     const leaseHeader = handler.requestHeader.get(LEASE_HEADER);
     const leaseMs = leaseHeader === null ? undefined : parseLeaseMs(leaseHeader, LEASE_HEADER);
-    const plan = await planSpawn(request, user, ctx.state, envdPath, secretEnv, processLimit);
+    const plan = await planSpawn(request, user, ctx.state, envdPath, secretEnv, processLimit, execLauncher);
     registry.checkTagFree(request.tag);
     const started = await ManagedProcess.start(plan, {
       tag: request.tag,
@@ -226,9 +227,22 @@ function signalName(signal: Signal): string {
 }
 
 /** The configured process limit where the sandbox has prlimit to set it (images without util-linux have none). */
-function usableProcessLimit(ctx: EnvdContext): number | undefined {
+/** The static launcher (EnvdConfig.execLauncher) when it is there and executable. */
+function usableLauncher(ctx: EnvdContext): string | undefined {
+  try {
+    accessSync(ctx.config.execLauncher, constants.X_OK);
+    return ctx.config.execLauncher;
+  } catch {
+    ctx.log.info("no launcher beside envd: commands start through prlimit and setpriv", {
+      launcher: ctx.config.execLauncher,
+    });
+    return undefined;
+  }
+}
+
+function usableProcessLimit(ctx: EnvdContext, execLauncher: string | undefined): number | undefined {
   const limit = ctx.config.processLimit;
-  if (limit === undefined || existsSync(PRLIMIT)) return limit;
+  if (limit === undefined || execLauncher !== undefined || existsSync(PRLIMIT)) return limit;
   ctx.log.warn("no prlimit in this sandbox: processes start without the process limit", { limit });
   return undefined;
 }

@@ -50,6 +50,44 @@ describe("planSpawn", () => {
     expect(asRoot.args).toEqual(["--nproc=896:896", "--", plan.args.at(-3)]);
   });
 
+  it("with envd's launcher: one exec sets the limit, the user's groups, gid and uid; root without a limit runs directly", async () => {
+    const LAUNCHER = "/opt/warren/envd/dist/warren-exec";
+    const sh = (await planSpawn(request({ process: { cmd: "sh" } }), ROOT, state(), PATH)).file;
+    const asUser = await planSpawn(
+      request({ process: { cmd: "sh", args: ["-c", "id"] } }),
+      USER,
+      state(),
+      PATH,
+      {},
+      896,
+      LAUNCHER,
+    );
+    expect(asUser.file).toBe(LAUNCHER);
+    expect(asUser.args).toEqual(["--nproc=896", "--uid=1001", "--gid=1001", "--groups=1001,27", "--", sh, "-c", "id"]);
+    const unlimited = await planSpawn(
+      request({ process: { cmd: "sh" } }),
+      USER,
+      state(),
+      PATH,
+      {},
+      undefined,
+      LAUNCHER,
+    );
+    expect(unlimited.args).toEqual(["--uid=1001", "--gid=1001", "--groups=1001,27", "--", sh]);
+    const rootLimited = await planSpawn(request({ process: { cmd: "sh" } }), ROOT, state(), PATH, {}, 896, LAUNCHER);
+    expect([rootLimited.file, ...rootLimited.args]).toEqual([LAUNCHER, "--nproc=896", "--", sh]);
+    const rootDirect = await planSpawn(
+      request({ process: { cmd: "sh" } }),
+      ROOT,
+      state(),
+      PATH,
+      {},
+      undefined,
+      LAUNCHER,
+    );
+    expect([rootDirect.file, ...rootDirect.args]).toEqual([sh]);
+  });
+
   it("builds the environment from the user, then the sandbox, then the request, and nothing else", async () => {
     const plan = await planSpawn(
       request({ process: { cmd: "true", envs: { SHARED: "request", ONLY: "x" } } }),

@@ -39,6 +39,31 @@ export interface SpawnPlan {
 }
 
 /**
+ * What envd executes for `argv` as `user`: root's commands without a limit directly; otherwise through the static
+ * launcher when there is one (one exec), else `prlimit` then `setpriv` (`--init-groups`: the same groups the
+ * launcher gets from the user's account). The limit is set before the uid changes: the user cannot raise a hard
+ * limit (that needs CAP_SYS_RESOURCE on the host).
+ */
+function launchArgv(
+  argv: readonly string[],
+  user: SandboxUser,
+  processLimit: number | undefined,
+  execLauncher: string | undefined,
+): string[] {
+  if (user.uid === 0 && processLimit === undefined) return [...argv];
+  if (execLauncher !== undefined) {
+    const limit = processLimit === undefined ? [] : [`--nproc=${processLimit}`];
+    const drop = user.uid === 0 ? [] : [`--uid=${user.uid}`, `--gid=${user.gid}`, `--groups=${user.groups.join(",")}`];
+    return [execLauncher, ...limit, ...drop, "--", ...argv];
+  }
+  const asUser =
+    user.uid === 0 ? argv : [SETPRIV, `--reuid=${user.uid}`, `--regid=${user.gid}`, "--init-groups", "--", ...argv];
+  return processLimit === undefined
+    ? [...asUser]
+    : [PRLIMIT, `--nproc=${processLimit}:${processLimit}`, "--", ...asUser];
+}
+
+/**
  * Turns a StartRequest into a SpawnPlan, failing with invalid_argument before anything runs
  * when the command, its environment or its cwd are unusable. `envdPath` is envd's own PATH,
  * which every process starts with.
@@ -50,6 +75,7 @@ export async function planSpawn(
   envdPath: string,
   secretEnv: Readonly<Record<string, string>> = {},
   processLimit?: number,
+  execLauncher?: string,
 ): Promise<SpawnPlan> {
   const config = request.process;
   if (!config) throw invalidArgument("start request must name a process (cmd, args, envs, cwd)");
@@ -63,11 +89,7 @@ export async function planSpawn(
   const env = { ...processEnv(user, state, config.envs, envdPath), ...secretEnv };
   const cwd = await workingDirectory(config.cwd, user, state);
   const argv = [await findExecutable(command, env.PATH ?? "", cwd), ...config.args];
-  const asUser =
-    user.uid === 0 ? argv : [SETPRIV, `--reuid=${user.uid}`, `--regid=${user.gid}`, "--init-groups", "--", ...argv];
-  // Set before the uid changes: the user cannot raise a hard limit (that needs CAP_SYS_RESOURCE on the host).
-  const launch =
-    processLimit === undefined ? asUser : [PRLIMIT, `--nproc=${processLimit}:${processLimit}`, "--", ...asUser];
+  const launch = launchArgv(argv, user, processLimit, execLauncher);
   return {
     config,
     command,

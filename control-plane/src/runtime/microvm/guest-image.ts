@@ -27,8 +27,8 @@ import { CODE_GATEWAY_PORT, ENVD_PORT } from "../sandbox-process.js";
  *   mounts `/dev/vda` and switch_roots to the guest init; with `warren.mode=probe` it only prints a marker and
  *   powers off (the capability probe's "tiny guest");
  * - a root image per template: the template's rootfs with owners shifted back (templates are stored shifted into
- *   the namespace driver's uid range), node, envd's bundle and its two native addons, and the guest init, as an
- *   ext4 image with room for the sandbox's writable data.
+ *   the namespace driver's uid range), node, envd's bundle, its launcher and its two native addons, and the guest
+ *   init, as an ext4 image with room for the sandbox's writable data.
  */
 
 /** Guest side of the per-sandbox network (fixed, so one snapshot serves every sandbox; see network.ts). */
@@ -259,6 +259,9 @@ export async function ensureRootImage(
   diskSizeMB: number,
 ): Promise<RootImage> {
   const envd = join(options.envdRoot, "envd", "dist", "envd.mjs");
+  // envd's static command launcher (envd/native/warren-exec.c), beside the bundle as envd expects it.
+  const launcher = join(options.envdRoot, "envd", "dist", "warren-exec");
+  const hasLauncher = existsSync(launcher);
   const node = await stat(options.nodeBinary);
   const codeGateway = template.codeGateway === true;
   const gatewayDir = join(options.envdRoot, "code-gateway");
@@ -266,6 +269,7 @@ export async function ensureRootImage(
     template.templateId,
     template.hash,
     await readFile(envd),
+    hasLauncher ? await readFile(launcher) : "",
     `${options.nodeBinary}:${node.size}:${node.mtimeMs}`,
     guestInit(codeGateway),
     // The gateway's own files and the workspace packages it imports (copied below with its other dependencies).
@@ -296,6 +300,10 @@ export async function ensureRootImage(
       await chmod(join(root, "usr", "local", "bin", "node"), 0o755);
       await mkdir(join(root, "opt", "warren", "envd", "dist"), { recursive: true });
       await copyFile(envd, join(root, "opt", "warren", "envd", "dist", "envd.mjs"));
+      if (hasLauncher) {
+        await copyFile(launcher, join(root, "opt", "warren", "envd", "dist", "warren-exec"));
+        await chmod(join(root, "opt", "warren", "envd", "dist", "warren-exec"), 0o755);
+      }
       const packages = [
         ...ADDONS,
         ...(codeGateway ? await packageClosure(options.envdRoot, join(gatewayDir, "package.json")) : []),
