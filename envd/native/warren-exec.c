@@ -57,6 +57,7 @@ int main(int argc, char **argv) {
     } else if (strncmp(arg, "--groups=", 9) == 0) {
       ngroups = 0;
       char *list = strdup(arg + 9);
+      if (list == NULL) fail(127, "out of memory", NULL);
       for (char *item = strtok(list, ","); item != NULL; item = strtok(NULL, ",")) {
         if (ngroups == MAX_GROUPS) fail(127, "too many groups", NULL);
         groups[ngroups++] = number(item, "--groups");

@@ -26,7 +26,7 @@ export interface SpawnPlan {
   readonly config: ProcessConfig;
   /** The command as the client named it (for messages and logs). */
   readonly command: string;
-  /** What envd executes: the resolved command, behind setpriv for every user but root. */
+  /** What envd executes: the resolved command, behind the launcher (or prlimit/setpriv) unless root runs unlimited. */
   readonly file: string;
   readonly args: readonly string[];
   readonly env: Readonly<Record<string, string>>;

@@ -100,7 +100,7 @@ const DYNMODS_MOUNT = "/run/warren/cgroup-dynmods";
 /**
  * Makes moving a process between cgroups cheap: on this machine each move (a write to `cgroup.procs`) waited for an
  * RCU grace period, 5–12 ms, and a sandbox's start makes several (the launcher joins five v1 controllers, envd moves
- * every command into the workload, a claimed pool sandbox leaves the background class). With the kernel's
+ * every command into the workload, a restore moves the user's processes back into it). With the kernel's
  * `favordynmods` (Linux ≥ 6.1) a move takes about 0.1 ms, for a slightly dearer fork and exit (a shared counter
  * instead of a per-CPU one). The setting is global but v1 cannot remount a hierarchy to change it, so the node
  * mounts a hierarchy of its own with no controller (like `name=systemd`), which turns it on for every hierarchy
