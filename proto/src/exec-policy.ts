@@ -56,6 +56,19 @@ export function execPolicyKey(teamId: string): string {
  */
 export const EXEC_POLICIES_SYNCED_KEY = "warren:exec-policies-synced";
 
+/**
+ * Where the master announces a change of the mirror, so proxies can keep policies in memory: the message is the team
+ * id whose key was just written or deleted, or EXEC_POLICY_EVENT_ALL after a full sync (any key may have changed).
+ * Sent after the key's write, so a proxy that drops its copy on the message reads the new value.
+ */
+export const EXEC_POLICY_EVENTS_CHANNEL = "warren:exec-policy-events";
+export const EXEC_POLICY_EVENT_ALL = "*";
+
+/** The policy-events channel of a deployment with this key prefix (channels are never prefixed by the client). */
+export function execPolicyEventsChannel(prefix: string): string {
+  return `${prefix}${EXEC_POLICY_EVENTS_CHANNEL}`;
+}
+
 export class ExecPolicyError extends Error {
   constructor(
     /** The JSON path of the offending field, e.g. `rules[2].command`. */

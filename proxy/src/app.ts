@@ -5,6 +5,7 @@ import type { ProxyConfig } from "./config.js";
 import { type ExecDecider, ExecGate, RedisPolicySource } from "./exec-gate.js";
 import type { Logger } from "./log.js";
 import { ProxyMetrics } from "./metrics.js";
+import { CachedPolicySource } from "./policy-cache.js";
 import type { SandboxResumer } from "./resume.js";
 import { RouteStore } from "./routes.js";
 import type { SecretGrantRedeemer } from "./secret-grants.js";
@@ -67,9 +68,20 @@ export async function startProxy(config: ProxyConfig, options: StartOptions): Pr
     },
     log,
   );
+  const policies = options.execDecider
+    ? new CachedPolicySource(
+        new RedisPolicySource(redis),
+        subscriber,
+        config.redisPrefix,
+        { ttlMs: config.routeCacheTtlMs, maxTeams: config.routeCacheMax },
+        log,
+      )
+    : undefined;
   try {
     await routes.start();
+    await policies?.start();
   } catch (error) {
+    policies?.close();
     await routes.close();
     throw error;
   }
@@ -80,7 +92,7 @@ export async function startProxy(config: ProxyConfig, options: StartOptions): Pr
     log,
     ...(options.resumer ? { resumer: options.resumer } : {}),
     ...(options.secretGrants ? { secretGrants: options.secretGrants } : {}),
-    ...(options.execDecider ? { execGate: new ExecGate(new RedisPolicySource(redis), options.execDecider) } : {}),
+    ...(options.execDecider && policies ? { execGate: new ExecGate(policies, options.execDecider) } : {}),
   });
   const address = await proxy.listen();
   log.info("proxy listening", {
@@ -99,6 +111,7 @@ export async function startProxy(config: ProxyConfig, options: StartOptions): Pr
     address,
     async close() {
       await proxy.close();
+      policies?.close();
       await routes.close();
     },
   };

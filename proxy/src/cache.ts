@@ -1,32 +1,30 @@
-import type { SandboxRoute } from "@warren/proto/redis";
-
-/** A cached lookup: `route` undefined means "no route" (cached too, so floods of dead ids stay cheap). */
-export interface CachedRoute {
-  readonly route: SandboxRoute | undefined;
+/** A cached lookup: `value` may itself mean "nothing there" (cached too, so floods of dead ids stay cheap). */
+export interface Cached<V> {
+  readonly value: V;
 }
 
-interface Entry extends CachedRoute {
+interface Entry<V> extends Cached<V> {
   readonly expiresAt: number;
 }
 
 /**
- * Routes by sandbox id, kept at most `ttlMs` and dropped the moment a route event names the
- * sandbox. A lookup that was in flight when such an event arrived is not cached (it may have read
- * the route before the write the event announces), and requests arriving after the event do not
- * join it: they start a fresh read. So once a proxy has seen the event for a new incarnation, it
- * never serves the old one again.
+ * Values read from Redis by key, kept at most `ttlMs` and dropped the moment an event names the key (routes by
+ * sandbox id on route events, exec policies by team on policy events). A read that was in flight when such an
+ * event arrived is not cached (it may have read the value before the write the event announces), and requests
+ * arriving after the event do not join it: they start a fresh read. So once a proxy has seen the event for a new
+ * value, it never serves the old one again.
  *
- * Concurrent misses for one sandbox share a single read.
+ * Concurrent misses for one key share a single read.
  */
-export class RouteCache {
-  private readonly entries = new Map<string, Entry>();
-  private readonly pending = new Map<string, Promise<SandboxRoute | undefined>>();
+export class EventCache<V> {
+  private readonly entries = new Map<string, Entry<V>>();
+  private readonly pending = new Map<string, Promise<V>>();
   private enabled = false;
 
   constructor(
     private readonly ttlMs: number,
     private readonly maxEntries: number,
-    private readonly fetch: (sandboxId: string) => Promise<SandboxRoute | undefined>,
+    private readonly fetch: (key: string) => Promise<V>,
     private readonly now: () => number = Date.now,
   ) {}
 
@@ -36,41 +34,47 @@ export class RouteCache {
     this.clear();
   }
 
-  /** A cached lookup, or undefined on a miss. */
-  peek(sandboxId: string): CachedRoute | undefined {
-    const entry = this.entries.get(sandboxId);
+  /** A cached value, or undefined on a miss. */
+  peek(key: string): Cached<V> | undefined {
+    const entry = this.entries.get(key);
     if (entry === undefined) return undefined;
     if (entry.expiresAt <= this.now()) {
-      this.entries.delete(sandboxId);
+      this.entries.delete(key);
       return undefined;
     }
     return entry;
   }
 
-  /** Reads the route (sharing a read already in flight) and caches it unless invalidated meanwhile. */
-  load(sandboxId: string): Promise<SandboxRoute | undefined> {
-    const inFlight = this.pending.get(sandboxId);
+  /** Reads the value (sharing a read already in flight) and caches it unless invalidated meanwhile. */
+  load(key: string): Promise<V> {
+    const inFlight = this.pending.get(key);
     if (inFlight) return inFlight;
-    const read = this.fetch(sandboxId).then(
-      (route) => {
-        if (this.pending.get(sandboxId) === read) {
-          this.pending.delete(sandboxId);
-          if (this.enabled) this.store(sandboxId, route);
+    const read = this.fetch(key).then(
+      (value) => {
+        if (this.pending.get(key) === read) {
+          this.pending.delete(key);
+          if (this.enabled) this.store(key, value);
         }
-        return route;
+        return value;
       },
       (error: unknown) => {
-        if (this.pending.get(sandboxId) === read) this.pending.delete(sandboxId);
+        if (this.pending.get(key) === read) this.pending.delete(key);
         throw error;
       },
     );
-    this.pending.set(sandboxId, read);
+    this.pending.set(key, read);
     return read;
   }
 
-  invalidate(sandboxId: string): void {
-    this.entries.delete(sandboxId);
-    this.pending.delete(sandboxId);
+  /** The cached value, or a read of it. */
+  get(key: string): Promise<V> {
+    const hit = this.peek(key);
+    return hit ? Promise.resolve(hit.value) : this.load(key);
+  }
+
+  invalidate(key: string): void {
+    this.entries.delete(key);
+    this.pending.delete(key);
   }
 
   clear(): void {
@@ -82,12 +86,12 @@ export class RouteCache {
     return this.entries.size;
   }
 
-  private store(sandboxId: string, route: SandboxRoute | undefined): void {
+  private store(key: string, value: V): void {
     if (this.entries.size >= this.maxEntries) {
       // Maps iterate in insertion order: the first key is the oldest entry.
       const oldest = this.entries.keys().next();
       if (!oldest.done) this.entries.delete(oldest.value);
     }
-    this.entries.set(sandboxId, { route, expiresAt: this.now() + this.ttlMs });
+    this.entries.set(key, { value, expiresAt: this.now() + this.ttlMs });
   }
 }

@@ -1,6 +1,6 @@
 export { tokenMatches, upstreamAddress } from "./admission.js";
 export { type RunningProxy, type StartOptions, startMetricsServer, startProxy } from "./app.js";
-export { RouteCache } from "./cache.js";
+export { EventCache } from "./cache.js";
 export { ConfigError, loadConfig, type ProxyConfig } from "./config.js";
 export { goJson, type ProxyError, wantsHtml } from "./errors.js";
 export { createLogger, type Logger, silentLogger } from "./log.js";

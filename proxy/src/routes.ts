@@ -7,7 +7,8 @@ import {
   type SandboxRoute,
 } from "@warren/proto/redis";
 import type { Redis } from "ioredis";
-import { RouteCache } from "./cache.js";
+import { EventCache } from "./cache.js";
+import { ChannelFollower } from "./channel-follower.js";
 import type { Logger } from "./log.js";
 
 export interface RouteStoreOptions {
@@ -28,12 +29,10 @@ export type RouteEventListener = (event: RouteEvent) => void;
  * Under WARREN_REDIS_PREFIX, `redis` carries it as its keyPrefix; the channel is derived from that.
  */
 export class RouteStore {
-  private readonly cache: RouteCache;
+  private readonly cache: EventCache<SandboxRoute | undefined>;
+  private readonly events: ChannelFollower;
   private readonly listeners = new Set<RouteEventListener>();
   private readonly waitPollMs: number;
-  private readonly channel: string;
-  private subscribed = false;
-  private closed = false;
 
   constructor(
     private readonly redis: Redis,
@@ -41,48 +40,38 @@ export class RouteStore {
     private readonly options: RouteStoreOptions,
     private readonly log: Logger,
   ) {
-    this.cache = new RouteCache(options.cacheTtlMs, options.cacheMax, (id) => this.read(id));
+    this.cache = new EventCache(options.cacheTtlMs, options.cacheMax, (id) => this.read(id));
     this.waitPollMs = options.waitPollMs ?? 500;
-    this.channel = routeEventsChannel(redis.options.keyPrefix ?? "");
+    this.events = new ChannelFollower(
+      subscriber,
+      routeEventsChannel(redis.options.keyPrefix ?? ""),
+      {
+        message: (message) => {
+          const event = parseRouteEvent(message);
+          if (!event) {
+            log.warn("ignoring malformed route event", { length: message.length });
+            return;
+          }
+          this.cache.invalidate(event.sandboxId);
+          for (const listener of this.listeners) listener(event);
+        },
+        live: (live) => this.cache.setEnabled(live),
+      },
+      log,
+      "route events",
+    );
   }
 
   /** Subscribes to route events; the cache serves entries only while subscribed. */
-  async start(): Promise<void> {
-    this.subscriber.on("message", (channel: string, message: string) => {
-      if (channel !== this.channel) return;
-      const event = parseRouteEvent(message);
-      if (!event) {
-        this.log.warn("ignoring malformed route event", { length: message.length });
-        return;
-      }
-      this.cache.invalidate(event.sandboxId);
-      for (const listener of this.listeners) listener(event);
-    });
-    // While the subscription is down, events are lost: stop trusting (and filling) the cache.
-    this.subscriber.on("close", () => {
-      if (this.subscribed && !this.closed)
-        this.log.warn("route events subscription lost; route cache off until it is back");
-      this.subscribed = false;
-      this.cache.setEnabled(false);
-    });
-    this.subscriber.on("ready", () => {
-      if (!this.subscribed && !this.closed) void this.subscribe();
-    });
-    await this.subscribe();
-  }
-
-  private async subscribe(): Promise<void> {
-    await this.subscriber.subscribe(this.channel);
-    if (this.closed) return;
-    this.subscribed = true;
-    this.cache.setEnabled(true);
+  start(): Promise<void> {
+    return this.events.start();
   }
 
   /** A cached route when there is one (`{route: undefined}` caches "no route"). */
   peek(sandboxId: string): { readonly route: SandboxRoute | undefined } | undefined {
     const hit = this.cache.peek(sandboxId);
     this.options.onLookup?.(hit ? "hit" : "miss");
-    return hit;
+    return hit && { route: hit.value };
   }
 
   /** The route, from the cache or Redis. */
@@ -158,8 +147,7 @@ export class RouteStore {
   }
 
   async close(): Promise<void> {
-    this.closed = true;
-    this.cache.setEnabled(false);
+    this.events.close();
     await Promise.allSettled([this.subscriber.quit(), this.redis.quit()]);
   }
 

@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import type { SandboxRoute } from "@warren/proto/redis";
 import { describe, expect, it } from "vitest";
 import { tokenMatches, upstreamAddress } from "../src/admission.js";
-import { RouteCache } from "../src/cache.js";
+import { EventCache } from "../src/cache.js";
 import { ConfigError, loadConfig } from "../src/config.js";
 import { goJson, wantsHtml } from "../src/errors.js";
 import { SandboxConnections } from "../src/limits.js";
@@ -171,7 +171,7 @@ describe("route cache", () => {
 
   it("does not cache a read that was in flight when the sandbox's route event arrived", async () => {
     const reads: Array<(r: SandboxRoute) => void> = [];
-    const cache = new RouteCache(60_000, 10, () => new Promise((resolve) => reads.push(resolve)));
+    const cache = new EventCache<SandboxRoute>(60_000, 10, () => new Promise((resolve) => reads.push(resolve)));
     cache.setEnabled(true);
     const stale = cache.load(ID);
     cache.invalidate(ID); // the event for the new incarnation arrives mid-read
@@ -181,13 +181,13 @@ describe("route cache", () => {
     reads[1]!(route("new"));
     expect((await stale)?.exec).toBe("old");
     expect((await fresh)?.exec).toBe("new");
-    expect(cache.peek(ID)?.route?.exec).toBe("new");
+    expect(cache.peek(ID)?.value?.exec).toBe("new");
   });
 
   it("shares one read among concurrent misses and expires entries after the TTL", async () => {
     let now = 0;
     let reads = 0;
-    const cache = new RouteCache(
+    const cache = new EventCache<SandboxRoute>(
       1000,
       10,
       async () => {
@@ -199,13 +199,13 @@ describe("route cache", () => {
     cache.setEnabled(true);
     await Promise.all([cache.load(ID), cache.load(ID), cache.load(ID)]);
     expect(reads).toBe(1);
-    expect(cache.peek(ID)?.route?.exec).toBe("e1");
+    expect(cache.peek(ID)?.value?.exec).toBe("e1");
     now = 1000;
     expect(cache.peek(ID)).toBeUndefined();
   });
 
   it("serves nothing while disabled (no live event subscription) and evicts the oldest when full", async () => {
-    const cache = new RouteCache(60_000, 2, async (id) => ({ sandboxId: id, exec: "x" }) as SandboxRoute);
+    const cache = new EventCache<SandboxRoute>(60_000, 2, async (id) => ({ sandboxId: id, exec: "x" }) as SandboxRoute);
     await cache.load("a");
     expect(cache.peek("a")).toBeUndefined();
     cache.setEnabled(true);
@@ -213,7 +213,7 @@ describe("route cache", () => {
     await cache.load("b");
     await cache.load("c");
     expect(cache.peek("a")).toBeUndefined();
-    expect(cache.peek("c")?.route?.sandboxId).toBe("c");
+    expect(cache.peek("c")?.value?.sandboxId).toBe("c");
   });
 });
 

@@ -1,4 +1,9 @@
-import { EXEC_POLICIES_SYNCED_KEY, execPolicyKey } from "@warren/proto/exec-policy";
+import {
+  EXEC_POLICIES_SYNCED_KEY,
+  EXEC_POLICY_EVENT_ALL,
+  execPolicyEventsChannel,
+  execPolicyKey,
+} from "@warren/proto/exec-policy";
 import type { Redis } from "ioredis";
 import { type Db, withTransaction } from "../store/db.js";
 import { MasterError } from "./errors.js";
@@ -33,6 +38,8 @@ export class ExecPolicies {
       try {
         if (policyJson === "") await this.redis.del(execPolicyKey(teamId));
         else await this.redis.set(execPolicyKey(teamId), policyJson);
+        // After the write: proxies drop their copy of this team's policy and read the new one.
+        await this.redis.publish(this.channel(), teamId);
       } catch (error) {
         throw new MasterError("unavailable", `exec policy could not be mirrored to Redis: ${(error as Error).message}`);
       }
@@ -57,11 +64,24 @@ export class ExecPolicies {
         cursor = next;
         for (const key of keys) present.push(key.slice(prefix.length));
       } while (cursor !== "0");
+      const wantedKeys = [...wanted.keys()];
+      const [stamp, ...current] = await this.redis.mget(EXEC_POLICIES_SYNCED_KEY, ...wantedKeys);
+      // Proxies keep policies in memory; they drop every copy only when this pass changes something (usually
+      // nothing: a Redis that lost its data, or a write that failed half way), so their copies stay warm.
+      const changed =
+        !stamp ||
+        present.some((key) => !wanted.has(key)) ||
+        wantedKeys.some((key, i) => current[i] !== wanted.get(key));
       const pipeline = this.redis.multi();
       for (const key of present) if (!wanted.has(key)) pipeline.del(key);
       for (const [key, policy] of wanted) pipeline.set(key, policy);
       pipeline.set(EXEC_POLICIES_SYNCED_KEY, new Date().toISOString());
+      if (changed) pipeline.publish(this.channel(), EXEC_POLICY_EVENT_ALL);
       await pipeline.exec();
     });
+  }
+
+  private channel(): string {
+    return execPolicyEventsChannel(this.redis.options.keyPrefix ?? "");
   }
 }
