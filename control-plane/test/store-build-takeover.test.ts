@@ -3,6 +3,7 @@ import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { BuildLog } from "../src/master/templates/build-log.js";
 import { createDb, type Db } from "../src/store/db.js";
+import { MASTER_LIVENESS_CLASS, newLivenessKey, TRY_LIVENESS_LOCK_SQL } from "../src/store/master-liveness.js";
 import { migrate } from "../src/store/migrations.js";
 import { createTeam } from "../src/store/teams.js";
 import {
@@ -61,7 +62,7 @@ describe("taking over a template build", () => {
     await admin.end();
   });
 
-  async function building(nonce: string) {
+  async function building(nonce: string, masterLock: number | null = null) {
     const id = randomUUID();
     await insertBuild(db, {
       id,
@@ -72,7 +73,7 @@ describe("taking over a template build", () => {
       diskSizeMB: 1024,
       envdVersion: "0.1.0",
     });
-    await markBuildBuilding(db, id, `b${id.replaceAll("-", "")}`, nonce);
+    await markBuildBuilding(db, id, `b${id.replaceAll("-", "")}`, nonce, masterLock);
     return id;
   }
 
@@ -128,5 +129,36 @@ describe("taking over a template build", () => {
       { seq: 1, message: "line 2" },
       { seq: 2, message: "line 3" },
     ]);
+  });
+
+  it("a build whose master died (its liveness lock is gone) is abandoned at once, heartbeat or not", async () => {
+    // The master's own connection holding its lock, as master/liveness.ts keeps one.
+    const session = new pg.Client({ connectionString: DATABASE_URL });
+    await session.connect();
+    const key = newLivenessKey();
+    const taken = await session.query(TRY_LIVENESS_LOCK_SQL, [MASTER_LIVENESS_CLASS, key]);
+    expect(taken.rows[0].ok).toBe(true);
+    const id = await building("alive", key);
+    expect(await touchBuild(db, id, "alive")).toBe(true);
+    expect((await abandonedBuilds(db, STALE_MS)).map((b) => b.id)).not.toContain(id);
+    expect(await takeOverBuild(db, id, STALE_MS, "bnot", "thief")).toBeUndefined();
+
+    await session.end(); // the master's process dies: PostgreSQL drops its session and the lock with it
+    for (let i = 0; i < 100 && !(await abandonedBuilds(db, STALE_MS)).some((b) => b.id === id); i++) {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    expect((await abandonedBuilds(db, STALE_MS)).map((b) => b.id)).toContain(id);
+    // The taker records its own key: the build is alive again while that one is held.
+    const next = new pg.Client({ connectionString: DATABASE_URL });
+    await next.connect();
+    try {
+      const nextKey = newLivenessKey();
+      await next.query(TRY_LIVENESS_LOCK_SQL, [MASTER_LIVENESS_CLASS, nextKey]);
+      expect(await takeOverBuild(db, id, STALE_MS, "bnewt1", "new", nextKey)).toMatchObject({ takeovers: 1 });
+      expect((await abandonedBuilds(db, STALE_MS)).map((b) => b.id)).not.toContain(id);
+      expect(await failAbandonedBuild(db, id, STALE_MS, "not abandoned")).toBe(false);
+    } finally {
+      await next.end();
+    }
   });
 });

@@ -320,6 +320,35 @@ describe("custom templates with the official SDK", () => {
     const prefix = `b${buildId.replaceAll("-", "")}`;
     expect(instanceSandboxIds().filter((id) => id.startsWith(prefix))).toEqual([]);
   }, 240_000);
+
+  it("a build whose master is killed mid-build is continued by the next master at once (its liveness lock went with it)", async () => {
+    const template = Template()
+      .fromTemplate("base")
+      // Steps of their own (the test above cached its steps: the same ones would all be CACHED here).
+      .runCmd("date +%s%N > /opt/first-k", { user: "root" })
+      .runCmd("sleep 6 && echo killed > /opt/second", { user: "root" });
+    const logs: string[] = [];
+    const built = Template.build(template, "killed-master", { onBuildLogs: (entry) => logs.push(entry.message) });
+    for (let i = 0; i < 600 && !logs.some((line) => line.includes("sleep 6")); i++) {
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(logs.some((line) => line.includes("sleep 6"))).toBe(true);
+    const killedAt = Date.now();
+    await cluster.restartMaster("SIGKILL");
+    const { buildId } = await built;
+    // The dead master's heartbeat alone would make the build abandoned only after a minute: it was continued as soon
+    // as the new master's first pass saw no session holding the old one's liveness lock.
+    expect(Date.now() - killedAt).toBeLessThan(50_000);
+    const text = logs.join("\n");
+    expect(text).not.toContain("this master is stopping");
+    expect(text).toContain("another master continues it (takeover 1 of at most 2");
+    expect(logs.filter((line) => line.startsWith("CACHED [builder 1/2]"))).toHaveLength(1);
+    const sbx = await sandbox("killed-master");
+    expect(await run(sbx, "cat /opt/second")).toBe("killed");
+    // The dead master's build sandbox was removed by the taker.
+    const prefix = `b${buildId.replaceAll("-", "")}`;
+    expect(instanceSandboxIds().filter((id) => id.startsWith(prefix))).toEqual([]);
+  }, 240_000);
 });
 
 async function waitForStatus(templateId: string, buildId: string) {

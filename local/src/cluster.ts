@@ -323,13 +323,13 @@ export class LocalCluster {
   }
 
   /**
-   * Stops the master (SIGTERM: it hands the template builds it runs over) and starts it again on the same port,
-   * as a rolling upgrade of a one-replica master does.
+   * Stops the master and starts it again on the same port: SIGTERM as a rolling upgrade of a one-replica master
+   * does (it hands the template builds it runs over), SIGKILL as a crash (fault injection: it hands nothing over).
    */
-  async restartMaster(): Promise<void> {
+  async restartMaster(signal: "SIGTERM" | "SIGKILL" = "SIGTERM"): Promise<void> {
     const master = this.master;
     if (!master) throw new Error("the cluster has no master");
-    await master.child.stop("SIGTERM", 30_000);
+    await master.child.stop(signal, 30_000);
     const next = this.spawn("master-restarted", dist("control-plane/dist/master/main.js"), master.env);
     // In the old one's place, so `stop()` still ends the processes in their order.
     this.processes.pop();

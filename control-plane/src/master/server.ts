@@ -18,6 +18,7 @@ import { NodeDrainer } from "./kubernetes/drain.js";
 import { LeaseElection, type LeaseElectionOptions } from "./kubernetes/lease-election.js";
 import { LeaderElection, type Leadership } from "./leader.js";
 import { SandboxLifecycle } from "./lifecycle.js";
+import { MasterLiveness } from "./liveness.js";
 import { createLogger, type Logger } from "./log.js";
 import { MasterMetrics } from "./metrics.js";
 import { SandboxMetricsSampler } from "./metrics-sampler.js";
@@ -63,6 +64,7 @@ export class Master {
     readonly redis: Redis,
     private readonly nodeAgent: NodeAgentConnector,
     private readonly log: Logger,
+    private readonly liveness: MasterLiveness,
     private readonly kubernetes?: {
       readonly view: KubernetesNodeView;
       readonly leader: Omit<LeaseElectionOptions, "onElected" | "onDemoted">;
@@ -123,6 +125,7 @@ export class Master {
       log: log.child({ part: "templates" }),
       config: config.builds,
       memoryOvercommit: config.memoryOvercommit,
+      masterLock: this.liveness.key,
     });
     const onElected = () => this.startLeaderLoops();
     const onDemoted = () => this.stopLeaderLoops();
@@ -151,16 +154,22 @@ export class Master {
     });
     const applied = await migrate(db, config.schema);
     if (applied.length > 0) log.info("migrations applied", { versions: applied });
+    const liveness = new MasterLiveness({ url: config.databaseUrl, retryMs: config.leaderIntervalMs, log });
+    await liveness.start().catch(async (error) => {
+      await db.end().catch(() => undefined);
+      throw error;
+    });
     const redis = new Redis(config.redisUrl, { maxRetriesPerRequest: 3, keyPrefix: config.redisKeyPrefix });
     redis.on("error", () => undefined);
     const kubernetes = config.kubernetes
       ? await Master.startKubernetes(config, log).catch(async (error) => {
           redis.disconnect();
+          await liveness.stop();
           await db.end().catch(() => undefined);
           throw error;
         })
       : undefined;
-    const master = new Master(config, db, redis, options.nodeAgent, log, kubernetes);
+    const master = new Master(config, db, redis, options.nodeAgent, log, liveness, kubernetes);
     const metrics = new MasterMetrics(db, () => master.isLeader);
     const handler = connectNodeAdapter({
       routes: masterRoutes(
@@ -301,6 +310,8 @@ export class Master {
     const deadline = setTimeout(() => server?.closeAllConnections(), 10_000);
     server?.closeIdleConnections();
     await this.builder.stop();
+    // After the hand-over: a build still running here past its deadline is continued elsewhere at once.
+    await this.liveness.stop();
     await this.leader.stop();
     this.crashWatch.stop();
     await this.kubernetes?.view.stop();

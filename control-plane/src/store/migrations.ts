@@ -415,6 +415,15 @@ CREATE INDEX template_builds_slots ON template_builds (slot_node_id) WHERE statu
 ALTER TABLE template_builds ADD COLUMN takeovers integer NOT NULL DEFAULT 0;
 `,
   },
+  {
+    version: 14,
+    name: "build owners: the liveness lock of the master running a build",
+    sql: `
+-- The key of the advisory lock the running master holds (store/master-liveness.ts): once no session holds it, the
+-- master died and the build is continued at once instead of after its heartbeat times out.
+ALTER TABLE template_builds ADD COLUMN master_lock integer;
+`,
+  },
 ];
 
 const MIGRATION_LOCK = 0x5741_5252; // "WARR"

@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto";
 import type { Queryable } from "./db.js";
+import { masterGoneSql } from "./master-liveness.js";
 
 /**
  * Templates, their builds and build logs (E2B's template API, `shared/E2B-TEMPLATES.md`; tags, uploaded COPY
@@ -255,11 +256,18 @@ export async function clearBuildSpec(db: Queryable, buildId: string): Promise<vo
   await db.query("UPDATE template_builds SET spec = NULL WHERE id = $1 AND status = 'waiting'", [buildId]);
 }
 
-export async function markBuildBuilding(db: Queryable, buildId: string, buildSandboxId: string, nonce: string) {
+export async function markBuildBuilding(
+  db: Queryable,
+  buildId: string,
+  buildSandboxId: string,
+  nonce: string,
+  masterLock: number | null = null,
+) {
   const result = await db.query(
-    `UPDATE template_builds SET status = 'building', build_sandbox_id = $2, token_nonce = $3, updated_at = now()
+    `UPDATE template_builds SET status = 'building', build_sandbox_id = $2, token_nonce = $3, master_lock = $4,
+       updated_at = now()
      WHERE id = $1 AND status = 'waiting' RETURNING *`,
-    [buildId, buildSandboxId, nonce],
+    [buildId, buildSandboxId, nonce, masterLock],
   );
   return result.rows[0] ? toBuild(result.rows[0]) : undefined;
 }
@@ -287,12 +295,16 @@ export async function handOffBuild(db: Queryable, buildId: string, nonce: string
   return (result.rowCount ?? 0) > 0;
 }
 
-/** Builds left `building` by a master that stopped (no heartbeat for `staleMs`, or handed off). */
+/**
+ * A build row whose run is over without an end (`$1`: the heartbeat's timeout in seconds): its master handed it off,
+ * died (no session holds its liveness lock: known at once), or stopped heartbeating (a master cut off from
+ * PostgreSQL, or one from before the lock existed).
+ */
+const ABANDONED = `status = 'building' AND (updated_at < now() - make_interval(secs => $1) OR ${masterGoneSql("master_lock")})`;
+
+/** Builds left `building` by a master that stopped (no heartbeat for `staleMs`, died, or handed off). */
 export async function abandonedBuilds(db: Queryable, staleMs: number): Promise<BuildRecord[]> {
-  const result = await db.query(
-    "SELECT * FROM template_builds WHERE status = 'building' AND updated_at < now() - make_interval(secs => $1)",
-    [staleMs / 1000],
-  );
+  const result = await db.query(`SELECT * FROM template_builds WHERE ${ABANDONED}`, [staleMs / 1000]);
   return result.rows.map(toBuild);
 }
 
@@ -306,12 +318,13 @@ export async function takeOverBuild(
   staleMs: number,
   buildSandboxId: string,
   nonce: string,
+  masterLock: number | null = null,
 ): Promise<BuildRecord | undefined> {
   const result = await db.query(
     `UPDATE template_builds SET takeovers = takeovers + 1, build_sandbox_id = $3, token_nonce = $4,
-       updated_at = now(), slot_node_id = NULL, slot_waiting_since = NULL, slot_candidates = NULL
-     WHERE id = $1 AND status = 'building' AND updated_at < now() - make_interval(secs => $2) RETURNING *`,
-    [buildId, staleMs / 1000, buildSandboxId, nonce],
+       master_lock = $5, updated_at = now(), slot_node_id = NULL, slot_waiting_since = NULL, slot_candidates = NULL
+     WHERE id = $2 AND ${ABANDONED} RETURNING *`,
+    [staleMs / 1000, buildId, buildSandboxId, nonce, masterLock],
   );
   return result.rows[0] ? toBuild(result.rows[0]) : undefined;
 }
@@ -387,8 +400,8 @@ export async function failAbandonedBuild(
 ): Promise<boolean> {
   const result = await db.query(
     `UPDATE template_builds SET status = 'error', finished_at = now(), updated_at = now(), reason = $3
-     WHERE id = $1 AND status = 'building' AND updated_at < now() - make_interval(secs => $2)`,
-    [buildId, staleMs / 1000, JSON.stringify({ message })],
+     WHERE id = $2 AND ${ABANDONED}`,
+    [staleMs / 1000, buildId, JSON.stringify({ message })],
   );
   return (result.rowCount ?? 0) > 0;
 }

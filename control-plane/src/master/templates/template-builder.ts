@@ -51,6 +51,8 @@ export interface TemplateBuilderDeps {
   readonly log: Logger;
   readonly config: TemplateBuildConfig;
   readonly memoryOvercommit: number;
+  /** This master's liveness lock key (master/liveness.ts), recorded on the builds it runs. */
+  readonly masterLock?: number;
 }
 
 /** Registry credentials of a build's `fromImage`, from the trigger (never stored). */
@@ -116,7 +118,7 @@ export class TemplateBuilder {
       throw new MasterError("conflict", `build '${buildId}' is not in waiting state (it is ${build.status})`);
     }
     const sandboxId = buildSandboxId(buildId, 0);
-    const marked = await markBuildBuilding(db, buildId, sandboxId, tokens.newNonce());
+    const marked = await markBuildBuilding(db, buildId, sandboxId, tokens.newNonce(), this.deps.masterLock ?? null);
     if (!marked) throw new MasterError("conflict", `build '${buildId}' is not in waiting state`);
     const abort = new AbortController();
     this.running.set(buildId, abort);
@@ -136,7 +138,8 @@ export class TemplateBuilder {
   }
 
   /**
-   * Leader loop: a build whose master stopped (handed over, or no heartbeat for a minute) is continued here from
+   * Leader loop: a build whose master stopped (handed over, died: its liveness lock is gone, or no heartbeat for a
+   * minute: a master cut off from PostgreSQL) is continued here from
    * its stored spec; its completed steps are cached layers, so only the step that was running and the later ones
    * run again. One that needs registry credentials (never stored) or was continued too often fails instead.
    */
@@ -161,7 +164,14 @@ export class TemplateBuilder {
         continue;
       }
       const sandboxId = buildSandboxId(build.id, build.takeovers + 1);
-      const taken = await takeOverBuild(db, build.id, ABANDONED_AFTER_MS, sandboxId, tokens.newNonce());
+      const taken = await takeOverBuild(
+        db,
+        build.id,
+        ABANDONED_AFTER_MS,
+        sandboxId,
+        tokens.newNonce(),
+        this.deps.masterLock ?? null,
+      );
       if (!taken) continue;
       // The old run's sandbox (its master may have died before removing it) goes first: it holds a build slot.
       if (build.buildSandboxId) await this.sandboxes.removeEverywhere(build.buildSandboxId);
