@@ -55,24 +55,26 @@ export async function admitSandbox(
       return { row, replayed: true };
     }
   }
-  const live = await tx.query<{ n: string }>(
-    "SELECT count(*) AS n FROM sandboxes WHERE team_id = $1 AND state IN ('starting','running','pausing','resuming')",
+  // Both counts in one round trip (after the team's lock: a statement sees what committed before it began).
+  const counts = await tx.query<{ live: string; recent: string; wait: string | null }>(
+    `SELECT
+       (SELECT count(*) FROM sandboxes
+        WHERE team_id = $1 AND state IN ('starting','running','pausing','resuming')) AS live,
+       recent.n AS recent, recent.wait
+     FROM (SELECT count(*) AS n, ceil(extract(epoch FROM min(created_at) + interval '1 minute' - now())) AS wait
+           FROM sandboxes WHERE team_id = $1 AND created_at > now() - interval '1 minute') AS recent`,
     [team.id],
   );
-  if (Number(live.rows[0]?.n) >= team.maxConcurrentSandboxes) {
+  const count = counts.rows[0];
+  if (Number(count?.live) >= team.maxConcurrentSandboxes) {
     throw new MasterError(
       "quota",
       `You have reached the maximum number of concurrent sandboxes (${team.maxConcurrentSandboxes})`,
       5,
     );
   }
-  const recent = await tx.query<{ n: string; wait: string | null }>(
-    `SELECT count(*) AS n, ceil(extract(epoch FROM min(created_at) + interval '1 minute' - now())) AS wait
-     FROM sandboxes WHERE team_id = $1 AND created_at > now() - interval '1 minute'`,
-    [team.id],
-  );
-  if (Number(recent.rows[0]?.n) >= team.maxCreatesPerMinute) {
-    const wait = Math.max(1, Number(recent.rows[0]?.wait ?? 1));
+  if (Number(count?.recent) >= team.maxCreatesPerMinute) {
+    const wait = Math.max(1, Number(count?.wait ?? 1));
     throw new MasterError("quota", `Create rate limit of ${team.maxCreatesPerMinute} per minute reached`, wait);
   }
   const id = newSandboxId();

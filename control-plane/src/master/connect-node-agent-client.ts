@@ -59,7 +59,11 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
 
   constructor(addr: string, httpVersion: "1.1" | "2" = "1.1") {
     const baseUrl = addr.includes("://") ? addr : `http://${addr}`;
-    this.client = createClient(NodeAgentService, createConnectTransport({ baseUrl, httpVersion }));
+    // Binary protobuf: the control plane's own calls need no readable bodies, and JSON's encoding cost ~ms per call.
+    this.client = createClient(
+      NodeAgentService,
+      createConnectTransport({ baseUrl, httpVersion, useBinaryFormat: true }),
+    );
   }
 
   create: NodeAgentClient["create"] = (request) =>

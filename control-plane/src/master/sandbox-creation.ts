@@ -2,7 +2,7 @@ import type { NodeHeartbeat } from "@warren/proto/redis";
 import { withTransaction } from "../store/db.js";
 import { appendEvent } from "../store/events.js";
 import { findTemplate, reservedMemoryByNode } from "../store/nodes.js";
-import { getSandbox, lockSandbox, type SandboxRow, toSandboxRow } from "../store/sandboxes.js";
+import { getSandbox, lockSandbox, markSandboxRunning, type SandboxRow } from "../store/sandboxes.js";
 import {
   findSnapshot,
   getLiveSnapshot,
@@ -361,23 +361,11 @@ export class SandboxCreation {
     timeout: number,
   ): Promise<SandboxRow> {
     const { db, nodeAgent, registry, log } = this.deps;
-    const started = await withTransaction(db, async (tx) => {
-      const current = await lockSandbox(tx, row.id);
-      if (current?.state !== "starting") return undefined;
-      const result = await tx.query(
-        `UPDATE sandboxes SET state = 'running', node_id = $2, exec_id = $3, envd_version = COALESCE($4, envd_version),
-           end_at = now() + make_interval(secs => $5) WHERE id = $1 RETURNING *`,
-        [row.id, nodeId, placement.exec, placement.envdVersion ?? null, timeout],
-      );
-      await appendEvent(tx, {
-        sandboxId: row.id,
-        teamId: row.teamId,
-        type: "sandbox.started",
-        fromState: "starting",
-        toState: "running",
-        data: { node: nodeId, exec: placement.exec },
-      });
-      return toSandboxRow(result.rows[0]);
+    const started = await markSandboxRunning(db, row.id, {
+      nodeId,
+      exec: placement.exec,
+      envdVersion: placement.envdVersion ?? null,
+      timeoutSeconds: timeout,
     });
     if (started) return started;
     // Killed while starting: the kill saw no node to call, so the sandbox is ours to remove.

@@ -37,7 +37,10 @@ export async function* runInSandbox(
   signal: AbortSignal,
 ): AsyncGenerator<CommandEvent> {
   if (spec.command.trim() === "") throw new AgentError("invalid_argument", "command is empty");
-  const client = createClient(Process, createConnectTransport({ baseUrl: envdUrl, httpVersion: "1.1" }));
+  const client = createClient(
+    Process,
+    createConnectTransport({ baseUrl: envdUrl, httpVersion: "1.1", useBinaryFormat: true }),
+  );
   const stream = client.start(
     {
       process: {

@@ -171,7 +171,8 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
         }
         const source = createClient(
           NodeAgentService,
-          createConnectTransport({ baseUrl: `http://${req.sourceAddr}`, httpVersion: "1.1" }),
+          // Binary: a snapshot's chunks would travel as base64 in JSON.
+          createConnectTransport({ baseUrl: `http://${req.sourceAddr}`, httpVersion: "1.1", useBinaryFormat: true }),
         );
         // The source leaves out the layers this node has (a template's, an earlier move's).
         const omitLayers = [...(await agent.localLayers())];

@@ -21,7 +21,32 @@ export interface NewSandboxEvent {
   readonly data?: Record<string, unknown>;
 }
 
-const LEDGER_LOCK = 0x4c45_4447; // "LEDG"
+/** Serializes the ledger's appends (see appendEvent); statements that append an event of their own take it too. */
+export const LEDGER_LOCK = 0x4c45_4447; // "LEDG"
+
+/**
+ * The INSERT of one event that takes the ledger lock first, in one statement (one round trip): the lock is taken
+ * while the subquery produces its row, before the row's id is drawn from the sequence. Its parameters are
+ * appendEventParams's, numbered from `$first`.
+ */
+export function appendEventSql(first: number): string {
+  const p = (i: number) => `$${first + i}`;
+  return `INSERT INTO sandbox_events (sandbox_id, team_id, type, from_state, to_state, data)
+     SELECT ${p(0)}, ${p(1)}, ${p(2)}, ${p(3)}, ${p(4)}, ${p(5)}::jsonb
+     FROM (SELECT pg_advisory_xact_lock(${LEDGER_LOCK})) AS ledger_lock`;
+}
+
+/** The parameters of appendEventSql, in order. */
+export function appendEventParams(event: NewSandboxEvent): unknown[] {
+  return [
+    event.sandboxId,
+    event.teamId,
+    event.type,
+    event.fromState ?? null,
+    event.toState ?? null,
+    JSON.stringify(event.data ?? {}),
+  ];
+}
 
 /**
  * Appends to the ledger inside the caller's transaction. The transaction-scoped lock serializes the tail of
@@ -29,19 +54,7 @@ const LEDGER_LOCK = 0x4c45_4447; // "LEDG"
  * later finds an event below N: call this last, just before COMMIT.
  */
 export async function appendEvent(tx: Queryable, event: NewSandboxEvent): Promise<void> {
-  await tx.query("SELECT pg_advisory_xact_lock($1)", [LEDGER_LOCK]);
-  await tx.query(
-    `INSERT INTO sandbox_events (sandbox_id, team_id, type, from_state, to_state, data)
-     VALUES ($1, $2, $3, $4, $5, $6)`,
-    [
-      event.sandboxId,
-      event.teamId,
-      event.type,
-      event.fromState ?? null,
-      event.toState ?? null,
-      JSON.stringify(event.data ?? {}),
-    ],
-  );
+  await tx.query(appendEventSql(1), appendEventParams(event));
 }
 
 export interface EventQuery {

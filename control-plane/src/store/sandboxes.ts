@@ -1,6 +1,7 @@
 import type { EgressPolicy } from "../runtime/egress/policy.js";
 import { decodeTimeCursor, encodeTimeCursor } from "./cursor.js";
 import type { Queryable } from "./db.js";
+import { LEDGER_LOCK } from "./events.js";
 
 export type SandboxState = "starting" | "running" | "pausing" | "paused" | "resuming" | "killed" | "failed";
 export const LIVE_STATES: readonly SandboxState[] = ["starting", "running", "pausing", "paused", "resuming"];
@@ -111,6 +112,33 @@ export async function getSandbox(db: Queryable, id: string): Promise<SandboxRow 
 }
 
 /** Locks the row for one transition; the caller holds a transaction. */
+/**
+ * A create's `starting` → `running` with its `sandbox.started` event, in one statement (one round trip on every
+ * create's path; it was six). The UPDATE takes the row lock (and skips a row no longer `starting`: undefined), then
+ * the event takes the ledger lock, in that order (LATERAL): a transaction holding the ledger lock is at its end and
+ * never waits for a row lock, so the two cannot deadlock.
+ */
+export async function markSandboxRunning(
+  db: Queryable,
+  id: string,
+  to: { nodeId: string; exec: string; envdVersion: string | null; timeoutSeconds: number },
+): Promise<SandboxRow | undefined> {
+  const result = await db.query(
+    `WITH started AS (
+       UPDATE sandboxes SET state = 'running', node_id = $2, exec_id = $3, envd_version = COALESCE($4, envd_version),
+         end_at = now() + make_interval(secs => $5) WHERE id = $1 AND state = 'starting' RETURNING *
+     ), event AS (
+       INSERT INTO sandbox_events (sandbox_id, team_id, type, from_state, to_state, data)
+       SELECT started.id, started.team_id, 'sandbox.started', 'starting', 'running', $6::jsonb
+       FROM started CROSS JOIN LATERAL
+         (SELECT pg_advisory_xact_lock(${LEDGER_LOCK}) WHERE started.id IS NOT NULL) AS ledger_lock
+     )
+     SELECT * FROM started`,
+    [id, to.nodeId, to.exec, to.envdVersion, to.timeoutSeconds, JSON.stringify({ node: to.nodeId, exec: to.exec })],
+  );
+  return result.rows[0] ? toSandboxRow(result.rows[0]) : undefined;
+}
+
 export async function lockSandbox(db: Queryable, id: string): Promise<SandboxRow | undefined> {
   const result = await db.query("SELECT * FROM sandboxes WHERE id = $1 FOR UPDATE", [id]);
   return result.rows[0] ? toSandboxRow(result.rows[0]) : undefined;
