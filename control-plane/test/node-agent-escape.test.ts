@@ -17,7 +17,7 @@ import {
   slotOf,
   startTestAgent,
   testConfig,
-  tracesOf,
+  tracesAfterReclaim,
 } from "./node-agent-harness.js";
 
 /**
@@ -340,7 +340,7 @@ describe("escape suite: nothing inside a sandbox reaches the host or another san
     expect(nodeIsHealthy()).toBe(true);
     await client.kill({ sandboxId: "escapefork" });
     created.delete("escapefork");
-    const traces = await tracesOf(config, { sandboxId: "escapefork", instanceId, slot: f.slot.index }, redis);
+    const traces = await tracesAfterReclaim(config, { sandboxId: "escapefork", instanceId, slot: f.slot.index }, redis);
     expect(traces).toEqual(NO_TRACES);
   });
 });

@@ -176,6 +176,23 @@ export const NO_TRACES: Traces = {
   crunState: false,
 };
 
+/**
+ * The traces once a killed sandbox's background reclaim is over (a kill resolves when the sandbox is unreachable and
+ * stopped; its host resources follow within ~100 ms): polled until none is left, or the last look after 10 s.
+ */
+export async function tracesAfterReclaim(
+  config: NodeAgentConfig,
+  sandbox: { sandboxId: string; instanceId: string; slot: number },
+  redis: Redis,
+): Promise<Traces> {
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    const traces = await tracesOf(config, sandbox, redis);
+    if (JSON.stringify(traces) === JSON.stringify(NO_TRACES) || Date.now() > deadline) return traces;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
 /** Names of everything this agent tag currently has on the host (for "nothing left behind" checks). */
 export function hostFootprint(config: NodeAgentConfig): Record<string, string[]> {
   // Ready disks are the node's own (sandbox-disks.ts), made ahead for creates like the network pool's slots.

@@ -14,6 +14,7 @@ import {
   slotOf,
   startTestAgent,
   testConfig,
+  tracesAfterReclaim,
   tracesOf,
 } from "./node-agent-harness.js";
 
@@ -165,7 +166,22 @@ describe("node agent sandbox lifecycle (namespace driver)", () => {
     // drop; replies in, drop.
     expect(before.rules.length).toBe(9);
     await killSandbox("lifekill");
-    expect(await tracesOf(config, sandbox, redis)).toEqual(NO_TRACES);
+    // When the kill answers: unreachable (no route), stopped (no process), forgotten; the rest follows at once.
+    const atKill = await tracesOf(config, sandbox, redis);
+    expect(atKill.route).toBe(false);
+    for (const cgroup of atKill.cgroups) {
+      // Read while the reclaim removes it: a cgroup already gone holds no process either.
+      const procs = (() => {
+        try {
+          return readFileSync(`${cgroup}/cgroup.procs`, "utf8").trim();
+        } catch {
+          return "";
+        }
+      })();
+      expect(procs).toBe("");
+    }
+    expect(running.agent.get("lifekill")).toBeUndefined();
+    expect(await tracesAfterReclaim(config, sandbox, redis)).toEqual(NO_TRACES);
     expect(await connectCode(client.kill({ sandboxId: "lifekill" }))).toBe(Code.NotFound);
   });
 

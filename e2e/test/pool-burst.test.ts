@@ -72,8 +72,16 @@ describe("a warm pool's CPU class", () => {
   it("pooled sandboxes start in the node's background CPU class; a claimed one leaves it before its create returns", async () => {
     await waitFor("the warm pool at its floor", async () => ((await readyInPool()) >= 2 ? true : undefined), 120_000);
     // The sandboxes waiting in the pool: the minimum weight among the node's sandboxes, at most half a CPU.
+    // A killed sandbox's cgroup may vanish while this reads it (its reclaim follows the kill): skipped.
+    const shares = (name: string) => {
+      try {
+        return cpuFile(name, "cpu.shares");
+      } catch {
+        return "";
+      }
+    };
     const background = readdirSync("/sys/fs/cgroup/cpu/warren/ipa").filter(
-      (name) => name.startsWith("i") && cpuFile(name, "cpu.shares") === "2",
+      (name) => name.startsWith("i") && shares(name) === "2",
     );
     expect(background.length).toBeGreaterThanOrEqual(2);
     for (const name of background) expect(cpuFile(name, "cpu.cfs_quota_us")).toBe("50000");

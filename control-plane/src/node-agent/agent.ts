@@ -320,7 +320,8 @@ export class NodeAgent {
     }
     this.sandboxes.delete(sandboxId);
     await this.routes.delete(sandboxId, sandbox.exec, sandbox.generation);
-    await this.driver.kill(sandbox.instanceId);
+    // Unreachable (no route) and stopped (no process) is what a kill waits for; the host resources follow.
+    await this.driver.kill(sandbox.instanceId, { reclaimLater: true });
     this.log.info("sandbox killed", { sandboxId, exec: sandbox.exec });
   }
 

@@ -210,8 +210,14 @@ export interface RuntimeDriver {
   label(instanceId: string, labels: Readonly<Record<string, string>>): Promise<Instance>;
   /** Gives an instance started `background` (InstanceSpec) its normal CPU weight and quota; idempotent. */
   foreground?(instanceId: string): Promise<void>;
-  /** Stops every process and removes every trace (mounts, cgroups, netns, veth, firewall rules, files). */
-  kill(instanceId: string): Promise<void>;
+  /**
+   * Stops every process and removes every trace (mounts, cgroups, netns, veth, firewall rules, files). With
+   * `reclaimLater` (a user's kill, where only "stopped" is waited for), resolves once every process is gone and the
+   * instance is forgotten; its host resources are removed in the background (`settled()` waits for that).
+   */
+  kill(instanceId: string, options?: { readonly reclaimLater?: boolean }): Promise<void>;
+  /** Resolves once every background reclaim started by `kill` has ended. */
+  settled?(): Promise<void>;
   /** Freezes the instance's processes (instant tier; memory stays resident). */
   pause(instanceId: string): Promise<void>;
   /** Whether `checkpoint` is available (the namespace driver needs CRIU 4). */

@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { readdir, readFile, rename, writeFile } from "node:fs/promises";
+import { readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { type Instance, type SandboxResources, withCurrentResourceNames } from "./driver.js";
 import { ENVD_PORT } from "./sandbox-process.js";
@@ -25,6 +25,14 @@ export class InstanceRecordFiles<R extends { readonly instanceId: string }> {
     const path = join(this.dir(record.instanceId), "instance.json");
     await writeFile(`${path}.tmp`, JSON.stringify(record));
     await rename(`${path}.tmp`, path);
+  }
+
+  /**
+   * Removes the record alone: the directory is then debris of an instance that no longer exists (its reclaim is
+   * under way; after a restart, reconcile removes it like any directory without a record).
+   */
+  async forget(instanceId: string): Promise<void> {
+    await rm(join(this.dir(instanceId), "instance.json"), { force: true });
   }
 
   /** The record, or undefined when there is none (or it names another instance). */
