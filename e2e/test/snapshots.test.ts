@@ -311,14 +311,25 @@ describe("resume on another node (official e2b SDK, two namespace nodes)", () =>
       const oldState = agentStates.find((state) => state.endsWith(from.slice("node-".length)));
       const instances = readdirSync(join(oldState ?? "", "instances"));
       for (const instance of instances) {
-        const record = JSON.parse(readFileSync(join(oldState ?? "", "instances", instance, "instance.json"), "utf8"));
+        // A directory without its record is a killed instance whose reclaim is still under way.
+        const file = join(oldState ?? "", "instances", instance, "instance.json");
+        if (!existsSync(file)) continue;
+        const record = JSON.parse(readFileSync(file, "utf8"));
         expect(record.labels?.sandboxId).not.toBe(sbx.sandboxId);
       }
     } finally {
       expect(await admin("DELETE", `/warren/v1/admin/nodes/${from}/cordon`)).toBe(204);
     }
     await sbx.kill();
-    // The move's layers went with the sandbox; any left are what snapshots still on the nodes stack.
+    // The move's layers went with the sandbox (collected once its reclaim, right after the kill, is over); any left
+    // are what snapshots still on the nodes stack.
+    const layersSettled = async () => {
+      for (let i = 0; i < 100; i++) {
+        if (JSON.stringify(layerDirs().sort()) === JSON.stringify(snapshotLayerNames())) return;
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+    };
+    await layersSettled();
     expect(layerDirs().sort()).toEqual(snapshotLayerNames());
   });
 
