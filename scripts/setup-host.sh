@@ -21,6 +21,8 @@ packages=(sudo inotify-tools attr util-linux procps
   r-base-core r-cran-irkernel openjdk-17-jdk-headless
   # nginx, wrk: the proxy benchmark (npm run bench -w proxy) loads nginx as a reference reverse proxy with wrk.
   nginx wrk
+  # podman: the one-shot sandbox benchmark's peer (npm run bench:oneshot -w e2e), on the same rootfs.
+  podman
   # The node agent's namespace driver: crun starts sandboxes (user namespace with a uid range, seccomp, no forced
   # no-new-privileges), tini is their PID 1, debootstrap builds templates, iproute2/iptables make the per-sandbox
   # network namespaces and firewall rules.

@@ -170,15 +170,16 @@ describe("node agent sandbox lifecycle (namespace driver)", () => {
     const atKill = await tracesOf(config, sandbox, redis);
     expect(atKill.route).toBe(false);
     for (const cgroup of atKill.cgroups) {
-      // Read while the reclaim removes it: a cgroup already gone holds no process either.
+      // Read while the reclaim removes it: a cgroup already gone holds no process either. A process still listed
+      // has its SIGKILL and is on its way out: it never runs its own code again.
       const procs = (() => {
         try {
-          return readFileSync(`${cgroup}/cgroup.procs`, "utf8").trim();
+          return readFileSync(`${cgroup}/cgroup.procs`, "utf8").split("\n").filter(Boolean);
         } catch {
-          return "";
+          return [];
         }
       })();
-      expect(procs).toBe("");
+      for (const pid of procs) expect(killedOrGone(pid), `pid ${pid} of ${cgroup}`).toBe(true);
     }
     expect(running.agent.get("lifekill")).toBeUndefined();
     expect(await tracesAfterReclaim(config, sandbox, redis)).toEqual(NO_TRACES);
@@ -250,3 +251,21 @@ describe("node agent sandbox lifecycle (namespace driver)", () => {
     expect(await redis.sismember("warren:nodes", config.nodeId)).toBe(1);
   });
 });
+
+/** A process that is gone, a zombie, exiting (PF_EXITING), or has SIGKILL pending. */
+function killedOrGone(pid: string): boolean {
+  try {
+    const status = readFileSync(`/proc/${pid}/status`, "utf8");
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    const state = /^State:\s+(\w)/m.exec(status)?.[1];
+    const pending = ["SigPnd", "ShdPnd"].reduce(
+      (mask, field) => mask | BigInt(`0x${new RegExp(`^${field}:\\s+(\\w+)`, "m").exec(status)?.[1] ?? "0"}`),
+      0n,
+    );
+    // stat's fields after the command's closing parenthesis: state is the 3rd field, flags the 9th.
+    const flags = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[6]);
+    return state === "Z" || state === "X" || (pending & 0x100n) !== 0n || (flags & 0x4) !== 0;
+  } catch {
+    return true;
+  }
+}

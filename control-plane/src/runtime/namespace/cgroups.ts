@@ -36,8 +36,11 @@ export interface SandboxCgroup {
   thaw(): Promise<void>;
   /** The directory CRIU's `--freeze-cgroup` takes (v1: the freezer hierarchy's; v2: the sandbox's). */
   readonly freezerDir: string;
-  /** SIGKILLs every process (frozen first, so nothing forks meanwhile) and waits until none is left. */
-  killAll(): Promise<void>;
+  /**
+   * SIGKILLs every process (frozen first, so nothing forks meanwhile) and waits until none is left; with
+   * `wait: false` it returns once every process has the signal (none runs its code again), before they exit.
+   */
+  killAll(options?: { readonly wait?: boolean }): Promise<void>;
   /** Removes the cgroup directories; processes must be gone. Missing directories are fine. */
   remove(): Promise<void>;
   /** True when any of its directories exists. */
@@ -250,12 +253,13 @@ class CgroupV1 implements CgroupManager {
       freezerDir: dir("freezer"),
       freeze: () => setFreezer("FROZEN"),
       thaw: () => setFreezer("THAWED"),
-      killAll: async () => {
+      killAll: async ({ wait = true } = {}) => {
         if (!existsSync(dir("freezer"))) return;
         // v1 has no cgroup.kill: freeze so no process forks between reading the list and the kills.
         await setFreezer("FROZEN").catch(() => undefined);
         killPids(await readPids(join(dir("freezer"), "cgroup.procs")));
         await setFreezer("THAWED").catch(() => undefined);
+        if (!wait) return;
         await waitEmpty(() => readPids(join(dir("freezer"), "cgroup.procs")), true);
         await waitEmpty(pids, true);
       },
@@ -374,10 +378,10 @@ class CgroupV2 implements CgroupManager {
       freezerDir: dir,
       freeze: () => setFrozen(true),
       thaw: () => setFrozen(false),
-      killAll: async () => {
+      killAll: async ({ wait = true } = {}) => {
         if (!existsSync(dir)) return;
         await writeFile(join(dir, "cgroup.kill"), "1");
-        await waitEmpty(pids, false);
+        if (wait) await waitEmpty(pids, false);
       },
       remove: async () => {
         await removeDir(system);

@@ -329,9 +329,10 @@ export class NamespaceDriver implements RuntimeDriver {
   async kill(instanceId: string, options: { readonly reclaimLater?: boolean } = {}): Promise<void> {
     const record = this.require(instanceId);
     if (!options.reclaimLater) return this.teardown(record);
-    // What the caller waits for: no process left, the instance forgotten (also by a restart: no record). The
-    // mounts, cgroups, network namespace, firewall rules and files (~100 ms of umount, ip and iptables) follow.
-    await this.cgroups.open(instanceId).killAll();
+    // What the caller waits for: every process killed (it never runs again; the teardown waits for its exit), the
+    // instance forgotten (also by a restart: no record). The mounts, cgroups, network namespace, firewall rules and
+    // files (~100 ms of umount, ip and iptables) follow.
+    await this.cgroups.open(instanceId).killAll({ wait: false });
     this.instances.delete(instanceId);
     await this.records.forget(instanceId);
     const reclaim = this.teardown(record)
