@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // A one-shot sandbox and a command round trip, side by side with podman on the same rootfs (issue 20): prints
 // figures, asserts nothing. Run as root after `npm run build` (scripts/setup-host.sh installs podman):
-//   node e2e/bench/one-shot.mjs [--runs N]
+//   node e2e/bench/one-shot.mjs [--runs N] [--env NAME=VALUE ...]
 // One node agent with the default configuration (`warren up`'s), driven with the official e2b SDK through the proxy.
 // Interleaved, N runs each:
 //   - Warren: Sandbox.create() → commands.run('true') → kill();
@@ -19,6 +19,13 @@ import { Sandbox } from "e2b";
 const run = promisify(execFile);
 const runsArg = process.argv.indexOf("--runs");
 const RUNS = runsArg > 0 ? Number(process.argv[runsArg + 1]) : 30;
+// `--env NAME=VALUE`: a setting of the cluster's processes (A/B runs, e.g. --env WARREN_POOL_REFILL_DELAY_MS=0).
+const extraEnv = {};
+process.argv.forEach((arg, i) => {
+  if (arg !== "--env") return;
+  const [name, ...value] = (process.argv[i + 1] ?? "").split("=");
+  if (name) extraEnv[name] = value.join("=");
+});
 const TEMPLATES = "/var/lib/warren/templates";
 
 const pct = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)];
@@ -61,7 +68,7 @@ const cluster = new LocalCluster({
   nodeCidr: () => "10.235.0.0/22",
   onProgress: (text) => process.stderr.write(`  ${text}\n`),
   // A benchmark measures this machine, it does not change it: no uplink forwarding, sandbox DNS to nowhere.
-  env: { WARREN_UPLINK_FORWARDING: "0", WARREN_DNS_UPSTREAM: "127.0.0.1:9" },
+  env: { WARREN_UPLINK_FORWARDING: "0", WARREN_DNS_UPSTREAM: "127.0.0.1:9", ...extraEnv },
 });
 const podmanName = `warren-bench-${process.pid}`;
 try {

@@ -11,7 +11,10 @@ import { WarmPool, type WarmPoolOptions } from "./warm-pool.js";
 export interface TemplateBuildsDeps {
   readonly driver: RuntimeDriver;
   readonly templates: TemplateStore;
-  readonly config: Pick<NodeAgentConfig, "poolSize" | "poolMax" | "poolWindowMs" | "poolRefill" | "poolTemplates">;
+  readonly config: Pick<
+    NodeAgentConfig,
+    "poolSize" | "poolMax" | "poolWindowMs" | "poolRefill" | "poolRefillDelayMs" | "poolTemplates"
+  >;
   /** Refills run as background starts, on the slots no create waits for. */
   readonly startGate: StartGate;
   readonly isDraining: () => boolean;
@@ -72,6 +75,7 @@ export class TemplateBuilds {
         windowMs: config.poolWindowMs ?? 60_000,
       },
       refillConcurrency: config.poolRefill ?? 2,
+      refillDelayMs: config.poolRefillDelayMs ?? 0,
       schedule: (start) => startGate.runBackground(start),
     };
   }

@@ -57,6 +57,25 @@ describe("warm pool", () => {
     await pool.close();
   });
 
+  it("delays a claim's refill while a ready sandbox is left (one timer for a burst), not when the pool is empty", async () => {
+    const { pool, counts } = fakePool({ refillDelayMs: 100, startMs: 1 });
+    await pool.filled();
+    const before = counts.started;
+    expect(pool.take()).toBeDefined(); // one left: the refill waits
+    await new Promise((r) => setTimeout(r, 40));
+    expect(counts.started).toBe(before);
+    await new Promise((r) => setTimeout(r, 120));
+    expect(counts.started).toBeGreaterThan(before);
+    await pool.filled();
+
+    const filled = counts.started;
+    pool.take();
+    pool.take(); // the pool is empty now: the refill starts at once
+    await new Promise((r) => setTimeout(r, 20));
+    expect(counts.started).toBeGreaterThan(filled);
+    await pool.close();
+  });
+
   it("grows with claims up to the ceiling, refilling while claims go on, at most refillConcurrency at once", async () => {
     const { pool, clock, counts } = fakePool();
     await pool.filled();
