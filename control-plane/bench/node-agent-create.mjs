@@ -147,6 +147,8 @@ console.log(
 );
 
 for (const id of ids) if (agent.get(id)) await killTimed(id);
-console.log(`teardown (kill: route delete + processes, mounts, cgroups, netns, veth, rules, files): ${fmt(teardown)}`);
+console.log(
+  `kill (route delete, every process SIGKILLed; mounts, cgroups, netns, veth, rules and files are reclaimed after it answers): ${fmt(teardown)}`,
+);
 await running.stop({ killAll: true });
 process.exit(0);
