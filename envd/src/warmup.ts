@@ -2,12 +2,12 @@ import { request } from "node:http";
 import type { Logger } from "./log.js";
 
 /**
- * Sends envd, over its own listening socket, one Start of `bash -l -c true` as the default user (read to its end)
- * and then an empty `POST /init` (which changes nothing): the Connect handler, JSON codec, spawn path, launcher and
- * the login shell's files, and the /init path a create waits for, are then compiled and cached before a client's
- * first call (a warm-pool sandbox's /init took ~6 ms cold). Best effort: a failure is logged and changes nothing.
+ * Sends envd one Start of `bash -l -c true` as the default user over its own listening socket and
+ * reads the stream to its end: the Connect handler, JSON codec, spawn path, setpriv and the login
+ * shell's files are then compiled and cached before a client's first command. Best effort: a
+ * failure is logged and changes nothing.
  */
-export async function warmUp(port: number, accessToken: string | undefined, log: Logger): Promise<void> {
+export function warmUp(port: number, accessToken: string | undefined, log: Logger): Promise<void> {
   const message = Buffer.from(
     JSON.stringify({ process: { cmd: "/bin/bash", args: ["-l", "-c", "true"] }, stdin: false }),
   );
@@ -15,30 +15,32 @@ export async function warmUp(port: number, accessToken: string | undefined, log:
   envelope.writeUInt32BE(message.length, 1);
   message.copy(envelope, 5);
   const started = performance.now();
-  const token: Record<string, string> = accessToken ? { "X-Access-Token": accessToken } : {};
-  try {
-    const start = await send(port, "/process.Process/Start", envelope, {
-      "Content-Type": "application/connect+json",
-      "Connect-Protocol-Version": "1",
-      "Connect-Timeout-Ms": "10000",
-      ...token,
+  return new Promise((resolve) => {
+    const req = request(
+      {
+        host: "127.0.0.1",
+        port,
+        method: "POST",
+        path: "/process.Process/Start",
+        headers: {
+          "Content-Type": "application/connect+json",
+          "Connect-Protocol-Version": "1",
+          "Connect-Timeout-Ms": "10000",
+          ...(accessToken ? { "X-Access-Token": accessToken } : {}),
+        },
+      },
+      (res) => {
+        res.resume();
+        res.once("end", () => {
+          log.info("warm-up done", { ms: Math.round(performance.now() - started), status: res.statusCode });
+          resolve();
+        });
+      },
+    );
+    req.once("error", (error) => {
+      log.warn("warm-up failed", { error: error.message });
+      resolve();
     });
-    const init = await send(port, "/init", Buffer.from("{}"), { "Content-Type": "application/json", ...token });
-    log.info("warm-up done", { ms: Math.round(performance.now() - started), status: start, initStatus: init });
-  } catch (error) {
-    log.warn("warm-up failed", { error: (error as Error).message });
-  }
-}
-
-/** One request to envd itself, read to its end; resolves with the status. */
-function send(port: number, path: string, body: Buffer, headers: Record<string, string>): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const req = request({ host: "127.0.0.1", port, method: "POST", path, headers }, (res) => {
-      res.resume();
-      res.once("end", () => resolve(res.statusCode ?? 0));
-      res.once("error", reject);
-    });
-    req.once("error", reject);
-    req.end(body);
+    req.end(envelope);
   });
 }

@@ -44,13 +44,11 @@ export async function handleInit(req: IncomingMessage, res: ServerResponse, ctx:
   if (init.accessToken !== undefined) state.accessToken = init.accessToken === "" ? undefined : init.accessToken;
   if (init.defaultUser) state.defaultUser = init.defaultUser;
   if (init.defaultWorkdir !== undefined) state.defaultWorkdir = init.defaultWorkdir || undefined;
-  // An empty body changes nothing (envd's own warm-up sends one): nothing to log.
-  if (Object.keys(init).length > 0)
-    ctx.log.info("sandbox initialised", {
-      envVarCount: init.envVars ? Object.keys(init.envVars).length : undefined,
-      defaultUser: state.defaultUser,
-      secured: state.accessToken !== undefined,
-    });
+  ctx.log.info("sandbox initialised", {
+    envVarCount: init.envVars ? Object.keys(init.envVars).length : undefined,
+    defaultUser: state.defaultUser,
+    secured: state.accessToken !== undefined,
+  });
   res.writeHead(204, { [ENVD_VERSION_HEADER]: ENVD_VERSION, "Cache-Control": "no-store" });
   res.end();
 }
