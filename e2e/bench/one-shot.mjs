@@ -15,17 +15,12 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { LocalCluster } from "@warren/local";
 import { Sandbox } from "e2b";
+import { clusterEnvFromArgs } from "./cluster-args.mjs";
 
 const run = promisify(execFile);
 const runsArg = process.argv.indexOf("--runs");
 const RUNS = runsArg > 0 ? Number(process.argv[runsArg + 1]) : 30;
-// `--env NAME=VALUE`: a setting of the cluster's processes (A/B runs, e.g. --env WARREN_POOL_REFILL_DELAY_MS=0).
-const extraEnv = {};
-process.argv.forEach((arg, i) => {
-  if (arg !== "--env") return;
-  const [name, ...value] = (process.argv[i + 1] ?? "").split("=");
-  if (name) extraEnv[name] = value.join("=");
-});
+const extraEnv = clusterEnvFromArgs();
 const TEMPLATES = "/var/lib/warren/templates";
 
 const pct = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)];

@@ -16,14 +16,10 @@ import { LocalCluster } from "@warren/local";
 import { NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
+import { clusterEnvFromArgs } from "./cluster-args.mjs";
 
 const quick = process.argv.includes("--quick");
-const extraEnv = {};
-process.argv.forEach((arg, i) => {
-  if (arg !== "--env") return;
-  const [name, ...value] = (process.argv[i + 1] ?? "").split("=");
-  if (name) extraEnv[name] = value.join("=");
-});
+const extraEnv = clusterEnvFromArgs();
 const BACK_TO_BACK = quick ? 10 : 30;
 const CONCURRENT = quick ? 20 : 100;
 const dataDir = mkdtempSync(join(tmpdir(), "warren-bench-pools-"));
