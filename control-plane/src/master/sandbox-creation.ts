@@ -68,8 +68,11 @@ export class SandboxCreation {
     if (!team) throw new MasterError("not_found", `team '${input.teamId}' not found`);
     // A template (the team's own, then Warren's), else one of the team's snapshots, which starts only on the node
     // that holds it. A team template's build starts from its ready snapshot, on that node.
-    const custom = input.snapshot ? undefined : await this.customTemplate(team, input.templateId);
-    const named = input.snapshot || custom ? undefined : await findTemplate(db, input.templateId);
+    // Both lookups at once: a name is usually one of Warren's templates, which the custom lookup passes over.
+    const [custom, shipped] = input.snapshot
+      ? [undefined, undefined]
+      : await Promise.all([this.customTemplate(team, input.templateId), findTemplate(db, input.templateId)]);
+    const named = input.snapshot || custom ? undefined : shipped;
     const snapshot =
       input.snapshot ??
       custom?.snapshot ??

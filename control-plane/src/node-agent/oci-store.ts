@@ -8,6 +8,7 @@ import { createGunzip } from "node:zlib";
 import { exec } from "../runtime/exec.js";
 import { withFileLock } from "../runtime/file-lock.js";
 import { AgentError } from "./errors.js";
+import { mismatch, type PushedChunks, pushChunked, readChunked } from "./oci-layout-chunks.js";
 
 /**
  * The cluster's store as skopeo and umoci reach it: one-layer OCI images under tags, in an OCI layout directory or
@@ -108,6 +109,51 @@ export class OciStore {
     } finally {
       await rm(scratch, { recursive: true, force: true });
     }
+  }
+
+  /**
+   * Whether own parts go in as chunks (oci-layout-chunks.ts): a layout directory, which this node writes itself. A
+   * registry gets one-layer images through skopeo, whose cost per layer rules out hundreds of chunks.
+   */
+  get holdsChunks(): boolean {
+    return this.target.kind === "dir";
+  }
+
+  /** Writes `data` into the layout directory as chunks under `tag` (only those it lacks); see `holdsChunks`. */
+  async pushChunks(
+    tag: string,
+    data: AsyncIterable<Uint8Array>,
+    labels: (ref: BlobRef) => Readonly<Record<string, string>>,
+  ): Promise<PushedChunks> {
+    const dir = this.layoutDir();
+    return withFileLock(join(dir, ".lock"), () => pushChunked(dir, tag, data, labels)).catch((error) => {
+      throw this.failure(error);
+    });
+  }
+
+  /** Reads an image of the layout directory (chunked or of one layer) into a file in `dir`, blobs checked. */
+  async fetchChunks(tag: string, dir: string): Promise<FetchedImage> {
+    const layout = this.layoutDir();
+    await mkdir(dir, { recursive: true });
+    const file = join(dir, "stream");
+    const { config, ref } = await withFileLock(join(layout, ".lock"), () => readChunked(layout, tag, file)).catch(
+      (error) => {
+        throw this.failure(error);
+      },
+    );
+    return {
+      config,
+      file,
+      size: ref.size,
+      check: (digest) => {
+        if (ref.digest !== digest) throw mismatch(tag, digest);
+      },
+    };
+  }
+
+  private layoutDir(): string {
+    if (this.target.kind !== "dir") throw new AgentError("internal", "the store is not a layout directory");
+    return this.target.dir;
   }
 
   /**
@@ -333,12 +379,7 @@ export class OciStore {
       file,
       size,
       check: (digest) => {
-        if (actual !== digest) {
-          throw new AgentError(
-            "failed_precondition",
-            `'${tag}' in the store does not match the published ${digest} (replaced or corrupted)`,
-          );
-        }
+        if (actual !== digest) throw mismatch(tag, digest);
       },
     };
   }

@@ -1,9 +1,12 @@
 import { execFileSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
+import { MAX_CHUNK } from "./content-chunks.js";
 import { createLogger } from "./log.js";
+import { OciStore } from "./oci-store.js";
 import { type SnapshotParts, SnapshotStore } from "./snapshot-store.js";
 
 // The embedded store (an OCI layout directory): publish, list, pull with the digest checked, and unpublish with
@@ -138,6 +141,63 @@ describe("the OCI layout snapshot store", () => {
       /'layer.ltamper' in the store does not match the published/,
     );
     await store.unpublish("sshared");
+  });
+
+  it("keeps an own part as chunks, each once: publishing it again after a small change adds only what changed", async () => {
+    // A memory image's worth of bytes, then the same with a page inserted and 8 bytes changed further on.
+    const memory = randomBytes(4 << 20);
+    const changed = Buffer.concat([memory.subarray(0, 1 << 20), randomBytes(4096), memory.subarray(1 << 20)]);
+    changed.writeBigUInt64LE(7n, 3 << 20);
+    const parts = (data: Buffer): SnapshotParts => ({
+      own: async function* () {
+        for (let at = 0; at < data.length; at += 100_000) yield data.subarray(at, at + 100_000);
+      },
+      layers: [],
+      layer: () => bytes(""),
+    });
+    const first = await store.publish("schunk1", parts(memory), {});
+    expect(first).toMatchObject({ sizeBytes: memory.length, uploadedBytes: memory.length });
+    const blobsAfterFirst = blobs();
+    const second = await store.publish("schunk2", parts(changed), {});
+    expect(second.sizeBytes).toBe(changed.length);
+    // Two changes, each within at most two chunks.
+    expect(second.uploadedBytes).toBeGreaterThan(4096);
+    expect(second.uploadedBytes).toBeLessThan(4 * MAX_CHUNK);
+    expect(blobs() - blobsAfterFirst).toBeLessThanOrEqual(4 + 2);
+    const read = async (data: AsyncIterable<Uint8Array>) => {
+      const chunks: Buffer[] = [];
+      for await (const chunk of data) chunks.push(Buffer.from(chunk));
+      return Buffer.concat(chunks);
+    };
+    // Unpublishing the first keeps every chunk the second uses.
+    await store.unpublish("schunk1");
+    expect((await store.pull("schunk2", second.digest, nothing, read)).result.equals(changed)).toBe(true);
+    // A chunk changed in the store is refused by its name, whatever the rest.
+    const chunked = JSON.parse(readFileSync(join(storeDir, "index.json"), "utf8")) as {
+      manifests: { digest: string; annotations?: Record<string, string> }[];
+    };
+    const entry = chunked.manifests.find((m) => m.annotations?.["org.opencontainers.image.ref.name"] === "schunk2");
+    const blob = (digest: string) => join(storeDir, "blobs", "sha256", digest.slice("sha256:".length));
+    const manifest = JSON.parse(readFileSync(blob(entry?.digest ?? ""), "utf8")) as { layers: { digest: string }[] };
+    expect(manifest.layers.length).toBeGreaterThan(10);
+    const victim = blob(manifest.layers[5]?.digest ?? "");
+    const original = readFileSync(victim);
+    const tampered = Buffer.from(original);
+    tampered[100] = (tampered[100] ?? 0) ^ 1;
+    writeFileSync(victim, tampered);
+    await expect(store.pull("schunk2", second.digest, nothing, read)).rejects.toThrow(/does not match the published/);
+    expect(readdirSync(join(root, "work"))).toEqual([]);
+    writeFileSync(victim, original);
+    await store.unpublish("schunk2");
+  });
+
+  it("pulls an own part published as one layer (a store written before chunks)", async () => {
+    const oci = new OciStore({ url: `oci:${storeDir}`, insecure: false }, join(root, "work"));
+    const legacy = await oci.push("slegacy", bytes("one layer of everything"), () => ({
+      "dev.warren.snapshot": "slegacy",
+    }));
+    expect((await store.pull("slegacy", legacy.digest, nothing, collect)).result).toBe("one layer of everything");
+    await store.unpublish("slegacy");
   });
 
   it("collects the layers no published snapshot stacks, after their grace", async () => {

@@ -1,6 +1,12 @@
 import type { Queryable } from "./db.js";
 import { DEFAULT_TAG, resolveTag } from "./template-tags.js";
-import { type BuildRecord, getTemplate, type TemplateRecord, templateByAlias } from "./templates.js";
+import {
+  type BuildRecord,
+  getTemplate,
+  ownOrShippedByAlias,
+  type TemplateRecord,
+  templateByAlias,
+} from "./templates.js";
 
 /** A template name as E2B parses it (`ParseName`): `alias`, `alias:tag`, `namespace/alias:tag`. */
 export interface TemplateName {
@@ -99,10 +105,8 @@ export async function findTemplateByRef(
     const own = await templateByAlias(db, team.id, name.alias);
     return own ? { template: own, owned: true, tag } : undefined;
   }
-  const own = await templateByAlias(db, team.id, name.alias);
-  if (own) return { template: own, owned: true, tag };
-  const shipped = await templateByAlias(db, null, name.alias);
-  if (shipped) return { template: shipped, owned: false, tag };
+  const found = await ownOrShippedByAlias(db, team.id, name.alias);
+  if (found) return { template: found, owned: found.teamId !== null, tag };
   const byId = await getTemplate(db, name.alias);
   if (byId && (byId.teamId === team.id || byId.public)) return { template: byId, owned: byId.teamId === team.id, tag };
   return undefined;

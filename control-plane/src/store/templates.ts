@@ -153,6 +153,20 @@ export async function templateByAlias(
   return result.rows[0] ? toTemplate(result.rows[0]) : undefined;
 }
 
+/** The team's live template of that alias, else Warren's shipped one: one round trip for a create's lookup. */
+export async function ownOrShippedByAlias(
+  db: Queryable,
+  teamId: string,
+  alias: string,
+): Promise<TemplateRecord | undefined> {
+  const result = await db.query(
+    `SELECT * FROM templates WHERE alias = $1 AND deleted_at IS NULL AND (team_id = $2 OR team_id IS NULL)
+     ORDER BY team_id IS NULL LIMIT 1`,
+    [alias, teamId],
+  );
+  return result.rows[0] ? toTemplate(result.rows[0]) : undefined;
+}
+
 /** Every live template of a team's namespace, oldest first (E2B `GET /templates`). */
 export async function listTeamTemplates(db: Queryable, teamId: string): Promise<TemplateRecord[]> {
   const result = await db.query(
