@@ -6,7 +6,6 @@
  */
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { pathToFileURL } from "node:url";
 import { WARREN_HOME } from "./config.js";
 import { type LaunchMessage, type LaunchSpec, pidFileOf } from "./launch-spec.js";
 
