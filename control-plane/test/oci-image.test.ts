@@ -1,4 +1,4 @@
-import { type ChildProcess, execFile, spawn } from "node:child_process";
+import { execFile } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import {
   chmodSync,
@@ -17,7 +17,6 @@ import {
   symlinkSync,
   writeFileSync,
 } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -27,6 +26,7 @@ import { silentLogger } from "../src/node-agent/log.js";
 import { NamespaceDriver } from "../src/runtime/namespace/driver.js";
 import { ImageError } from "../src/templates/oci/errors.js";
 import { type PulledImage, type PullImageOptions, pullImageRootfs } from "../src/templates/oci/pull.js";
+import { type LoopbackRegistry, startLoopbackRegistry } from "./loopback-registry.js";
 import { sdkSandbox } from "./node-agent-harness.js";
 
 const run = promisify(execFile);
@@ -42,47 +42,13 @@ const tmp = mkdtempSync(join(tmpdir(), "warren-oci-image-"));
 const images = join(SANDBOX.stateDir, "images");
 const toolEnv = { ...process.env, HOME: join(tmp, "home") };
 
-interface Registry {
-  readonly host: string;
-  readonly process: ChildProcess;
-}
+type Registry = LoopbackRegistry;
 
 let open: Registry;
 let secured: Registry;
 let mirror: Registry;
 let busybox: { ref: string; digest: string };
 let driver: NamespaceDriver;
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
-
-/** Debian's docker-registry (the CNCF distribution registry) on a loopback port, optionally behind htpasswd. */
-async function startRegistry(name: string, htpasswd?: string): Promise<Registry> {
-  const port = await freePort();
-  const dir = join(tmp, `registry-${name}`);
-  mkdirSync(dir, { recursive: true });
-  const auth = htpasswd ? `auth:\n  htpasswd:\n    realm: warren-test\n    path: ${htpasswd}\n` : "";
-  writeFileSync(
-    join(dir, "config.yml"),
-    `version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: ${dir}/storage\nhttp:\n  addr: 127.0.0.1:${port}\n  secret: test\n${auth}`,
-  );
-  const child = spawn("docker-registry", ["serve", join(dir, "config.yml")], { stdio: "ignore" });
-  const host = `127.0.0.1:${port}`;
-  for (let i = 0; ; i++) {
-    const status = await fetch(`http://${host}/v2/`).then(
-      (r) => r.status,
-      () => 0,
-    );
-    if (status === 200 || status === 401) return { host, process: child };
-    if (i > 100) throw new Error(`registry ${name} did not start on ${host}`);
-    await new Promise((resolve) => setTimeout(resolve, 50));
-  }
-}
 
 interface ImageSettings {
   readonly env?: readonly string[];
@@ -271,9 +237,9 @@ beforeAll(async () => {
   });
   writeFileSync(htpasswd, stdout);
   [open, secured, mirror] = await Promise.all([
-    startRegistry("open"),
-    startRegistry("secured", htpasswd),
-    startRegistry("mirror"),
+    startLoopbackRegistry(join(tmp, "registry-open")),
+    startLoopbackRegistry(join(tmp, "registry-secured"), htpasswd),
+    startLoopbackRegistry(join(tmp, "registry-mirror")),
   ]);
   const layout = join(tmp, "layout");
   await buildLayout(layout, "busybox", busyboxLayers(), {

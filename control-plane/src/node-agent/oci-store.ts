@@ -7,8 +7,18 @@ import { pipeline } from "node:stream/promises";
 import { createGunzip } from "node:zlib";
 import { exec } from "../runtime/exec.js";
 import { withFileLock } from "../runtime/file-lock.js";
+import { LayoutChunkStore, RegistryChunkStore } from "./chunk-stores.js";
+import {
+  CHUNK_MEDIA_TYPE,
+  type ChunkStore,
+  chunkedManifest,
+  mismatch,
+  type PushedChunks,
+  pushChunked,
+  readChunked,
+} from "./chunked-images.js";
 import { AgentError } from "./errors.js";
-import { mismatch, type PushedChunks, pushChunked, readChunked } from "./oci-layout-chunks.js";
+import { RegistryClient } from "./registry-client.js";
 
 /**
  * The cluster's store as skopeo and umoci reach it: one-layer OCI images under tags, in an OCI layout directory or
@@ -48,12 +58,25 @@ const SKOPEO_TIMEOUT_MS = 30 * 60_000;
 
 export class OciStore {
   private readonly target: { kind: "dir"; dir: string } | { kind: "registry"; host: string; repo: string };
+  /** Where own parts' chunks go (one client per store: a registry's token is reused). */
+  private readonly chunks: ChunkStore;
 
   constructor(
     private readonly config: OciStoreConfig,
     private readonly workDir: string,
   ) {
     this.target = parseStoreUrl(config.url);
+    this.chunks =
+      this.target.kind === "dir"
+        ? new LayoutChunkStore(this.target.dir)
+        : new RegistryChunkStore(
+            new RegistryClient({
+              host: this.target.host,
+              repo: this.target.repo,
+              insecure: config.insecure,
+              ...(config.username ? { username: config.username, password: config.password ?? "" } : {}),
+            }),
+          );
   }
 
   /** A readable description of the store (never its credentials). */
@@ -112,48 +135,48 @@ export class OciStore {
   }
 
   /**
-   * Whether own parts go in as chunks (oci-layout-chunks.ts): a layout directory, which this node writes itself. A
-   * registry gets one-layer images through skopeo, whose cost per layer rules out hundreds of chunks.
+   * Sends `data` to the store as chunks under `tag`, only those it lacks (chunked-images.ts): blobs written by this
+   * node into a layout directory (under its lock), or requests to a registry.
    */
-  get holdsChunks(): boolean {
-    return this.target.kind === "dir";
-  }
-
-  /** Writes `data` into the layout directory as chunks under `tag` (only those it lacks); see `holdsChunks`. */
   async pushChunks(
     tag: string,
     data: AsyncIterable<Uint8Array>,
     labels: (ref: BlobRef) => Readonly<Record<string, string>>,
   ): Promise<PushedChunks> {
-    const dir = this.layoutDir();
-    return withFileLock(join(dir, ".lock"), () => pushChunked(dir, tag, data, labels)).catch((error) => {
-      throw this.failure(error);
-    });
+    return this.withChunks(() => pushChunked(this.chunks, tag, data, labels));
   }
 
-  /** Reads an image of the layout directory (chunked or of one layer) into a file in `dir`, blobs checked. */
+  /**
+   * Reads an own part into a file in `dir`, every blob checked: chunks, or (a part published before chunks) one
+   * layer, which in a registry is compressed and comes through skopeo.
+   */
   async fetchChunks(tag: string, dir: string): Promise<FetchedImage> {
-    const layout = this.layoutDir();
     await mkdir(dir, { recursive: true });
     const file = join(dir, "stream");
-    const { config, ref } = await withFileLock(join(layout, ".lock"), () => readChunked(layout, tag, file)).catch(
-      (error) => {
-        throw this.failure(error);
-      },
-    );
+    const read = await this.withChunks(async () => {
+      const manifest = await chunkedManifest(this.chunks, tag);
+      if (this.target.kind === "registry" && manifest.layers.some((layer) => layer.mediaType !== CHUNK_MEDIA_TYPE)) {
+        return undefined;
+      }
+      return readChunked(this.chunks, tag, file, manifest);
+    });
+    if (!read) return this.fetch(tag, dir);
     return {
-      config,
+      config: read.config,
       file,
-      size: ref.size,
+      size: read.ref.size,
       check: (digest) => {
-        if (ref.digest !== digest) throw mismatch(tag, digest);
+        if (read.ref.digest !== digest) throw mismatch(tag, digest);
       },
     };
   }
 
-  private layoutDir(): string {
-    if (this.target.kind !== "dir") throw new AgentError("internal", "the store is not a layout directory");
-    return this.target.dir;
+  /** A chunk job, under the layout's lock for a directory (writers of its index.json take turns). */
+  private withChunks<T>(job: () => Promise<T>): Promise<T> {
+    const locked = this.target.kind === "dir" ? withFileLock(join(this.target.dir, ".lock"), job) : job();
+    return locked.catch((error) => {
+      throw this.failure(error);
+    });
   }
 
   /**

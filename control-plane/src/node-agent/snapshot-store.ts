@@ -15,10 +15,9 @@ import { type BlobRef, OciStore, type OciStoreConfig } from "./oci-store.js";
  *
  * A snapshot is stored as parts, each an OCI image checked by digest:
  *  - its **own part**, tagged with the snapshot id: the driver's export stream without the shared layers (the
- *    snapshot's description, its memory), Warren's description in the config's labels. In a layout directory its
- *    layers are the stream's content-defined chunks, each blob kept once for every snapshot (oci-layout-chunks.ts):
- *    a sandbox paused again adds the chunks around what changed, not its whole memory; in a registry it is one
- *    layer that skopeo moves;
+ *    snapshot's description, its memory), Warren's description in the config's labels; its layers are the stream's
+ *    content-defined chunks, each blob kept once for every snapshot (chunked-images.ts): a sandbox paused again
+ *    adds the chunks around what changed, not its whole memory;
  *  - its **shared layers** (a driver's immutable snapshot layers, named once for all), each tagged
  *    `layer.<name>` and pushed only when the store does not have it: a sandbox's pause publishes its own files,
  *    not the template's under them, and a rebuilt template only its changed steps.
@@ -107,19 +106,11 @@ export class SnapshotStore {
       list = JSON.stringify({ own: ownRef, layers } satisfies PartsList);
       return { ...labels, "dev.warren.snapshot": snapshotId, ...(layers.length > 0 ? { [PARTS_LABEL]: list } : {}) };
     };
-    // A layout directory takes the own part as chunks, of which it keeps each once: a sandbox paused again adds
-    // only what changed in its memory and files since (oci-layout-chunks.ts).
-    let chunks: number | undefined;
-    let own: BlobRef;
-    if (this.oci.holdsChunks) {
-      const pushed = await this.oci.pushChunks(snapshotId, parts.own(), ownLabels);
-      own = pushed.ref;
-      chunks = pushed.chunks;
-      uploadedBytes += pushed.uploadedBytes;
-    } else {
-      own = await this.oci.push(snapshotId, parts.own(), ownLabels);
-      uploadedBytes += own.size;
-    }
+    // The own part goes in as chunks, of which the store keeps each once: a sandbox paused again adds only what
+    // changed in its memory and files since (chunked-images.ts).
+    const pushed = await this.oci.pushChunks(snapshotId, parts.own(), ownLabels);
+    const own = pushed.ref;
+    uploadedBytes += pushed.uploadedBytes;
     // A layer found in the store may have been collected since (no snapshot listed it while this publish ran):
     // pushed again, the same bytes (layer tars are reproducible), so the snapshot never lists a missing part.
     const after = new Set(await this.oci.listTags());
@@ -136,7 +127,7 @@ export class SnapshotStore {
       snapshotId,
       store: this.oci.description,
       layers: layers.length,
-      ...(chunks !== undefined ? { chunks } : {}),
+      chunks: pushed.chunks,
       sizeMiB: Math.round(sizeBytes / 2 ** 20),
       uploadedBytes,
       ms: Math.round(performance.now() - started),
@@ -232,9 +223,7 @@ export class SnapshotStore {
     }
     return this.oci.inScratch(`pull-${snapshotId}`, async (scratch) => {
       const started = performance.now();
-      const own = this.oci.holdsChunks
-        ? await this.oci.fetchChunks(snapshotId, join(scratch, "own"))
-        : await this.oci.fetch(snapshotId, join(scratch, "own"));
+      const own = await this.oci.fetchChunks(snapshotId, join(scratch, "own"));
       const partsLabel = own.config.config?.Labels?.[PARTS_LABEL];
       const listed =
         partsLabel !== undefined && `sha256:${createHash("sha256").update(partsLabel).digest("hex")}` === digest;

@@ -120,7 +120,11 @@ describe("freezing a sandbox for a CRIU dump", () => {
         await cgroup.thaw();
       }
       expect(stuckLogs.length).toBe(1);
-      expect(stuckLogs[0]).toMatch(/Unseizable non-zombie \d+ found, state D/);
+      // CRIU names the shell stuck in its vfork wait, or (a child caught mid-exec, then stopped by CRIU's seize)
+      // times out on a process of the cgroup it could not take into the tree: either way, no dump.
+      expect(stuckLogs[0]).toMatch(
+        /Unseizable non-zombie \d+ found, state D|Unexpected process \d+ in the freezer cgroup[\s\S]*Dumping FAILED/,
+      );
 
       await freezeSeizable(cgroup);
       const dumped = await dump(join(dir, "seizable"));
