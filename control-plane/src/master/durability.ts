@@ -7,6 +7,7 @@ import { lockSandbox, type SandboxRow } from "../store/sandboxes.js";
 import {
   getLiveSnapshot,
   insertSnapshot,
+  latestDurableSnapshotId,
   markSnapshotDeleted,
   type SnapshotRow,
   setSnapshotDigest,
@@ -129,11 +130,14 @@ export class Durability {
         envVars: row.envVars,
         metadata: row.metadata,
       });
-      return { snapshot, pausedAt: row.pausedAt };
+      return { snapshot, pausedAt: row.pausedAt, previous: await latestDurableSnapshotId(tx, sandboxId) };
     });
     if (!captured) return;
-    const { snapshot, pausedAt } = captured;
-    const digest = await this.publish(snapshot, { kind: "durable", sandbox: sandboxId }).catch(async (error) => {
+    const { snapshot, pausedAt, previous } = captured;
+    // The sandbox's last durable copy (kept in the store a while after it resumed) is the base this one is packed
+    // against: a sandbox paused again moves what changed since.
+    const labels = { kind: "durable", sandbox: sandboxId, ...(previous ? { base: previous } : {}) };
+    const digest = await this.publish(snapshot, labels).catch(async (error) => {
       await markSnapshotDeleted(db, snapshot.id);
       throw error;
     });

@@ -4,22 +4,22 @@ import { createHash } from "node:crypto";
  * Content-defined chunking (a gear rolling hash, as in FastCDC): a cut falls where the hash of the last bytes
  * matches a mask, so the same content makes the same chunks wherever it sits in the stream. Two snapshots of one
  * sandbox (its memory dumped twice, a few pages changed) share every chunk but those around the changes, even when
- * a region grew and moved everything after it; fixed-size blocks would all shift. The store keeps each chunk once
- * (snapshot-store.ts), so a second publish moves only what changed.
+ * a region grew and moved everything after it; fixed-size blocks would all shift. A publish against the previous
+ * one moves only the chunks it lacks (snapshot-packs.ts).
  *
  * Written here rather than taken from npm: the maintained packages are WebAssembly builds with their own
  * parameters and streaming APIs; this is the 30-line loop the store needs, and its cut points are part of the
  * store's format (changing the table or the sizes changes every chunk, never the correctness).
  */
-export const MIN_CHUNK = 4 * 1024;
+export const MIN_CHUNK = 1024;
 /**
- * Cuts are tried once a chunk is MIN_CHUNK long; a 14-bit mask makes chunks ~20 KiB on average. Small, because a
+ * Cuts are tried once a chunk is MIN_CHUNK long; a 12-bit mask makes chunks ~5 KiB on average. Small, because a
  * sandbox's memory changes in scattered pages: between two pauses of an idle sandbox 1.0 MiB of its 17 MiB of
- * pages differed, which chunks of ~80 KiB spread over 9.3 MiB and chunks of ~20 KiB over 4.6 MiB (measured on
- * its two dumps); smaller still would mean a file per few KiB in the store.
+ * pages differed, which chunks of ~80 KiB spread over 9.3 MiB, of ~20 KiB over 4.6 MiB and of ~5 KiB over
+ * 2.1 MiB (measured on its two dumps). The store keeps them in packs (snapshot-packs.ts), not a blob each.
  */
-const MASK = 0x3fff;
-export const MAX_CHUNK = 64 * 1024;
+const MASK = 0xfff;
+export const MAX_CHUNK = 16 * 1024;
 
 /** 256 fixed pseudo-random 32-bit values (sha256 of each byte value): the same on every node, for ever. */
 const GEAR = (() => {

@@ -7,18 +7,18 @@ import { pipeline } from "node:stream/promises";
 import { createGunzip } from "node:zlib";
 import { exec } from "../runtime/exec.js";
 import { withFileLock } from "../runtime/file-lock.js";
-import { LayoutChunkStore, RegistryChunkStore } from "./chunk-stores.js";
-import {
-  CHUNK_MEDIA_TYPE,
-  type ChunkStore,
-  chunkedManifest,
-  mismatch,
-  type PushedChunks,
-  pushChunked,
-  readChunked,
-} from "./chunked-images.js";
 import { AgentError } from "./errors.js";
+import { LayoutPackStore, RegistryPackStore } from "./pack-stores.js";
 import { RegistryClient } from "./registry-client.js";
+import {
+  mismatch,
+  PACK_MEDIA_TYPE,
+  type PackStore,
+  type PushedPacks,
+  packedManifest,
+  pushPacked,
+  readPacked,
+} from "./snapshot-packs.js";
 
 /**
  * The cluster's store as skopeo and umoci reach it: one-layer OCI images under tags, in an OCI layout directory or
@@ -58,24 +58,25 @@ const SKOPEO_TIMEOUT_MS = 30 * 60_000;
 
 export class OciStore {
   private readonly target: { kind: "dir"; dir: string } | { kind: "registry"; host: string; repo: string };
-  /** Where own parts' chunks go (one client per store: a registry's token is reused). */
-  private readonly chunks: ChunkStore;
+  /** Where own parts' packs go (one client per store: a registry's token is reused). */
+  private readonly packs: PackStore;
 
   constructor(
     private readonly config: OciStoreConfig,
     private readonly workDir: string,
   ) {
     this.target = parseStoreUrl(config.url);
-    this.chunks =
+    this.packs =
       this.target.kind === "dir"
-        ? new LayoutChunkStore(this.target.dir)
-        : new RegistryChunkStore(
+        ? new LayoutPackStore(this.target.dir)
+        : new RegistryPackStore(
             new RegistryClient({
               host: this.target.host,
               repo: this.target.repo,
               insecure: config.insecure,
               ...(config.username ? { username: config.username, password: config.password ?? "" } : {}),
             }),
+            join(workDir, "packs"),
           );
   }
 
@@ -135,30 +136,33 @@ export class OciStore {
   }
 
   /**
-   * Sends `data` to the store as chunks under `tag`, only those it lacks (chunked-images.ts): blobs written by this
-   * node into a layout directory (under its lock), or requests to a registry.
+   * Sends an own part to the store packed against `base` (the same sandbox's previous publish), moving only what
+   * it lacks (snapshot-packs.ts): written by this node into a layout directory (under its lock), or requests to a
+   * registry.
    */
-  async pushChunks(
+  async pushPacks(
     tag: string,
-    data: AsyncIterable<Uint8Array>,
+    data: () => AsyncIterable<Uint8Array>,
     labels: (ref: BlobRef) => Readonly<Record<string, string>>,
-  ): Promise<PushedChunks> {
-    return this.withChunks(() => pushChunked(this.chunks, tag, data, labels));
+    base?: string,
+  ): Promise<PushedPacks> {
+    return this.withPacks(() => pushPacked(this.packs, tag, data, labels, base));
   }
 
   /**
-   * Reads an own part into a file in `dir`, every blob checked: chunks, or (a part published before chunks) one
+   * Reads an own part into a file in `dir`, every blob checked: packs, or (a part published before packs) one
    * layer, which in a registry is compressed and comes through skopeo.
    */
-  async fetchChunks(tag: string, dir: string): Promise<FetchedImage> {
+  async fetchPacked(tag: string, dir: string): Promise<FetchedImage> {
     await mkdir(dir, { recursive: true });
     const file = join(dir, "stream");
-    const read = await this.withChunks(async () => {
-      const manifest = await chunkedManifest(this.chunks, tag);
-      if (this.target.kind === "registry" && manifest.layers.some((layer) => layer.mediaType !== CHUNK_MEDIA_TYPE)) {
+    const read = await this.withPacks(async () => {
+      const manifest = await packedManifest(this.packs, tag);
+      if (!manifest) throw new AgentError("not_found", `'${tag}' is not in the store`);
+      if (this.target.kind === "registry" && manifest.layers.some((layer) => layer.mediaType !== PACK_MEDIA_TYPE)) {
         return undefined;
       }
-      return readChunked(this.chunks, tag, file, manifest);
+      return readPacked(this.packs, tag, manifest, dir, file);
     });
     if (!read) return this.fetch(tag, dir);
     return {
@@ -171,8 +175,8 @@ export class OciStore {
     };
   }
 
-  /** A chunk job, under the layout's lock for a directory (writers of its index.json take turns). */
-  private withChunks<T>(job: () => Promise<T>): Promise<T> {
+  /** A pack job, under the layout's lock for a directory (writers of its index.json take turns). */
+  private withPacks<T>(job: () => Promise<T>): Promise<T> {
     const locked = this.target.kind === "dir" ? withFileLock(join(this.target.dir, ".lock"), job) : job();
     return locked.catch((error) => {
       throw this.failure(error);

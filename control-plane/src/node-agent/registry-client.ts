@@ -1,4 +1,5 @@
-import { request as httpRequest, type IncomingHttpHeaders } from "node:http";
+import { createReadStream } from "node:fs";
+import { request as httpRequest, type IncomingHttpHeaders, type IncomingMessage } from "node:http";
 import { request as httpsRequest } from "node:https";
 import { AgentError } from "./errors.js";
 
@@ -19,6 +20,9 @@ export interface RegistryClientOptions {
   readonly username?: string;
   readonly password?: string;
 }
+
+/** A request body: bytes, or a file of the node's streamed from disk (a pack). */
+type Body = Buffer | { readonly file: string; readonly size: number };
 
 interface Answer {
   readonly status: number;
@@ -50,15 +54,16 @@ export class RegistryClient {
   }
 
   /** Uploads a blob in one request after opening the upload (every registry takes POST then PUT). */
-  async putBlob(digest: string, data: Buffer): Promise<void> {
+  async putBlob(digest: string, data: Body): Promise<void> {
     const opened = await this.call("POST", "blobs/uploads/", { "content-length": "0" });
     const location = opened.headers.location;
     if (opened.status !== 202 || !location) throw this.failed("POST", "blobs/uploads/", opened);
     const url = new URL(location, this.origin());
     url.searchParams.set("digest", digest);
+    const size = Buffer.isBuffer(data) ? data.length : data.size;
     const put = await this.callUrl("PUT", url, data, {
       "content-type": "application/octet-stream",
-      "content-length": String(data.length),
+      "content-length": String(size),
     });
     if (put.status !== 201) throw this.failed("PUT", "blobs/uploads/…", put);
   }
@@ -76,22 +81,34 @@ export class RegistryClient {
     return answer.body;
   }
 
-  async getBlob(digest: string): Promise<Buffer> {
-    const answer = await this.call("GET", `blobs/${digest}`);
-    if (answer.status !== 200) throw this.failed("GET", `blobs/${digest}`, answer);
-    return answer.body;
+  /** A blob as a stream (packs can be large), following a redirect to the registry's storage. */
+  async getBlob(digest: string): Promise<AsyncIterable<Buffer>> {
+    // A HEAD first settles the credentials (a 401 there costs nothing to repeat), so the GET streams at once.
+    if (!(await this.hasBlob(digest))) throw new AgentError("not_found", `blob ${digest} is not in the store`);
+    let url = new URL(`/v2/${this.options.repo}/blobs/${digest}`, this.origin());
+    let headers: Record<string, string> = this.authorization ? { authorization: this.authorization } : {};
+    for (let hop = 0; hop < 3; hop++) {
+      const res = await this.open("GET", url, undefined, headers);
+      const status = res.statusCode ?? 0;
+      if (status === 200) return res;
+      const chunks: Buffer[] = [];
+      for await (const chunk of res) chunks.push(chunk as Buffer);
+      const answer = { status, headers: res.headers, body: Buffer.concat(chunks) };
+      if (![301, 302, 303, 307, 308].includes(status) || !res.headers.location) {
+        throw this.failed("GET", `blobs/${digest}`, answer);
+      }
+      url = new URL(res.headers.location, url);
+      // A signed storage URL carries its own authorization.
+      headers = {};
+    }
+    throw new AgentError("internal", `the store's registry redirected GET blobs/${digest} too many times`);
   }
 
   private origin(): string {
     return `${this.scheme ?? "https"}://${this.options.host}`;
   }
 
-  private async call(
-    method: string,
-    path: string,
-    headers: Record<string, string> = {},
-    body?: Buffer,
-  ): Promise<Answer> {
+  private async call(method: string, path: string, headers: Record<string, string> = {}, body?: Body): Promise<Answer> {
     if (!this.scheme) await this.pickScheme();
     return this.callUrl(method, new URL(`/v2/${this.options.repo}/${path}`, this.origin()), body, headers);
   }
@@ -100,12 +117,7 @@ export class RegistryClient {
    * Sends with the current credentials; on a 401, gets what the challenge asks for and sends once more. Calls run
    * concurrently: one that was sent before another got the credentials retries with them.
    */
-  private async callUrl(
-    method: string,
-    url: URL,
-    body?: Buffer,
-    headers: Record<string, string> = {},
-  ): Promise<Answer> {
+  private async callUrl(method: string, url: URL, body?: Body, headers: Record<string, string> = {}): Promise<Answer> {
     const send = (authorization: string | undefined) =>
       this.send(method, url, body, { ...headers, ...(authorization ? { authorization } : {}) });
     const sentWith = this.authorization;
@@ -151,7 +163,15 @@ export class RegistryClient {
     }
   }
 
-  private send(method: string, url: URL, body?: Buffer, headers: Record<string, string> = {}): Promise<Answer> {
+  private async send(method: string, url: URL, body?: Body, headers: Record<string, string> = {}): Promise<Answer> {
+    const res = await this.open(method, url, body, headers);
+    const chunks: Buffer[] = [];
+    for await (const chunk of res) chunks.push(chunk as Buffer);
+    return { status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) };
+  }
+
+  /** One request; resolves with the response, its body not read yet. */
+  private open(method: string, url: URL, body?: Body, headers: Record<string, string> = {}): Promise<IncomingMessage> {
     const request = url.protocol === "https:" ? httpsRequest : httpRequest;
     return new Promise((resolve, reject) => {
       const req = request(
@@ -162,18 +182,16 @@ export class RegistryClient {
           timeout: TIMEOUT_MS,
           ...(url.protocol === "https:" && this.options.insecure ? { rejectUnauthorized: false } : {}),
         },
-        (res) => {
-          const chunks: Buffer[] = [];
-          res.on("data", (chunk: Buffer) => chunks.push(chunk));
-          res.on("end", () =>
-            resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }),
-          );
-          res.on("error", reject);
-        },
+        resolve,
       );
       req.on("timeout", () => req.destroy(new Error(`no answer within ${TIMEOUT_MS} ms`)));
       req.on("error", reject);
-      req.end(body);
+      if (body === undefined || Buffer.isBuffer(body)) req.end(body);
+      else {
+        const file = createReadStream(body.file);
+        file.on("error", (error) => req.destroy(error));
+        file.pipe(req);
+      }
     });
   }
 

@@ -15,9 +15,9 @@ import { type BlobRef, OciStore, type OciStoreConfig } from "./oci-store.js";
  *
  * A snapshot is stored as parts, each an OCI image checked by digest:
  *  - its **own part**, tagged with the snapshot id: the driver's export stream without the shared layers (the
- *    snapshot's description, its memory), Warren's description in the config's labels; its layers are the stream's
- *    content-defined chunks, each blob kept once for every snapshot (chunked-images.ts): a sandbox paused again
- *    adds the chunks around what changed, not its whole memory;
+ *    snapshot's description, its memory), Warren's description in the config's labels; its layers are an index
+ *    and packs of content-defined units (snapshot-packs.ts), packed against the same sandbox's previous publish:
+ *    a sandbox paused again adds the units that changed, not its whole memory;
  *  - its **shared layers** (a driver's immutable snapshot layers, named once for all), each tagged
  *    `layer.<name>` and pushed only when the store does not have it: a sandbox's pause publishes its own files,
  *    not the template's under them, and a rebuilt template only its changed steps.
@@ -106,9 +106,9 @@ export class SnapshotStore {
       list = JSON.stringify({ own: ownRef, layers } satisfies PartsList);
       return { ...labels, "dev.warren.snapshot": snapshotId, ...(layers.length > 0 ? { [PARTS_LABEL]: list } : {}) };
     };
-    // The own part goes in as chunks, of which the store keeps each once: a sandbox paused again adds only what
-    // changed in its memory and files since (chunked-images.ts).
-    const pushed = await this.oci.pushChunks(snapshotId, parts.own(), ownLabels);
+    // The own part goes in as packs against the same sandbox's previous publish (`labels.base`, when the master
+    // names one): a sandbox paused again moves what changed in its memory and files since (snapshot-packs.ts).
+    const pushed = await this.oci.pushPacks(snapshotId, parts.own, ownLabels, labels.base);
     const own = pushed.ref;
     uploadedBytes += pushed.uploadedBytes;
     // A layer found in the store may have been collected since (no snapshot listed it while this publish ran):
@@ -127,7 +127,8 @@ export class SnapshotStore {
       snapshotId,
       store: this.oci.description,
       layers: layers.length,
-      chunks: pushed.chunks,
+      units: pushed.units,
+      ...(pushed.base ? { base: pushed.base } : {}),
       sizeMiB: Math.round(sizeBytes / 2 ** 20),
       uploadedBytes,
       ms: Math.round(performance.now() - started),
@@ -223,7 +224,7 @@ export class SnapshotStore {
     }
     return this.oci.inScratch(`pull-${snapshotId}`, async (scratch) => {
       const started = performance.now();
-      const own = await this.oci.fetchChunks(snapshotId, join(scratch, "own"));
+      const own = await this.oci.fetchPacked(snapshotId, join(scratch, "own"));
       const partsLabel = own.config.config?.Labels?.[PARTS_LABEL];
       const listed =
         partsLabel !== undefined && `sha256:${createHash("sha256").update(partsLabel).digest("hex")}` === digest;

@@ -115,6 +115,19 @@ export async function unpublishedSnapshots(db: Queryable, limit: number): Promis
   return result.rows.map(toSnapshotRow);
 }
 
+/**
+ * The newest durable copy of a sandbox that is in the store and not deleted (its last pause's, kept a while after
+ * the sandbox resumed): what its next durable copy is packed against.
+ */
+export async function latestDurableSnapshotId(db: Queryable, sandboxId: string): Promise<string | undefined> {
+  const result = await db.query<{ id: string }>(
+    `SELECT id FROM snapshots WHERE source_sandbox_id = $1 AND kind = 'durable' AND digest IS NOT NULL
+       AND deleted_at IS NULL ORDER BY created_at DESC LIMIT 1`,
+    [sandboxId],
+  );
+  return result.rows[0]?.id;
+}
+
 /** A live snapshot of any kind by id (a template build's ready snapshot or layer, too). */
 export async function getLiveSnapshot(db: Queryable, id: string): Promise<SnapshotRow | undefined> {
   const result = await db.query("SELECT * FROM snapshots WHERE id = $1 AND deleted_at IS NULL", [id]);

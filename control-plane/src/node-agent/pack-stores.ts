@@ -2,9 +2,9 @@ import { createHash, randomBytes } from "node:crypto";
 import { createReadStream, existsSync } from "node:fs";
 import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { type ChunkStore, MANIFEST_MEDIA_TYPE, mismatch } from "./chunked-images.js";
 import { AgentError } from "./errors.js";
 import type { RegistryClient } from "./registry-client.js";
+import { MANIFEST_MEDIA_TYPE, mismatch, type PackStore } from "./snapshot-packs.js";
 
 const REF_NAME = "org.opencontainers.image.ref.name";
 
@@ -14,15 +14,18 @@ interface LayoutIndex {
 }
 
 /**
- * An OCI layout directory as chunked-images.ts writes it: blobs written under a hidden name and renamed (never a
- * half-written blob), the tag added to index.json last. The caller holds the layout's lock (OciStore), so a
- * collection (`umoci gc`) never runs between a chunk found present and the manifest naming it.
+ * An OCI layout directory as snapshot-packs.ts writes it: blobs written under a hidden name at its root and
+ * renamed (never a half-written blob), the tag added to index.json last. The caller holds the layout's lock
+ * (OciStore), so a collection (`umoci gc`) never runs between a pack found present and the manifest naming it.
  */
-export class LayoutChunkStore implements ChunkStore {
-  readonly parallel = 1;
+export class LayoutPackStore implements PackStore {
   private prepared = false;
 
   constructor(private readonly layout: string) {}
+
+  get scratchDir(): string {
+    return this.layout;
+  }
 
   async hasBlob(digest: string): Promise<boolean> {
     return existsSync(this.blobPath(digest));
@@ -31,6 +34,11 @@ export class LayoutChunkStore implements ChunkStore {
   async putBlob(digest: string, data: Buffer): Promise<void> {
     await this.prepare();
     await this.writeAtomically(this.blobPath(digest), data);
+  }
+
+  async putBlobFile(digest: string, file: string, _size: number): Promise<void> {
+    await this.prepare();
+    await rename(file, this.blobPath(digest));
   }
 
   async putManifest(tag: string, manifest: Buffer): Promise<void> {
@@ -59,7 +67,8 @@ export class LayoutChunkStore implements ChunkStore {
     yield* createReadStream(this.blobPath(digest), { highWaterMark: 1 << 20 });
   }
 
-  private async prepare(): Promise<void> {
+  /** The layout exists (its root holds the packs being written). */
+  async prepare(): Promise<void> {
     if (this.prepared) return;
     await mkdir(join(this.layout, "blobs", "sha256"), { recursive: true });
     if (!existsSync(join(this.layout, "oci-layout"))) {
@@ -99,11 +108,12 @@ export class LayoutChunkStore implements ChunkStore {
   }
 }
 
-/** A registry repository through the distribution API (registry-client.ts); its chunks move 8 at a time. */
-export class RegistryChunkStore implements ChunkStore {
-  readonly parallel = 8;
-
-  constructor(private readonly client: RegistryClient) {}
+/** A registry repository through the distribution API (registry-client.ts); packs are written in `scratchDir`. */
+export class RegistryPackStore implements PackStore {
+  constructor(
+    private readonly client: RegistryClient,
+    readonly scratchDir: string,
+  ) {}
 
   hasBlob(digest: string): Promise<boolean> {
     return this.client.hasBlob(digest);
@@ -111,6 +121,10 @@ export class RegistryChunkStore implements ChunkStore {
 
   putBlob(digest: string, data: Buffer): Promise<void> {
     return this.client.putBlob(digest, data);
+  }
+
+  putBlobFile(digest: string, file: string, size: number): Promise<void> {
+    return this.client.putBlob(digest, { file, size });
   }
 
   putManifest(tag: string, manifest: Buffer): Promise<void> {
@@ -122,6 +136,10 @@ export class RegistryChunkStore implements ChunkStore {
   }
 
   async *readBlob(digest: string): AsyncIterable<Buffer> {
-    yield await this.client.getBlob(digest);
+    yield* await this.client.getBlob(digest);
+  }
+
+  async prepare(): Promise<void> {
+    await mkdir(this.scratchDir, { recursive: true });
   }
 }
