@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type ClusterEnv, LocalCluster } from "@warren/local";
@@ -59,6 +59,17 @@ describe("a pause nudges the durability pass", () => {
         await sandbox.connect();
         expect(await sandbox.files.read("/home/user/kept.txt")).toBe("kept");
       }
+      // The second durable copy was packed against the first: it moved what changed, not the whole memory image.
+      const published = readFileSync(join(dataDir, "logs", "node-agent-dna.log"), "utf8")
+        .split("\n")
+        .filter((line) => line.includes('"snapshot published"'))
+        .map((line) => JSON.parse(line) as { snapshotId: string; base?: string; uploadedBytes: number });
+      expect(published).toHaveLength(2);
+      const [first, second] = published as [(typeof published)[0], (typeof published)[0]];
+      expect(first.base).toBeUndefined();
+      expect(second.base).toBe(first.snapshotId);
+      // With memory (CRIU here) the first moved megabytes, the second a fraction; files only, both are small.
+      if (first.uploadedBytes > 2 ** 20) expect(second.uploadedBytes).toBeLessThan(first.uploadedBytes / 2);
     } finally {
       await sandbox.kill();
     }
