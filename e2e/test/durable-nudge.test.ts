@@ -2,7 +2,7 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type ClusterEnv, LocalCluster } from "@warren/local";
-import { Sandbox } from "e2b";
+import { Sandbox, Template } from "e2b";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 // A pause is captured into the cluster's store right away: the master that paused it nudges the leader's durability
@@ -48,6 +48,14 @@ async function durableWithin(sandboxId: string, timeoutMs: number): Promise<void
   }
 }
 
+/** The node agent's "snapshot published" log lines, oldest first. */
+function publishedLines(): { snapshotId: string; base?: string; uploadedBytes: number; sizeMiB: number }[] {
+  return readFileSync(join(dataDir, "logs", "node-agent-dna.log"), "utf8")
+    .split("\n")
+    .filter((line) => line.includes('"snapshot published"'))
+    .map((line) => JSON.parse(line));
+}
+
 describe("a pause nudges the durability pass", () => {
   it("each pause is durable long before the pass's next turn, and resumes with its files", async () => {
     const sandbox = await Sandbox.create({ timeoutMs: 300_000 });
@@ -60,16 +68,33 @@ describe("a pause nudges the durability pass", () => {
         expect(await sandbox.files.read("/home/user/kept.txt")).toBe("kept");
       }
       // The second durable copy was packed against the first: it moved what changed, not the whole memory image.
-      const published = readFileSync(join(dataDir, "logs", "node-agent-dna.log"), "utf8")
-        .split("\n")
-        .filter((line) => line.includes('"snapshot published"'))
-        .map((line) => JSON.parse(line) as { snapshotId: string; base?: string; uploadedBytes: number });
+      const published = publishedLines();
       expect(published).toHaveLength(2);
       const [first, second] = published as [(typeof published)[0], (typeof published)[0]];
       expect(first.base).toBeUndefined();
       expect(second.base).toBe(first.snapshotId);
       // With memory (CRIU here) the first moved megabytes, the second a fraction; files only, both are small.
       if (first.uploadedBytes > 2 ** 20) expect(second.uploadedBytes).toBeLessThan(first.uploadedBytes / 2);
+    } finally {
+      await sandbox.kill();
+    }
+  }, 300_000);
+
+  it("a sandbox's first durable copy is packed against its template's ready snapshot", async () => {
+    await Template.build(
+      Template().fromTemplate("base").runCmd("head -c 3000000 /dev/urandom > /home/user/template.bin"),
+      "nudge-packed",
+    );
+    const sandbox = await Sandbox.create("nudge-packed", { timeoutMs: 300_000 });
+    try {
+      expect(await sandbox.pause()).toBe(true);
+      await durableWithin(sandbox.sandboxId, 90_000);
+      const published = publishedLines();
+      const copy = published.at(-1);
+      // The ready snapshot was published by the build, before the sandbox's copy.
+      const template = published.slice(0, -1).find((line) => line.snapshotId === copy?.base);
+      expect(template).toBeDefined();
+      expect(copy?.uploadedBytes).toBeLessThan((template?.sizeMiB ?? 0) * 2 ** 20);
     } finally {
       await sandbox.kill();
     }

@@ -7,8 +7,8 @@ import { lockSandbox, type SandboxRow } from "../store/sandboxes.js";
 import {
   getLiveSnapshot,
   insertSnapshot,
-  latestDurableSnapshotId,
   markSnapshotDeleted,
+  packBaseFor,
   type SnapshotRow,
   setSnapshotDigest,
   unpublishedSnapshots,
@@ -130,12 +130,12 @@ export class Durability {
         envVars: row.envVars,
         metadata: row.metadata,
       });
-      return { snapshot, pausedAt: row.pausedAt, previous: await latestDurableSnapshotId(tx, sandboxId) };
+      return { snapshot, pausedAt: row.pausedAt, previous: await packBaseFor(tx, sandboxId) };
     });
     if (!captured) return;
     const { snapshot, pausedAt, previous } = captured;
-    // The sandbox's last durable copy (kept in the store a while after it resumed) is the base this one is packed
-    // against: a sandbox paused again moves what changed since.
+    // The sandbox's last durable copy (kept in the store a while after it resumed), else its template's ready
+    // snapshot, is the base this one is packed against: it moves what changed since.
     const labels = { kind: "durable", sandbox: sandboxId, ...(previous ? { base: previous } : {}) };
     const digest = await this.publish(snapshot, labels).catch(async (error) => {
       await markSnapshotDeleted(db, snapshot.id);

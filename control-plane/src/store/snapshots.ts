@@ -116,13 +116,20 @@ export async function unpublishedSnapshots(db: Queryable, limit: number): Promis
 }
 
 /**
- * The newest durable copy of a sandbox that is in the store and not deleted (its last pause's, kept a while after
- * the sandbox resumed): what its next durable copy is packed against.
+ * What a sandbox's next durable copy is packed against (snapshot-packs.ts): its newest durable copy in the store
+ * (its last pause's, kept a while after it resumed), else the published ready snapshot of the template build it
+ * started from (its memory began as that snapshot's).
  */
-export async function latestDurableSnapshotId(db: Queryable, sandboxId: string): Promise<string | undefined> {
+export async function packBaseFor(db: Queryable, sandboxId: string): Promise<string | undefined> {
   const result = await db.query<{ id: string }>(
-    `SELECT id FROM snapshots WHERE source_sandbox_id = $1 AND kind = 'durable' AND digest IS NOT NULL
-       AND deleted_at IS NULL ORDER BY created_at DESC LIMIT 1`,
+    `SELECT id FROM (
+       SELECT id, 0 AS rank, created_at FROM snapshots
+        WHERE source_sandbox_id = $1 AND kind = 'durable' AND digest IS NOT NULL AND deleted_at IS NULL
+       UNION ALL
+       SELECT s.id, 1, s.created_at FROM sandboxes x
+         JOIN template_builds b ON b.id = x.build_id JOIN snapshots s ON s.id = b.snapshot_id
+        WHERE x.id = $1 AND s.digest IS NOT NULL AND s.deleted_at IS NULL
+     ) candidates ORDER BY rank, created_at DESC LIMIT 1`,
     [sandboxId],
   );
   return result.rows[0]?.id;
