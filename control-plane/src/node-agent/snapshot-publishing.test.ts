@@ -1,10 +1,11 @@
 import { execFileSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterAll, describe, expect, it } from "vitest";
-import { LayerStore } from "../runtime/namespace/layer-store.js";
+import { LayerStore, type MemoryImage } from "../runtime/namespace/layer-store.js";
 import { silentLogger } from "./log.js";
 import { SnapshotPublishing } from "./snapshot-publishing.js";
 
@@ -82,5 +83,42 @@ describe("publishing snapshots with shared layers", () => {
     }
     // A node that has it answers at once.
     expect((await b.publishing.pull("pause2", two.digest)).downloadedBytes).toBe(0);
+  });
+
+  it("packs memory against its base, and reads the part again from the node when the base has too little of it", async () => {
+    const c = await node("node-c");
+    const upper = join(root, "upper-c");
+    mkdirSync(upper, { recursive: true });
+    const source = { templateId: "base", templateHash: "h", resources, upperDir: upper, layers: [] };
+    // A stand-in for CRIU's images: the store sees files in the snapshot's memory folder, whatever wrote them.
+    const withPages = (pages: Buffer) => async (imagesDir: string) => {
+      mkdirSync(imagesDir, { recursive: true });
+      writeFileSync(join(imagesDir, "pages-1.img"), pages);
+      return { bootId: "boot" } as unknown as MemoryImage;
+    };
+    const pages = randomBytes(3 * MiB);
+    await c.layers.capture("mem1", source, withPages(pages));
+    const one = await c.publishing.publish("mem1", { kind: "durable" });
+    expect(one.uploadedBytes).toBeGreaterThan(3 * MiB);
+    // A few pages changed: packed against the first, it moves them (and its index), not the 3 MiB.
+    const changed = Buffer.from(pages);
+    changed.fill(7, MiB, MiB + 8192);
+    await c.layers.capture("mem2", source, withPages(changed));
+    const two = await c.publishing.publish("mem2", { kind: "durable", base: "mem1" });
+    expect(two.uploadedBytes).toBeLessThan(256 * 1024);
+    // Memory that has moved on (a little of it still in the base's 3 MiB pack, which it would keep alive): the
+    // base is dropped, and the part is read from the node a second time, whole.
+    const other = Buffer.concat([pages.subarray(0, 256 * 1024), randomBytes(3 * MiB - 256 * 1024)]);
+    await c.layers.capture("mem3", source, withPages(other));
+    const three = await c.publishing.publish("mem3", { kind: "durable", base: "mem2" });
+    expect(three.uploadedBytes).toBeGreaterThan(3 * MiB);
+    const d = await node("node-d");
+    for (const [id, digest, expected] of [
+      ["mem2", two.digest, changed],
+      ["mem3", three.digest, other],
+    ] as const) {
+      await d.publishing.pull(id, digest);
+      expect(readFileSync(join(root, "node-d", "snapshots", id, "memory", "pages-1.img")).equals(expected)).toBe(true);
+    }
   });
 });

@@ -31,11 +31,25 @@ export class SnapshotPublishing {
   async publish(snapshotId: string, labels: Readonly<Record<string, string>>): Promise<PublishedSnapshot> {
     const shared = this.snapshots.layers;
     const layers = (await shared?.layersOf(snapshotId)) ?? [];
-    const own = await this.snapshots.export(snapshotId, new Set(layers));
+    const omit = new Set(layers);
+    // Checked here (an unknown snapshot fails before the store is touched); the store may read the part twice (a
+    // pack base it drops), so each read is a new export.
+    const first = await this.snapshots.export(snapshotId, omit);
+    let unread: AsyncIterable<Uint8Array> | undefined = first;
+    const snapshots = this.snapshots;
     return this.store.publish(
       snapshotId,
       {
-        own: () => own,
+        own: () => {
+          const stream = unread;
+          unread = undefined;
+          return (
+            stream ??
+            (async function* () {
+              yield* await snapshots.export(snapshotId, omit);
+            })()
+          );
+        },
         layers,
         layer: (name) => {
           if (!shared) throw new Error("this driver has no shared layers");
