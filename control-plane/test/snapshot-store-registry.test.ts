@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { MAX_CHUNK } from "../src/node-agent/content-chunks.js";
 import { createLogger } from "../src/node-agent/log.js";
 import { OciStore } from "../src/node-agent/oci-store.js";
+import { PackCache } from "../src/node-agent/pack-cache.js";
 import { type SnapshotParts, SnapshotStore } from "../src/node-agent/snapshot-store.js";
 import { type LoopbackRegistry, startLoopbackRegistry } from "./loopback-registry.js";
 
@@ -67,10 +68,21 @@ describe("the registry snapshot store", () => {
     expect(second.uploadedBytes).toBeGreaterThan(4096);
     expect(second.uploadedBytes).toBeLessThan(4 * MAX_CHUNK + 1000 * 100);
     expect((await store.listPublished()).sort()).toEqual(["rchunk1", "rchunk2"]);
-    // Another node (another store client, no token yet) pulls them, each checked against its digest.
-    const other = new SnapshotStore(config(auth.password), join(root, "work-other"), log);
-    expect((await other.pull("rchunk1", first.digest, () => false, read)).result.equals(memory)).toBe(true);
-    expect((await other.pull("rchunk2", second.digest, () => false, read)).result.equals(changed)).toBe(true);
+    // Another node (another store client, no token yet) pulls them, each checked against its digest; the packs it
+    // fetched for the first stay in its cache, so the second brings its own new pack (and index) alone.
+    const cache = new PackCache(join(root, "pack-cache"), 64 * 2 ** 20);
+    const other = new SnapshotStore(config(auth.password), join(root, "work-other"), log, cache);
+    const pulledFirst = await other.pull("rchunk1", first.digest, () => false, read);
+    expect(pulledFirst.result.equals(memory)).toBe(true);
+    expect(pulledFirst.downloadedBytes).toBeGreaterThanOrEqual(memory.length);
+    const pulledSecond = await other.pull("rchunk2", second.digest, () => false, read);
+    expect(pulledSecond.result.equals(changed)).toBe(true);
+    expect(pulledSecond.downloadedBytes).toBeLessThan(4 * MAX_CHUNK + 1000 * 100);
+    // A damaged cached pack is noticed (its digest), dropped and fetched again.
+    const [cachedPack] = readdirSync(join(root, "pack-cache"));
+    writeFileSync(join(root, "pack-cache", cachedPack ?? ""), "damaged");
+    const again = await other.pull("rchunk2", second.digest, () => false, read);
+    expect(again.result.equals(changed)).toBe(true);
     await expect(other.pull("rchunk2", first.digest, () => false, read)).rejects.toThrow(
       /does not match the published/,
     );

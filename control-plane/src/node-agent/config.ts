@@ -57,6 +57,7 @@ import type { SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_STORE | oci:/var/lib/warren/store | where built templates are published for every node (snapshot-store.ts): `oci:<dir>` (a directory: one host, or a filesystem the nodes share) or `docker://<host[:port]>/<path>` (an OCI registry) |
  * | WARREN_STORE_INSECURE | 0 | 1: the registry speaks plain HTTP or has a certificate this node does not trust |
  * | WARREN_STORE_USERNAME, WARREN_STORE_PASSWORD | unset | the registry's credentials (passed to skopeo in a 0600 file, never logged) |
+ * | WARREN_PACK_CACHE_MB | 2048 | a registry store's snapshot packs kept on the node (least recently used go first), so a pull fetches only the packs it lacks; 0: off |
  * | WARREN_IMAGE_MIRROR | unset | `host[:port]` pulled from instead of Docker Hub for its image names (templates `fromImage`) |
  * | WARREN_INSECURE_REGISTRIES | unset | comma-separated `host:port` of registries spoken to over plain HTTP |
  * | WARREN_IMAGE_MAX_BYTES | 8589934592 | the largest image a template may start from (compressed layers, and unpacked) |
@@ -116,6 +117,8 @@ export interface NodeAgentConfig {
   readonly relayToken: string | undefined;
   /** WARREN_STORE and its credentials: where built templates are published. */
   readonly store: SnapshotStoreConfig;
+  /** WARREN_PACK_CACHE_MB: a registry store's packs kept on the node (pack-cache.ts); 0 off. */
+  readonly packCacheMB?: number;
   /** Templates from OCI images: WARREN_IMAGE_MIRROR, WARREN_INSECURE_REGISTRIES, WARREN_IMAGE_MAX_BYTES. */
   readonly images: {
     readonly dockerHubMirror?: string;
@@ -244,6 +247,7 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     microvmRamFile: env.WARREN_MICROVM_RAM_FILE !== "0",
     relayToken: relayToken(env.WARREN_RELAY_TOKEN),
     store: storeConfig(env),
+    packCacheMB: integer(env, "WARREN_PACK_CACHE_MB", 2048, 0, 2 ** 24),
     images: {
       ...(env.WARREN_IMAGE_MIRROR ? { dockerHubMirror: env.WARREN_IMAGE_MIRROR } : {}),
       insecureRegistries: list(env, "WARREN_INSECURE_REGISTRIES", ""),

@@ -8,6 +8,7 @@ import { createGunzip } from "node:zlib";
 import { exec } from "../runtime/exec.js";
 import { withFileLock } from "../runtime/file-lock.js";
 import { AgentError } from "./errors.js";
+import type { PackCache } from "./pack-cache.js";
 import { LayoutPackStore, RegistryPackStore } from "./pack-stores.js";
 import { RegistryClient } from "./registry-client.js";
 import {
@@ -43,6 +44,8 @@ export interface FetchedImage {
   readonly config: ImageConfig;
   readonly file: string;
   readonly size: number;
+  /** What was read from the store for it (less than `size` when packs came from the node's cache). */
+  readonly fetchedBytes: number;
   /** Throws unless the layer's uncompressed content is `digest`. */
   readonly check: (digest: string) => void;
 }
@@ -64,6 +67,8 @@ export class OciStore {
   constructor(
     private readonly config: OciStoreConfig,
     private readonly workDir: string,
+    /** A registry store's packs this node has (pack-cache.ts); a layout directory is read in place. */
+    private readonly packCache?: PackCache,
   ) {
     this.target = parseStoreUrl(config.url);
     this.packs =
@@ -146,7 +151,7 @@ export class OciStore {
     labels: (ref: BlobRef) => Readonly<Record<string, string>>,
     base?: string,
   ): Promise<PushedPacks> {
-    return this.withPacks(() => pushPacked(this.packs, tag, data, labels, base));
+    return this.withPacks(() => pushPacked(this.packs, tag, data, labels, base, this.registryCache()));
   }
 
   /**
@@ -162,17 +167,22 @@ export class OciStore {
       if (this.target.kind === "registry" && manifest.layers.some((layer) => layer.mediaType !== PACK_MEDIA_TYPE)) {
         return undefined;
       }
-      return readPacked(this.packs, tag, manifest, dir, file);
+      return readPacked(this.packs, tag, manifest, dir, file, this.registryCache());
     });
     if (!read) return this.fetch(tag, dir);
     return {
       config: read.config,
       file,
       size: read.ref.size,
+      fetchedBytes: read.fetchedBytes,
       check: (digest) => {
         if (read.ref.digest !== digest) throw mismatch(tag, digest);
       },
     };
+  }
+
+  private registryCache(): PackCache | undefined {
+    return this.target.kind === "registry" ? this.packCache : undefined;
   }
 
   /** A pack job, under the layout's lock for a directory (writers of its index.json take turns). */
@@ -405,6 +415,7 @@ export class OciStore {
       config,
       file,
       size,
+      fetchedBytes: size,
       check: (digest) => {
         if (actual !== digest) throw mismatch(tag, digest);
       },

@@ -7,6 +7,7 @@ import { gunzipSync, gzipSync } from "node:zlib";
 import { contentChunks } from "./content-chunks.js";
 import { AgentError } from "./errors.js";
 import type { BlobRef, ImageConfig } from "./oci-store.js";
+import type { PackCache } from "./pack-cache.js";
 
 /**
  * A snapshot's own part (its memory, above all) as **packs**: the stream is cut into content-defined units
@@ -78,6 +79,7 @@ export async function pushPacked(
   data: () => AsyncIterable<Uint8Array>,
   labels: (ref: BlobRef) => Readonly<Record<string, string>>,
   base?: string,
+  cache?: PackCache,
 ): Promise<PushedPacks> {
   await store.prepare();
   const baseIndex = base ? await readIndexOf(store, base).catch(() => undefined) : undefined;
@@ -85,10 +87,12 @@ export async function pushPacked(
   try {
     if (baseIndex && packed.stale) {
       await rm(packed.file, { force: true });
-      return await pushPacked(store, tag, data, labels);
+      return await pushPacked(store, tag, data, labels, undefined, cache);
     }
     let uploadedBytes = 0;
     if (packed.size > 0 && !(await store.hasBlob(packed.digest))) {
+      // Kept first: a layout's putBlobFile moves the file away.
+      await cache?.keep(packed.digest, packed.file);
       await store.putBlobFile(packed.digest, packed.file, packed.size);
       uploadedBytes += packed.size;
     }
@@ -239,10 +243,12 @@ export async function readPacked(
   manifest: PackedManifest,
   scratch: string,
   file: string,
-): Promise<{ config: ImageConfig; ref: BlobRef }> {
+  cache?: PackCache,
+): Promise<{ config: ImageConfig; ref: BlobRef; fetchedBytes: number }> {
   const config = JSON.parse((await readWhole(store, manifest.config.digest, tag)).toString()) as ImageConfig;
   const whole = createHash("sha256");
   let size = 0;
+  let fetchedBytes = 0;
   const out = createWriteStream(file);
   const write = async (piece: Buffer) => {
     whole.update(piece);
@@ -254,11 +260,14 @@ export async function readPacked(
       const indexLayer = manifest.layers[0];
       if (!indexLayer) throw mismatch(tag);
       const index = JSON.parse(gunzipSync(await readWhole(store, indexLayer.digest, tag)).toString()) as PackIndex;
+      fetchedBytes += indexLayer.size;
       const files: string[] = [];
       for (const [i, digest] of index.packs.entries()) {
         const packFile = join(scratch, `pack-${i}`);
-        await copyChecked(store, digest, tag, packFile);
         files.push(packFile);
+        if (await cache?.take(digest, packFile)) continue;
+        fetchedBytes += await copyChecked(store, digest, tag, packFile);
+        await cache?.keep(digest, packFile);
       }
       const handles = await Promise.all(files.map((path) => open(path, "r")));
       try {
@@ -278,6 +287,7 @@ export async function readPacked(
         const hash = createHash("sha256");
         for await (const piece of store.readBlob(layer.digest)) {
           hash.update(piece);
+          fetchedBytes += piece.length;
           await write(piece);
         }
         if (`sha256:${hash.digest("hex")}` !== layer.digest) throw mismatch(tag);
@@ -287,7 +297,7 @@ export async function readPacked(
     out.end();
     await once(out, "close");
   }
-  return { config, ref: { digest: `sha256:${whole.digest("hex")}`, size } };
+  return { config, ref: { digest: `sha256:${whole.digest("hex")}`, size }, fetchedBytes };
 }
 
 export function mismatch(tag: string, digest?: string): AgentError {
@@ -309,13 +319,15 @@ async function readWhole(store: PackStore, digest: string, tag: string): Promise
   return data;
 }
 
-/** A blob into a file, checked against its digest as it streams. */
-async function copyChecked(store: PackStore, digest: string, tag: string, file: string): Promise<void> {
+/** A blob into a file, checked against its digest as it streams; resolves with its size. */
+async function copyChecked(store: PackStore, digest: string, tag: string, file: string): Promise<number> {
   const hash = createHash("sha256");
   const out = createWriteStream(file);
+  let size = 0;
   try {
     for await (const piece of store.readBlob(digest)) {
       hash.update(piece);
+      size += piece.length;
       if (!out.write(piece)) await once(out, "drain");
     }
   } finally {
@@ -323,4 +335,5 @@ async function copyChecked(store: PackStore, digest: string, tag: string, file: 
     await once(out, "close");
   }
   if (`sha256:${hash.digest("hex")}` !== digest) throw mismatch(tag);
+  return size;
 }

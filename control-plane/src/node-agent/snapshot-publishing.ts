@@ -3,6 +3,7 @@ import type { SnapshotImage } from "../runtime/driver.js";
 import type { NodeAgentConfig } from "./config.js";
 import type { Logger } from "./log.js";
 import type { NodeSnapshots } from "./node-snapshots.js";
+import { PackCache } from "./pack-cache.js";
 import { type PublishedSnapshot, SnapshotStore } from "./snapshot-store.js";
 
 /**
@@ -15,7 +16,7 @@ export class SnapshotPublishing {
   private readonly store: SnapshotStore;
 
   constructor(
-    config: Pick<NodeAgentConfig, "store" | "stateDir">,
+    config: Pick<NodeAgentConfig, "store" | "stateDir" | "packCacheMB">,
     private readonly snapshots: Pick<NodeSnapshots, "export" | "import" | "list" | "layers">,
     log: Logger,
   ) {
@@ -24,6 +25,7 @@ export class SnapshotPublishing {
       config.store ?? { url: "oci:/var/lib/warren/store", insecure: false },
       join(config.stateDir, "store-work"),
       log,
+      new PackCache(join(config.stateDir, "pack-cache"), (config.packCacheMB ?? 2048) * 2 ** 20),
     );
   }
 

@@ -112,11 +112,15 @@ describe("the OCI layout snapshot store", () => {
     // Shared layers are not snapshots.
     expect((await store.listPublished()).sort()).toEqual(["sbase", "spause", "stwo"]);
     // A node without any layer gets the own part first, then every layer, as one stream.
+    // (Its own part's index is read too: a few hundred bytes here.)
     const fresh = await store.pull("spause", second.digest, nothing, collect);
-    expect(fresh).toEqual({ result: "pause ownsandbox filestemplate files", downloadedBytes: 9 + 13 + 14 });
+    expect(fresh.result).toBe("pause ownsandbox filestemplate files");
+    expect(fresh.downloadedBytes).toBeGreaterThanOrEqual(9 + 13 + 14);
+    expect(fresh.downloadedBytes).toBeLessThan(9 + 13 + 14 + index);
     // A node holding the template's layer gets the rest only.
     const warm = await store.pull("spause", second.digest, (layer) => layer === "lbase", collect);
-    expect(warm).toEqual({ result: "pause ownsandbox files", downloadedBytes: 9 + 13 });
+    expect(warm.result).toBe("pause ownsandbox files");
+    expect(warm.downloadedBytes).toBe(fresh.downloadedBytes - 14);
     // Another digest (another snapshot's parts list) is refused.
     await expect(store.pull("spause", first.digest, nothing, collect)).rejects.toThrow(/does not match/);
   });

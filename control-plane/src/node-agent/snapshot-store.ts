@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { AgentError } from "./errors.js";
 import type { Logger } from "./log.js";
 import { type BlobRef, OciStore, type OciStoreConfig } from "./oci-store.js";
+import type { PackCache } from "./pack-cache.js";
 
 /**
  * Where snapshots (built templates, durable pauses, team snapshots) live beyond the node that made them, so every
@@ -66,8 +67,9 @@ export class SnapshotStore {
     config: SnapshotStoreConfig,
     workDir: string,
     private readonly log: Logger,
+    packCache?: PackCache,
   ) {
-    this.oci = new OciStore(config, workDir);
+    this.oci = new OciStore(config, workDir, packCache);
   }
 
   /** A readable description of the store (never its credentials). */
@@ -233,14 +235,14 @@ export class SnapshotStore {
         : { own: { digest, size: 0 }, layers: [] };
       own.check(parts.own.digest);
       const files = [own.file];
-      let downloadedBytes = own.size;
+      let downloadedBytes = own.fetchedBytes;
       for (const layer of parts.layers) {
         if (!LAYER_NAME.test(layer.name)) throw this.notWarren(snapshotId);
         if (have(layer.name)) continue;
         const fetched = await this.oci.fetch(`${LAYER_TAG_PREFIX}${layer.name}`, join(scratch, layer.name));
         fetched.check(layer.digest);
         files.push(fetched.file);
-        downloadedBytes += fetched.size;
+        downloadedBytes += fetched.fetchedBytes;
       }
       const result = await consume(
         (async function* () {
