@@ -49,7 +49,7 @@ async function durableWithin(sandboxId: string, timeoutMs: number): Promise<void
 }
 
 /** The node agent's "snapshot published" log lines, oldest first. */
-function publishedLines(): { snapshotId: string; base?: string; uploadedBytes: number; sizeMiB: number }[] {
+function publishedLines(): { snapshotId: string; base?: string; uploadedBytes: number; ownBytes: number }[] {
   return readFileSync(join(dataDir, "logs", "node-agent-dna.log"), "utf8")
     .split("\n")
     .filter((line) => line.includes('"snapshot published"'))
@@ -73,16 +73,21 @@ describe("a pause nudges the durability pass", () => {
       const [first, second] = published as [(typeof published)[0], (typeof published)[0]];
       expect(first.base).toBeUndefined();
       expect(second.base).toBe(first.snapshotId);
-      // With memory (CRIU here) the first moved megabytes, the second a fraction; files only, both are small.
-      if (first.uploadedBytes > 2 ** 20) expect(second.uploadedBytes).toBeLessThan(first.uploadedBytes / 2);
+      // With memory (CRIU here) the second moved the units that changed, a part of its memory image (how much of
+      // it a resumed sandbox touches varies: 12–51 % seen here); files only, both parts are small.
+      if (second.ownBytes > 2 ** 20) expect(second.uploadedBytes).toBeLessThan(0.8 * second.ownBytes);
     } finally {
       await sandbox.kill();
     }
   }, 300_000);
 
   it("a sandbox's first durable copy is packed against its template's ready snapshot", async () => {
+    // A start command: the ready snapshot keeps memory where CRIU works, and the sandbox's memory begins as it.
     await Template.build(
-      Template().fromTemplate("base").runCmd("head -c 3000000 /dev/urandom > /home/user/template.bin"),
+      Template()
+        .fromTemplate("base")
+        .runCmd("head -c 3000000 /dev/urandom > /home/user/template.bin")
+        .setStartCmd("sleep infinity", "true"),
       "nudge-packed",
     );
     const sandbox = await Sandbox.create("nudge-packed", { timeoutMs: 300_000 });
@@ -94,7 +99,8 @@ describe("a pause nudges the durability pass", () => {
       // The ready snapshot was published by the build, before the sandbox's copy.
       const template = published.slice(0, -1).find((line) => line.snapshotId === copy?.base);
       expect(template).toBeDefined();
-      expect(copy?.uploadedBytes).toBeLessThan((template?.sizeMiB ?? 0) * 2 ** 20);
+      // With memory, the units the sandbox changed since the template's snapshot, not its memory image.
+      if (copy && copy.ownBytes > 2 ** 20) expect(copy.uploadedBytes).toBeLessThan(0.8 * copy.ownBytes);
     } finally {
       await sandbox.kill();
     }

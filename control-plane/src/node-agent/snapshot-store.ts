@@ -132,6 +132,7 @@ export class SnapshotStore {
       units: pushed.units,
       ...(pushed.base ? { base: pushed.base } : {}),
       sizeMiB: Math.round(sizeBytes / 2 ** 20),
+      ownBytes: own.size,
       uploadedBytes,
       ms: Math.round(performance.now() - started),
     });
