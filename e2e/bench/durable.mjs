@@ -101,9 +101,12 @@ const mib = (bytes) => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
 async function bytesMoved() {
   const TEMPLATE_MB = BIG_MB;
   const WRITE_MB = 10;
+  // A start command: where CRIU works the ready snapshot keeps memory, which the sandbox's first copy is packed
+  // against.
   const template = Template()
     .fromTemplate("base")
-    .runCmd(`head -c ${TEMPLATE_MB}M /dev/urandom > /opt/big`, { user: "root" });
+    .runCmd(`head -c ${TEMPLATE_MB}M /dev/urandom > /opt/big`, { user: "root" })
+    .setStartCmd("sleep infinity", "true");
   await Template.build(template, "bench-durable-layers");
   const sbx = await Sandbox.create("bench-durable-layers", { timeoutMs: 600_000 });
   const home = await cluster.nodeOf(sbx.sandboxId);
