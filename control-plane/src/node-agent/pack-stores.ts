@@ -67,6 +67,10 @@ export class LayoutPackStore implements PackStore {
     yield* createReadStream(this.blobPath(digest), { highWaterMark: 1 << 20 });
   }
 
+  localBlob(digest: string): string {
+    return this.blobPath(digest);
+  }
+
   /** The layout exists (its root holds the packs being written). */
   async prepare(): Promise<void> {
     if (this.prepared) return;
