@@ -351,7 +351,10 @@ export class LocalCluster {
   /** Fault injection: restarts the private PostgreSQL on the same port (data kept). */
   async restartPostgres(): Promise<void> {
     if (!this.postgresChild) throw new Error("the cluster does not own its PostgreSQL");
-    await this.postgresChild.stop();
+    // A fast shutdown (SIGINT, `pg_ctl restart`'s default mode): clients are disconnected and the server stops
+    // cleanly. SIGTERM's smart shutdown waits for every client to leave, which a master's sessions (its liveness
+    // lock) never do: the stop then ran into its grace period and a SIGKILL, and the start into crash recovery.
+    await this.postgresChild.stop("SIGINT");
     const port = Number(new URL(this.databaseUrl).port);
     const pg = await startPrivatePostgres(join(this.dataDir, "postgres"), this.logDir, port);
     this.replace(this.postgresChild, pg.process);
