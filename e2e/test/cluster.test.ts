@@ -352,9 +352,21 @@ describe("faults", () => {
   });
 
   it("after PostgreSQL restarts, the api recovers without a restart of its own", async () => {
+    const started = Date.now();
     await cluster.restartPostgres();
-    const sandbox = await eventually(() => Sandbox.create(), 30_000);
+    const restartedMs = Date.now() - started;
+    // Each refused create is printed with when it was refused: a slow recovery shows where its time went. (Locally
+    // the restart takes ~0.5 s and the first create after it succeeds; two full CI runs timed out here at 30 s.)
+    const sandbox = await eventually(
+      () =>
+        Sandbox.create().catch((error: unknown) => {
+          console.log(`create refused ${Date.now() - started} ms after the restart began: ${String(error)}`);
+          throw error;
+        }),
+      60_000,
+    );
+    console.log(`PostgreSQL restarted in ${restartedMs} ms; a create succeeded ${Date.now() - started} ms after`);
     expect((await sandbox.commands.run("echo ok")).stdout).toBe("ok\n");
     await sandbox.kill();
-  });
+  }, 120_000);
 });
