@@ -40,6 +40,14 @@ export function createDb(options: DbOptions): Db {
 
 export async function withTransaction<T>(db: Db, fn: (client: DbClient) => Promise<T>): Promise<T> {
   const client = await db.connect();
+  // A checked-out client has no listener of the pool's: a server that goes away (a PostgreSQL restart) while the
+  // transaction awaits other work (a node agent's answer) would emit an unhandled 'error' and end the process. The
+  // error is kept instead (the transaction's next query fails with it) and the client destroyed, not reused.
+  let broken: Error | undefined;
+  const onError = (error: Error) => {
+    broken = error;
+  };
+  client.on("error", onError);
   try {
     await client.query("BEGIN");
     const result = await fn(client);
@@ -49,6 +57,7 @@ export async function withTransaction<T>(db: Db, fn: (client: DbClient) => Promi
     await client.query("ROLLBACK").catch(() => undefined);
     throw error;
   } finally {
-    client.release();
+    client.off("error", onError);
+    client.release(broken);
   }
 }
