@@ -61,7 +61,14 @@ function workloadCommands(sandboxId: string): string[] {
       return readFileSync(`/sys/fs/cgroup/memory/warren/${agent}/${instanceId}/workload/cgroup.procs`, "utf8")
         .split("\n")
         .filter(Boolean)
-        .map((pid) => readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ").trim());
+        .flatMap((pid) => {
+          // A process that ended between the two reads (the shell of a command that just ran) is gone.
+          try {
+            return [readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ").trim()];
+          } catch {
+            return [];
+          }
+        });
     }
   }
   throw new Error(`no instance of sandbox '${sandboxId}'`);
