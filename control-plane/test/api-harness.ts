@@ -313,11 +313,30 @@ export class TestEnv {
     plain.disconnect();
     this.redis.disconnect();
     await this.db.end();
-    const admin = new pg.Client({ connectionString: DATABASE_URL });
-    await admin.connect();
-    await admin.query(`DROP SCHEMA IF EXISTS ${this.schema} CASCADE`);
-    await admin.end();
+    await dropSchema(this.schema);
   }
+}
+
+/** Removes a test's PostgreSQL schema and everything in it. */
+export async function dropSchema(schema: string): Promise<void> {
+  const admin = new pg.Client({ connectionString: DATABASE_URL });
+  await admin.connect();
+  await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+  await admin.end();
+}
+
+/** A PostgreSQL schema of a test file's own (migrate it first); `drop` ends the pool and removes the schema. */
+export function testSchema(max = 2): { schema: string; db: Db; drop: () => Promise<void> } {
+  const schema = `t_${randomBytes(6).toString("hex")}`;
+  const db = createDb({ url: DATABASE_URL, schema, max });
+  return {
+    schema,
+    db,
+    drop: async () => {
+      await db.end();
+      await dropSchema(schema);
+    },
+  };
 }
 
 /** Polls until `check` returns a value other than undefined (no wall-time assertions, only a generous cap). */

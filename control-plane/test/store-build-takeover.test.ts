@@ -2,7 +2,6 @@ import { randomBytes, randomUUID } from "node:crypto";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { BuildLog } from "../src/master/templates/build-log.js";
-import { createDb, type Db } from "../src/store/db.js";
 import { MASTER_LIVENESS_CLASS, newLivenessKey, TRY_LIVENESS_LOCK_SQL } from "../src/store/master-liveness.js";
 import { migrate } from "../src/store/migrations.js";
 import { createTeam } from "../src/store/teams.js";
@@ -20,7 +19,7 @@ import {
   takeOverBuild,
   touchBuild,
 } from "../src/store/templates.js";
-import { DATABASE_URL } from "./api-harness.js";
+import { DATABASE_URL, testSchema } from "./api-harness.js";
 
 // A build handed over by a stopping master (or left by a dead one) is taken over by another master with a new
 // nonce: the old run can no longer heartbeat, finish or fail it. Real PostgreSQL, a schema of its own.
@@ -38,8 +37,7 @@ const RESULT: BuildResult = {
 };
 
 describe("taking over a template build", () => {
-  const schema = `t_${randomBytes(6).toString("hex")}`;
-  const db: Db = createDb({ url: DATABASE_URL, schema, max: 2 });
+  const { schema, db, drop } = testSchema();
   let teamId = "";
   let templateId = "";
 
@@ -54,13 +52,7 @@ describe("taking over a template build", () => {
     );
   });
 
-  afterAll(async () => {
-    await db.end();
-    const admin = new pg.Client({ connectionString: DATABASE_URL });
-    await admin.connect();
-    await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-    await admin.end();
-  });
+  afterAll(drop);
 
   async function building(nonce: string, masterLock: number | null = null) {
     const id = randomUUID();

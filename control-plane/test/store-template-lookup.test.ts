@@ -1,18 +1,15 @@
 import { randomBytes } from "node:crypto";
-import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createDb, type Db } from "../src/store/db.js";
 import { migrate } from "../src/store/migrations.js";
 import { createTeam } from "../src/store/teams.js";
 import { findTemplateByRef } from "../src/store/template-refs.js";
 import { insertTemplate, ownOrShippedByAlias } from "../src/store/templates.js";
-import { DATABASE_URL } from "./api-harness.js";
+import { testSchema } from "./api-harness.js";
 
 // A create's name lookup in one round trip: the team's own template of that alias, else Warren's shipped one, never
 // another team's. Real PostgreSQL, a schema of its own (its migrations ship `base`).
 describe("looking a template up by alias for a create", () => {
-  const schema = `t_${randomBytes(6).toString("hex")}`;
-  const db: Db = createDb({ url: DATABASE_URL, schema, max: 2 });
+  const { schema, db, drop } = testSchema();
   let owner = "";
   let other = "";
 
@@ -25,13 +22,7 @@ describe("looking a template up by alias for a create", () => {
     await insertTemplate(db, { ...template, id: `tpl${randomBytes(4).toString("hex")}`, alias: "mine" }, "0.1.0");
   });
 
-  afterAll(async () => {
-    await db.end();
-    const admin = new pg.Client({ connectionString: DATABASE_URL });
-    await admin.connect();
-    await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-    await admin.end();
-  });
+  afterAll(drop);
 
   it("finds the team's own template first, else the shipped one, never another team's", async () => {
     expect(await ownOrShippedByAlias(db, owner, "base")).toMatchObject({ teamId: owner, alias: "base" });

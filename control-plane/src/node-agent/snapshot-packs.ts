@@ -15,7 +15,8 @@ import type { PackCache } from "./pack-cache.js";
  * blob holding only the units its base (the same sandbox's previous publish) lacks, plus an index blob that lists
  * every unit in stream order as (pack, offset, size, sha256). The image's layers are the index and every pack it
  * names, so the store's collection keeps a base's packs while a later snapshot uses them. A paused sandbox
- * published again moves its changed units, not its memory; a pull reads the packs whole and assembles the stream.
+ * published again moves its changed units, not its memory; a pull assembles the stream from the units it lists
+ * (a registry's packs fetched whole unless cached, a layout's read in place).
  * Few blobs per publish: a file or a registry request per unit would cost more than it saves (a registry took
  * ~8 ms per uploaded blob here, skopeo's cost per layer grows with the square of their count).
  *
@@ -200,10 +201,15 @@ async function packStream(store: PackStore, data: AsyncIterable<Uint8Array>, bas
       used.set(where.pack, (used.get(where.pack) ?? 0) + where.size);
       units.push([where.pack, where.offset, where.size, hex]);
     }
-  } finally {
+  } catch (error) {
+    // The export failed, or the disk filled: no half-written pack stays behind.
     out.end();
-    await once(out, "close");
+    await once(out, "close").catch(() => undefined);
+    await rm(file, { force: true });
+    throw error;
   }
+  out.end();
+  await once(out, "close");
   const digest = `sha256:${packHash.digest("hex")}`;
   const packs = order.map((pack) => (pack === NEW ? digest : pack));
   const position = new Map(packs.map((pack, i) => [pack, i]));
@@ -234,8 +240,9 @@ export async function packedManifest(store: PackStore, tag: string): Promise<Pac
 }
 
 /**
- * Reads the image tagged `tag` into `file` as one stream: a packed own part (its packs fetched whole into
- * `scratch`, each checked against its digest, then the units copied out in order), or one of plain layers in
+ * Reads the image tagged `tag` into `file` as one stream: a packed own part (a registry's packs fetched whole into
+ * `scratch` or taken from the node's cache, each checked against its digest; a layout's read in place; then the
+ * units copied out in order), or one of plain layers in
  * order (an own part published before packs, in a layout directory). Resolves with its config and the whole
  * stream's digest and size, which the caller checks against the published digest.
  */

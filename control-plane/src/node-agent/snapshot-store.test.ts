@@ -219,6 +219,24 @@ describe("the OCI layout snapshot store", () => {
     for (const id of ["spack2", "spack3", "spack4"]) await store.unpublish(id);
   });
 
+  it("a publish whose part fails part way leaves no pack, no tag and nothing in the store's root", async () => {
+    const failing: SnapshotParts = {
+      own: async function* () {
+        yield randomBytes(1 << 20);
+        throw new Error("the export broke");
+      },
+      layers: [],
+      layer: () => bytes(""),
+    };
+    const before = blobs();
+    await expect(store.publish("sbroken", failing, {})).rejects.toThrow(/the export broke/);
+    expect(await store.listPublished()).not.toContain("sbroken");
+    expect(blobs()).toBe(before);
+    expect(readdirSync(storeDir).filter((name) => name.startsWith(".pack-") || name.startsWith(".incoming-"))).toEqual(
+      [],
+    );
+  });
+
   it("pulls an own part published as one layer (a store written before chunks)", async () => {
     const oci = new OciStore({ url: `oci:${storeDir}`, insecure: false }, join(root, "work"));
     const legacy = await oci.push("slegacy", bytes("one layer of everything"), () => ({
