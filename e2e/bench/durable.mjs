@@ -64,9 +64,12 @@ async function scenario(label, megabytes, nodeIndex, nodeId) {
   if (megabytes > 0) {
     await sbx.commands.run(`head -c ${megabytes}M /dev/urandom > /home/user/blob`, { timeoutMs: 120_000 });
   }
+  const homeLog = logFrom(nodeId.replace(/^node-/, ""));
   await sbx.pause();
   const durableMs = await untilDurable(sbx.sandboxId);
   line(`pause → durable, ${label}`, `${durableMs.toFixed(0)} ms`);
+  line("  of which publishing", `${homeLog.moved("snapshot published", "ms")} ms`);
+  const logs = Object.fromEntries(others.map((n) => [n, logFrom(n.replace(/^node-/, ""))]));
   await cluster.removeNodeAgent(nodeIndex);
   const t0 = performance.now();
   const resumed = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 600_000 });
@@ -75,6 +78,11 @@ async function scenario(label, megabytes, nodeIndex, nodeId) {
   line(
     `resume on another node after loss, ${label}`,
     `${resumeMs.toFixed(0)} ms (on ${await cluster.nodeOf(sbx.sandboxId)}, blob ${Math.round(Number(size) / 2 ** 20)} MiB)`,
+  );
+  const target = logs[await cluster.nodeOf(sbx.sandboxId)];
+  line(
+    "  of which on the new node",
+    `pull ${target.moved("snapshot pulled", "ms")} ms (import ${target.moved("snapshot imported", "ms")} ms)`,
   );
   await resumed.kill();
 }

@@ -12,13 +12,14 @@ import type { PackCache } from "./pack-cache.js";
 import { LayoutPackStore, RegistryPackStore } from "./pack-stores.js";
 import { RegistryClient } from "./registry-client.js";
 import {
-  mismatch,
+  fileReader,
+  openPacked,
   PACK_MEDIA_TYPE,
   type PackStore,
+  type PartReader,
   type PushedPacks,
   packedManifest,
   pushPacked,
-  readPacked,
 } from "./snapshot-packs.js";
 
 /**
@@ -44,10 +45,8 @@ export interface FetchedImage {
   readonly config: ImageConfig;
   readonly file: string;
   readonly size: number;
-  /** What was read from the store for it (less than `size` when packs came from the node's cache). */
+  /** What was read from the store for it. */
   readonly fetchedBytes: number;
-  /** Throws unless the layer's uncompressed content is `digest`. */
-  readonly check: (digest: string) => void;
 }
 
 export interface ImageConfig {
@@ -155,30 +154,51 @@ export class OciStore {
   }
 
   /**
-   * Reads an own part into a file in `dir`, every blob checked: packs, or (a part published before packs) one
-   * layer, which in a registry is compressed and comes through skopeo.
+   * Opens an own part for reading as one stream (snapshot-packs.ts `PartReader`): packs, every blob checked, or (a
+   * part published before packs) one layer, which in a registry is compressed and comes through skopeo into `dir`.
    */
-  async fetchPacked(tag: string, dir: string): Promise<FetchedImage> {
+  async openPart(tag: string, dir: string): Promise<PartReader> {
     await mkdir(dir, { recursive: true });
-    const file = join(dir, "stream");
-    const read = await this.withPacks(async () => {
+    const reader = await this.withPacks(async () => {
       const manifest = await packedManifest(this.packs, tag);
       if (!manifest) throw new AgentError("not_found", `'${tag}' is not in the store`);
       if (this.target.kind === "registry" && manifest.layers.some((layer) => layer.mediaType !== PACK_MEDIA_TYPE)) {
         return undefined;
       }
-      return readPacked(this.packs, tag, manifest, dir, file, this.registryCache());
+      return openPacked(this.packs, tag, manifest, dir, this.registryCache());
     });
-    if (!read) return this.fetch(tag, dir);
-    return {
-      config: read.config,
-      file,
-      size: read.ref.size,
-      fetchedBytes: read.fetchedBytes,
-      check: (digest) => {
-        if (read.ref.digest !== digest) throw mismatch(tag, digest);
-      },
-    };
+    if (reader) return reader;
+    const fetched = await this.fetch(tag, dir);
+    return fileReader(fetched.config, fetched.file, fetched.fetchedBytes, tag);
+  }
+
+  /**
+   * Opens a one-layer image (a shared layer) for reading: a layout's uncompressed layer in place, anything else
+   * fetched by skopeo into `dir` first. The caller checks the digest `finish` answers.
+   */
+  async openLayer(tag: string, dir: string): Promise<PartReader> {
+    const inPlace =
+      this.target.kind === "dir"
+        ? await this.withPacks(async () => {
+            const bytes = await this.packs.getManifest(tag);
+            if (!bytes) throw new AgentError("not_found", `'${tag}' is not in the store`);
+            const manifest = JSON.parse(bytes.toString()) as OciManifest;
+            const layer = manifest.layers[0];
+            if (!layer || manifest.layers.length !== 1) {
+              throw new AgentError("failed_precondition", `'${tag}' in the store is not a part of a Warren snapshot`);
+            }
+            if (layer.mediaType !== LAYER_MEDIA_TYPE || !this.packs.localBlob) return undefined;
+            const config = JSON.parse(
+              await readFile(this.packs.localBlob(manifest.config.digest), "utf8"),
+            ) as ImageConfig;
+            // Opened under the lock: a collection that removes it meanwhile leaves this read whole.
+            return fileReader(config, this.packs.localBlob(layer.digest), undefined, tag);
+          })
+        : undefined;
+    if (inPlace) return inPlace;
+    await mkdir(dir, { recursive: true });
+    const fetched = await this.fetch(tag, dir);
+    return fileReader(fetched.config, fetched.file, fetched.fetchedBytes, tag);
   }
 
   private registryCache(): PackCache | undefined {
@@ -370,10 +390,10 @@ export class OciStore {
   }
 
   /**
-   * Copies a one-layer image from the store into `dir`: its config, and its layer as an uncompressed file whose
-   * digest `check` compares with what the caller expects. A registry holds layers compressed (skopeo
-   * compresses on push): the digest is the uncompressed content's (the image's diff_id), checked on the bytes the
-   * driver will import.
+   * Copies a one-layer image from the store into `dir`: its config, and its layer as an uncompressed file, whose
+   * digest the caller checks as it reads it (`fileReader`). A registry holds layers compressed (skopeo compresses
+   * on push): the digest is the uncompressed content's (the image's diff_id), checked on the bytes the driver
+   * will import.
    */
   async fetch(tag: string, dir: string): Promise<FetchedImage> {
     const layout = join(dir, "layout");
@@ -394,32 +414,14 @@ export class OciStore {
     if (!layer || manifest.layers.length !== 1) {
       throw new AgentError("failed_precondition", `'${tag}' in the store is not a part of a Warren snapshot`);
     }
-    const hash = createHash("sha256");
     const blob = blobPath(layout, layer.digest);
     let file = blob;
     if (layer.mediaType.endsWith("+gzip")) {
       file = join(dir, "layer.tar");
-      const hashed = async function* (input: AsyncIterable<Buffer>) {
-        for await (const chunk of input) {
-          hash.update(chunk);
-          yield chunk;
-        }
-      };
-      await pipeline(createReadStream(blob), createGunzip(), hashed, createWriteStream(file));
-    } else {
-      for await (const chunk of createReadStream(blob, { highWaterMark: 1 << 20 })) hash.update(chunk as Buffer);
+      await pipeline(createReadStream(blob), createGunzip(), createWriteStream(file));
     }
-    const actual = `sha256:${hash.digest("hex")}`;
     const { size } = await stat(file);
-    return {
-      config,
-      file,
-      size,
-      fetchedBytes: size,
-      check: (digest) => {
-        if (actual !== digest) throw mismatch(tag, digest);
-      },
-    };
+    return { config, file, size, fetchedBytes: size };
   }
 }
 

@@ -25,6 +25,7 @@ async function node(name: string): Promise<{ layers: LayerStore; publishing: Sna
   const snapshots = {
     export: async (id: string, omit?: ReadonlySet<string>) => layers.export(id, omit),
     import: (id: string, data: AsyncIterable<Uint8Array>) => layers.import(id, data),
+    delete: (id: string) => layers.delete(id),
     list: () => layers.list(),
     layers: {
       layersOf: (id: string) => layers.layerNames(id),

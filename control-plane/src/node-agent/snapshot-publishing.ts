@@ -17,7 +17,7 @@ export class SnapshotPublishing {
 
   constructor(
     config: Pick<NodeAgentConfig, "store" | "stateDir" | "packCacheMB">,
-    private readonly snapshots: Pick<NodeSnapshots, "export" | "import" | "list" | "layers">,
+    private readonly snapshots: Pick<NodeSnapshots, "export" | "import" | "delete" | "list" | "layers">,
     log: Logger,
   ) {
     // Tests build configs by hand; an absent store is the loader's default.
@@ -90,6 +90,8 @@ export class SnapshotPublishing {
       digest,
       (layer) => local.has(layer),
       (data) => this.snapshots.import(snapshotId, data),
+      // Imported from a part that failed its digest once read through: it never counts.
+      (snapshot) => this.snapshots.delete(snapshot.snapshotId),
     );
     return { snapshot: result, downloadedBytes };
   }

@@ -135,8 +135,10 @@ describe("the OCI layout snapshot store", () => {
     const manifest = JSON.parse(readFileSync(blob(entry?.digest ?? ""), "utf8")) as { layers: { digest: string }[] };
     const layerBlob = blob(manifest.layers[0]?.digest ?? "");
     writeFileSync(layerBlob, "layer CONTENT");
-    // skopeo checks the blob against its manifest; the parts list's digest is checked after.
-    await expect(store.pull("sshared", published.digest, nothing, collect)).rejects.toThrow(/ltamper.*did not match/);
+    // Read in place from the layout, checked against the parts list as it streams.
+    await expect(store.pull("sshared", published.digest, nothing, collect)).rejects.toThrow(
+      /'layer.ltamper' in the store does not match the published/,
+    );
     // A node that has the layer does not read it and is not affected.
     expect((await store.pull("sshared", published.digest, (l) => l === "ltamper", collect)).result).toBe("own");
     writeFileSync(layerBlob, "layer content");
@@ -201,7 +203,22 @@ describe("the OCI layout snapshot store", () => {
     writeFileSync(victim, tampered);
     await expect(store.pull("spack2", second.digest, nothing, read)).rejects.toThrow(/does not match the published/);
     expect(readdirSync(join(root, "work"))).toEqual([]);
+    // A consumer that stops early (tar at its end marker) has its result undone once the rest fails the digest.
+    const undone: string[] = [];
+    const firstPiece = async (data: AsyncIterable<Uint8Array>) => {
+      for await (const _ of data) return "stopped early";
+      return "nothing read";
+    };
+    const undo = async (result: string) => {
+      undone.push(result);
+    };
+    await expect(store.pull("spack2", second.digest, nothing, firstPiece, undo)).rejects.toThrow(
+      /does not match the published/,
+    );
+    expect(undone).toEqual(["stopped early"]);
     writeFileSync(victim, original);
+    expect((await store.pull("spack2", second.digest, nothing, firstPiece, undo)).result).toBe("stopped early");
+    expect(undone).toEqual(["stopped early"]);
     // A base that has little in common with the new part is dropped: one pack, nothing stale kept alive.
     const other = randomBytes(2 << 20);
     const third = await store.publish("spack3", parts(other), { base: "spack2" });

@@ -5,6 +5,7 @@ import { AgentError } from "./errors.js";
 import type { Logger } from "./log.js";
 import { type BlobRef, OciStore, type OciStoreConfig } from "./oci-store.js";
 import type { PackCache } from "./pack-cache.js";
+import { mismatch, type PartReader } from "./snapshot-packs.js";
 
 /**
  * Where snapshots (built templates, durable pauses, team snapshots) live beyond the node that made them, so every
@@ -214,50 +215,79 @@ export class SnapshotStore {
   /**
    * Pulls a published snapshot: its own part, and the shared layers `have` says this node lacks, each checked
    * against the parts list whose digest is `digest`. `consume` (the driver's import) reads them as one stream, the
-   * own part first; the scratch copies are removed afterwards whatever happens.
+   * own part first, read from the store as it goes (no copy on disk of a layout's part); a part whose bytes do not
+   * match fails the stream at its end, and one the consumer stopped reading early (tar ends at its end marker) is
+   * read through and checked after: a mismatch then `undo`es what `consume` made. Scratch copies are removed
+   * afterwards whatever happens.
    */
   async pull<T>(
     snapshotId: string,
     digest: string,
     have: (layer: string) => boolean,
     consume: (data: AsyncIterable<Uint8Array>) => Promise<T>,
+    undo: (result: T) => Promise<void> = async () => undefined,
   ): Promise<{ result: T; downloadedBytes: number }> {
     if (!DIGEST.test(digest)) {
       throw new AgentError("invalid_argument", `digest must be sha256:<64 hex>, got '${digest}'`);
     }
     return this.oci.inScratch(`pull-${snapshotId}`, async (scratch) => {
       const started = performance.now();
-      const own = await this.oci.fetchPacked(snapshotId, join(scratch, "own"));
-      const partsLabel = own.config.config?.Labels?.[PARTS_LABEL];
-      const listed =
-        partsLabel !== undefined && `sha256:${createHash("sha256").update(partsLabel).digest("hex")}` === digest;
-      const parts: PartsList = listed
-        ? (JSON.parse(partsLabel) as PartsList)
-        : { own: { digest, size: 0 }, layers: [] };
-      own.check(parts.own.digest);
-      const files = [own.file];
-      let downloadedBytes = own.fetchedBytes;
-      for (const layer of parts.layers) {
-        if (!LAYER_NAME.test(layer.name)) throw this.notWarren(snapshotId);
-        if (have(layer.name)) continue;
-        const fetched = await this.oci.fetch(`${LAYER_TAG_PREFIX}${layer.name}`, join(scratch, layer.name));
-        fetched.check(layer.digest);
-        files.push(fetched.file);
-        downloadedBytes += fetched.fetchedBytes;
+      const own = await this.oci.openPart(snapshotId, join(scratch, "own"));
+      const readers: { reader: PartReader; digest: string; tag: string }[] = [];
+      try {
+        const partsLabel = own.config.config?.Labels?.[PARTS_LABEL];
+        const listed =
+          partsLabel !== undefined && `sha256:${createHash("sha256").update(partsLabel).digest("hex")}` === digest;
+        const parts: PartsList = listed
+          ? (JSON.parse(partsLabel) as PartsList)
+          : { own: { digest, size: 0 }, layers: [] };
+        readers.push({ reader: own, digest: parts.own.digest, tag: snapshotId });
+        for (const layer of parts.layers) {
+          if (!LAYER_NAME.test(layer.name)) throw this.notWarren(snapshotId);
+          if (have(layer.name)) continue;
+          const tag = `${LAYER_TAG_PREFIX}${layer.name}`;
+          readers.push({ reader: await this.oci.openLayer(tag, join(scratch, layer.name)), digest: layer.digest, tag });
+        }
+        let failed: AgentError | undefined;
+        const check = async (part: (typeof readers)[number]) => {
+          if ((await part.reader.finish()).digest !== part.digest) {
+            failed = mismatch(part.tag, part.digest);
+            throw failed;
+          }
+        };
+        let result: T;
+        try {
+          result = await consume(
+            (async function* () {
+              for (const part of readers) {
+                yield* part.reader.pieces();
+                await check(part);
+              }
+            })(),
+          );
+        } catch (error) {
+          // The importer wraps what failed its stream: the store's answer is the mismatch.
+          throw failed ?? error;
+        }
+        try {
+          for (const part of readers) await check(part);
+        } catch (error) {
+          await undo(result);
+          throw error;
+        }
+        const downloadedBytes = readers.reduce((sum, part) => sum + part.reader.fetchedBytes, 0);
+        this.log.info("snapshot pulled", {
+          snapshotId,
+          store: this.oci.description,
+          parts: readers.length,
+          downloadedBytes,
+          ms: Math.round(performance.now() - started),
+        });
+        return { result, downloadedBytes };
+      } finally {
+        await own.close();
+        for (const part of readers) if (part.reader !== own) await part.reader.close();
       }
-      const result = await consume(
-        (async function* () {
-          for (const file of files) yield* createReadStream(file, { highWaterMark: 1 << 20 });
-        })(),
-      );
-      this.log.info("snapshot pulled", {
-        snapshotId,
-        store: this.oci.description,
-        parts: files.length,
-        downloadedBytes,
-        ms: Math.round(performance.now() - started),
-      });
-      return { result, downloadedBytes };
     });
   }
 
