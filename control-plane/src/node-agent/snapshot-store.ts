@@ -1,5 +1,4 @@
 import { createHash } from "node:crypto";
-import { createReadStream } from "node:fs";
 import { join } from "node:path";
 import { AgentError } from "./errors.js";
 import type { Logger } from "./log.js";
