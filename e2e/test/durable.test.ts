@@ -66,6 +66,21 @@ function published(): string[] {
   }
 }
 
+/** A node agent's log from now on: `since()` parses the lines written after this call. */
+function logLines(file: string): { since: () => { msg: string; [field: string]: unknown }[] } {
+  const path = join(dataDir, "logs", file);
+  const offset = readFileSync(path).length;
+  return {
+    since: () =>
+      readFileSync(path)
+        .subarray(offset)
+        .toString()
+        .split("\n")
+        .filter((line) => line.startsWith("{"))
+        .map((line) => JSON.parse(line)),
+  };
+}
+
 /** Every blob of the embedded store whose content is not its name: half-written or stray files. */
 function brokenBlobs(store: string): string[] {
   const dir = join(store, "blobs", "sha256");
@@ -136,6 +151,52 @@ describe("durable state: paused sandboxes and snapshots outlive their node", () 
     const resumed = await Sandbox.connect(sandbox.sandboxId, { timeoutMs: 120_000 });
     expect((await resumed.commands.run("sha256sum /home/user/big.bin | cut -d' ' -f1")).stdout.trim()).toBe(digest);
     await resumed.kill();
+  }, 300_000);
+
+  it("a durable pause on a cordoned node moves through the store: the new node pulls the copy, the old one sends nothing", async () => {
+    expect(await cluster.cordon("node-fb", true)).toBe(204);
+    const sandbox = await Sandbox.create("base", { timeoutMs: 300_000 });
+    created.push(sandbox);
+    expect(await cluster.nodeOf(sandbox.sandboxId)).toBe("node-fa");
+    await sandbox.files.write("/home/user/moved.txt", "moved through the store");
+    expect(await sandbox.pause()).toBe(true);
+    const durable = await waitFor(
+      "the pause to be durable",
+      async () => {
+        const res = await api("GET", `/warren/v1/sandboxes/${sandbox.sandboxId}/events`);
+        const events = (res.body as { events: { type: string; data: { snapshotId?: string } }[] }).events;
+        return events.find((e) => e.type === "sandbox.durable")?.data.snapshotId;
+      },
+      60_000,
+    );
+    const fromLog = logLines("node-agent-fa.log");
+    const toLog = logLines("node-agent-fb.log");
+    expect(await cluster.cordon("node-fb", false)).toBe(204);
+    expect(await cluster.cordon("node-fa", true)).toBe(204);
+    try {
+      const resumed = await Sandbox.connect(sandbox.sandboxId, { timeoutMs: 120_000 });
+      expect(await cluster.nodeOf(sandbox.sandboxId)).toBe("node-fb");
+      expect(await resumed.files.read("/home/user/moved.txt")).toBe("moved through the store");
+      // node-fb pulled the durable copy from the store; node-fa took no snapshot for the move and streamed none.
+      expect(
+        toLog
+          .since()
+          .filter((l) => l.msg === "snapshot pulled")
+          .map((l) => l.snapshotId),
+      ).toEqual([durable]);
+      expect(fromLog.since().filter((l) => l.msg === "sandbox snapshotted")).toEqual([]);
+      expect(fromLog.since().some((l) => l.msg === "sandbox killed" && l.sandboxId === sandbox.sandboxId)).toBe(true);
+      const events = (await api("GET", `/warren/v1/sandboxes/${sandbox.sandboxId}/events`)).body as {
+        events: { type: string; data: Record<string, unknown> }[];
+      };
+      expect(events.events.filter((e) => e.type === "sandbox.resumed").at(-1)?.data).toMatchObject({
+        movedFrom: "node-fa",
+        node: "node-fb",
+      });
+      await resumed.kill();
+    } finally {
+      expect(await cluster.cordon("node-fa", false)).toBe(204);
+    }
   }, 300_000);
 
   it("a paused sandbox resumes on another node after its node is gone; a snapshot is created there", async () => {

@@ -179,26 +179,31 @@ export class Durability {
   }
 
   /**
-   * Starts `row` (paused, its node gone) from its durable snapshot on the best placeable node of the snapshot's
-   * driver; undefined when it has none. Throws when no node can take it.
+   * Starts `row` (paused) from its durable snapshot: on `options.node` (a move off a live node that takes no
+   * sandboxes now), else on the best placeable node of the snapshot's driver (its node is gone). Undefined when the
+   * pause is not durable (yet), or `options.memory` asks for processes its snapshot did not keep. Throws when no
+   * node can take it.
    */
   async resumeFromStore(
     row: SandboxRow,
     recentPlacements: RecentPlacements,
+    options: { readonly node?: NodeHeartbeat; readonly memory?: boolean } = {},
   ): Promise<{ placement: SandboxPlacement; node: NodeHeartbeat } | undefined> {
     const { db, registry, nodeAgent, tokens, log } = this.deps;
     const snapshot = row.durableSnapshotId ? await getLiveSnapshot(db, row.durableSnapshotId) : undefined;
-    if (!snapshot?.digest) return undefined;
-    const placeable = (await registry.placeableNodes()).filter((n) => n.driver === snapshot.driver);
-    const reserved = await reservedMemoryByNode(db);
-    const ranked = rankNodes(
-      placeable,
-      reserved,
-      { templateId: row.templateId, memoryMB: row.memoryMB },
-      { memoryOvercommit: this.deps.memoryOvercommit },
-      recentPlacements,
-    );
-    const node = ranked[0];
+    if (!snapshot?.digest || (options.memory && !snapshot.memory)) return undefined;
+    let node = options.node;
+    if (!node) {
+      const placeable = (await registry.placeableNodes()).filter((n) => n.driver === snapshot.driver);
+      const reserved = await reservedMemoryByNode(db);
+      node = rankNodes(
+        placeable,
+        reserved,
+        { templateId: row.templateId, memoryMB: row.memoryMB },
+        { memoryOvercommit: this.deps.memoryOvercommit },
+        recentPlacements,
+      )[0];
+    }
     if (!node) throw new Error(`no ${snapshot.driver} node can take sandbox ${row.id} from the store`);
     const startedAt = performance.now();
     await ensureSnapshotOn(this.deps, snapshot, node);

@@ -112,13 +112,15 @@ export class PauseAndResume {
     if (movedTo) {
       const keepMemory = memory && (await this.pausedWithMemory(row.id));
       // A failed move leaves the sandbox paused where it was: resuming it there beats not resuming it.
-      const moved = await relocatePaused(this.deps, row, node, movedTo, keepMemory).catch((error) => {
-        this.deps.log.warn("moving a paused sandbox failed; resuming it on its node", {
-          sandboxId: row.id,
-          error: String(error),
-        });
-        return undefined;
-      });
+      const moved =
+        (await this.moveThroughStore(row, node, movedTo, keepMemory)) ??
+        (await relocatePaused(this.deps, row, node, movedTo, keepMemory).catch((error) => {
+          this.deps.log.warn("moving a paused sandbox failed; resuming it on its node", {
+            sandboxId: row.id,
+            error: String(error),
+          });
+          return undefined;
+        }));
       if (moved) return { placement: moved, movedTo };
       movedTo = undefined;
     }
@@ -130,6 +132,41 @@ export class PauseAndResume {
       memory,
     });
     return { placement, movedTo };
+  }
+
+  /**
+   * A durable pause moves the way a pause whose node is gone resumes: the target pulls the published copy from
+   * the store (the units and layers it lacks, read as they stream) instead of a fresh snapshot streamed whole from
+   * the old node, which then only removes its instance. Undefined when the pause is not durable yet or the store
+   * path failed: the node-to-node move follows.
+   */
+  private async moveThroughStore(
+    row: SandboxRow,
+    from: NodeHeartbeat,
+    to: NodeHeartbeat,
+    keepMemory: boolean,
+  ): Promise<SandboxPlacement | undefined> {
+    const restored = await this.durability
+      .resumeFromStore(row, this.recentPlacements, { node: to, memory: keepMemory })
+      .catch((error) => {
+        this.deps.log.warn("moving a paused sandbox through the store failed; moving it node to node", {
+          sandboxId: row.id,
+          error: String(error),
+        });
+        return undefined;
+      });
+    if (!restored) return undefined;
+    // The old instance; if this fails, the reconciler removes it (its row names the new node).
+    await this.deps
+      .nodeAgent(from.nodeId, from.addr)
+      .kill(row.id)
+      .catch((error) =>
+        this.deps.log.warn("removing a moved sandbox from its old node failed", {
+          sandboxId: row.id,
+          error: String(error),
+        }),
+      );
+    return restored.placement;
   }
 
   /**
