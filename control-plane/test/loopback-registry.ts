@@ -16,14 +16,31 @@ async function freePort(): Promise<number> {
   return port;
 }
 
+/** How the registry asks for credentials: an htpasswd file (bcrypt: `htpasswd -Bbn`), or Docker's token flow. */
+export type RegistryAuth =
+  | { readonly htpasswd: string }
+  | {
+      readonly token: {
+        readonly realm: string;
+        readonly service: string;
+        readonly issuer: string;
+        readonly rootCertBundle: string;
+      };
+    };
+
 /**
  * Debian's docker-registry (the CNCF distribution registry) on a loopback port, storing under `dir`, optionally
- * behind an htpasswd file (bcrypt: `htpasswd -Bbn`). The caller kills `process`.
+ * behind an htpasswd file (a path) or any `RegistryAuth`. The caller kills `process`.
  */
-export async function startLoopbackRegistry(dir: string, htpasswd?: string): Promise<LoopbackRegistry> {
+export async function startLoopbackRegistry(dir: string, access?: string | RegistryAuth): Promise<LoopbackRegistry> {
   const port = await freePort();
   mkdirSync(dir, { recursive: true });
-  const auth = htpasswd ? `auth:\n  htpasswd:\n    realm: warren-test\n    path: ${htpasswd}\n` : "";
+  const scheme = typeof access === "string" ? { htpasswd: access } : access;
+  const auth = !scheme
+    ? ""
+    : "htpasswd" in scheme
+      ? `auth:\n  htpasswd:\n    realm: warren-test\n    path: ${scheme.htpasswd}\n`
+      : `auth:\n  token:\n    realm: ${scheme.token.realm}\n    service: ${scheme.token.service}\n    issuer: ${scheme.token.issuer}\n    rootcertbundle: ${scheme.token.rootCertBundle}\n`;
   writeFileSync(
     join(dir, "config.yml"),
     `version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: ${dir}/storage\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:${port}\n  secret: test\n${auth}`,

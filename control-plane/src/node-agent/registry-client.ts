@@ -31,6 +31,7 @@ interface Answer {
 }
 
 const TIMEOUT_MS = 5 * 60_000;
+const USER_AGENT = "warren-node-agent";
 
 export class RegistryClient {
   /** https, or (insecure) whichever the registry answered on first. */
@@ -178,7 +179,8 @@ export class RegistryClient {
         url,
         {
           method,
-          headers,
+          // Named, so a registry's operator can tell Warren's requests in its logs.
+          headers: { "user-agent": USER_AGENT, ...headers },
           timeout: TIMEOUT_MS,
           ...(url.protocol === "https:" && this.options.insecure ? { rejectUnauthorized: false } : {}),
         },
