@@ -7,6 +7,7 @@
 //    captures the paused sandbox and publishes it to the store), for an idle sandbox and one with 100 MB written;
 //  - resume after loss: the sandbox's node is removed for good (agent stopped, state folder deleted), then
 //    `Sandbox.connect` until a command answers on another node (pull from the store + create from it);
+//  - moves off a cordoned node, at once after the pause (node to node) and once it is durable (through the store);
 //  - bytes moved: a sandbox of a custom template with a big step, paused twice; what each pause published to the
 //    store (the template's layers are there already), and what the resume after loss pulled onto a node that has
 //    the template (its own layers only). Read from the node agents' "snapshot published"/"snapshot pulled" logs.
@@ -87,6 +88,40 @@ async function scenario(label, megabytes, nodeIndex, nodeId) {
   await resumed.kill();
 }
 
+/**
+ * A paused sandbox moved off a cordoned node (node `from` → node `to`), 100 MB written and a process running,
+ * paused with its memory: at once (not durable yet: a snapshot streamed node to node) and once durable (the new
+ * node pulls the published copy from the store).
+ */
+async function moves(from, to) {
+  for (const waitDurable of [false, true]) {
+    await cluster.cordon(to, true);
+    const sbx = await Sandbox.create("base", { timeoutMs: 600_000 });
+    await cluster.cordon(to, false);
+    if ((await cluster.nodeOf(sbx.sandboxId)) !== from) throw new Error(`move: not placed on ${from}`);
+    await sbx.commands.run(
+      `head -c ${BIG_MB}M /dev/urandom > /home/user/blob; nohup sleep infinity >/dev/null 2>&1 &`,
+      {
+        timeoutMs: 120_000,
+      },
+    );
+    await sbx.pause();
+    if (waitDurable) await untilDurable(sbx.sandboxId);
+    await cluster.cordon(from, true);
+    const t0 = performance.now();
+    const moved = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 600_000 });
+    const check = (await moved.commands.run("stat -c %s /home/user/blob; pgrep -c -x sleep")).stdout.trim();
+    const ms = performance.now() - t0;
+    await cluster.cordon(from, false);
+    const where = await cluster.nodeOf(sbx.sandboxId);
+    line(
+      `move off a cordoned node, ${BIG_MB} MB + a process, ${waitDurable ? "durable" : "at once (not durable)"}`,
+      `${ms.toFixed(0)} ms (to ${where}; ${check.replace("\n", " bytes, sleep processes: ")})`,
+    );
+    await moved.kill();
+  }
+}
+
 /** A node agent's log from now on: `moved(msg, field)` sums a field over the new lines with that message. */
 function logFrom(instance) {
   const file = join(dataDir, "logs", `node-agent-${instance}.log`);
@@ -158,6 +193,7 @@ try {
   console.log(`durable state, ${new Date().toISOString()}, store: the embedded OCI layout directory`);
   await scenario("idle sandbox", 0, 0, "node-oa");
   await scenario(`${BIG_MB} MB written`, BIG_MB, 1, "node-ob");
+  await moves("node-oc", "node-od");
   await bytesMoved();
   ok = true;
 } finally {

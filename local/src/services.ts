@@ -1,5 +1,5 @@
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
-import { chmodSync, chownSync, existsSync, mkdirSync, openSync, readdirSync } from "node:fs";
+import { chmodSync, chownSync, existsSync, mkdirSync, openSync, readdirSync, statSync } from "node:fs";
 import { createServer } from "node:net";
 import { dirname, join } from "node:path";
 
@@ -129,8 +129,13 @@ export async function startPrivatePostgres(
   for (const dir of [dataDir, socketDir]) {
     mkdirSync(dir, { recursive: true });
   }
-  // The server runs as `postgres`, which must be able to reach its directories (mkdtemp makes 0700 ones).
+  // The server runs as `postgres`, which must be able to reach its directories (mkdtemp makes 0700 ones, and a
+  // data dir may sit several levels below one: e2e/scripts/e2b-suites.mjs): every ancestor gets traverse rights.
   for (const dir of [dirname(dataDir), dataDir]) chmodSync(dir, 0o755);
+  for (let dir = dirname(dirname(dataDir)); dir !== dirname(dir); dir = dirname(dir)) {
+    const { mode } = statSync(dir);
+    if ((mode & 0o001) === 0) chmodSync(dir, (mode & 0o7777) | 0o001);
+  }
   chownSync(socketDir, uid, gid);
   if (!existsSync(join(pgData, "PG_VERSION"))) {
     mkdirSync(pgData, { recursive: true });
