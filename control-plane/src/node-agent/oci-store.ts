@@ -10,17 +10,9 @@ import { withFileLock } from "../runtime/file-lock.js";
 import { AgentError } from "./errors.js";
 import type { PackCache } from "./pack-cache.js";
 import { LayoutPackStore, RegistryPackStore } from "./pack-stores.js";
+import { fileReader, openPacked, type PartReader } from "./part-readers.js";
 import { RegistryClient } from "./registry-client.js";
-import {
-  fileReader,
-  openPacked,
-  PACK_MEDIA_TYPE,
-  type PackStore,
-  type PartReader,
-  type PushedPacks,
-  packedManifest,
-  pushPacked,
-} from "./snapshot-packs.js";
+import { PACK_MEDIA_TYPE, type PackStore, type PushedPacks, packedManifest, pushPacked } from "./snapshot-packs.js";
 
 /**
  * The cluster's store as skopeo and umoci reach it: one-layer OCI images under tags, in an OCI layout directory or
@@ -154,7 +146,7 @@ export class OciStore {
   }
 
   /**
-   * Opens an own part for reading as one stream (snapshot-packs.ts `PartReader`): packs, every blob checked, or (a
+   * Opens an own part for reading as one stream (part-readers.ts `PartReader`): packs, every blob checked, or (a
    * part published before packs) one layer, which in a registry is compressed and comes through skopeo into `dir`.
    */
   async openPart(tag: string, dir: string): Promise<PartReader> {

@@ -4,7 +4,8 @@ import { AgentError } from "./errors.js";
 import type { Logger } from "./log.js";
 import { type BlobRef, OciStore, type OciStoreConfig } from "./oci-store.js";
 import type { PackCache } from "./pack-cache.js";
-import { mismatch, type PartReader } from "./snapshot-packs.js";
+import type { PartReader } from "./part-readers.js";
+import { mismatch } from "./snapshot-packs.js";
 
 /**
  * Where snapshots (built templates, durable pauses, team snapshots) live beyond the node that made them, so every
