@@ -22,6 +22,7 @@
 import { execFileSync, spawn } from "node:child_process";
 import { randomInt } from "node:crypto";
 import {
+  chmodSync,
   existsSync,
   mkdirSync,
   mkdtempSync,
@@ -107,6 +108,8 @@ if (!existsSync(join(E2E_DIR, "..", "local", "dist", "cluster.js")))
   fail("Warren is not built: run `npm run build` first");
 
 const workDir = args["work-dir"] ?? mkdtempSync(join(tmpdir(), "warren-e2b-suites-"));
+// The clusters' private PostgreSQL (user postgres) lives below it: mkdtemp's 0700 would keep it out.
+if (!args["work-dir"]) chmodSync(workDir, 0o711);
 mkdirSync(workDir, { recursive: true });
 
 /** The suite's own versions of the packages it needs beyond this repository, in a folder outside the repository. */

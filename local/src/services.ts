@@ -129,12 +129,17 @@ export async function startPrivatePostgres(
   for (const dir of [dataDir, socketDir]) {
     mkdirSync(dir, { recursive: true });
   }
-  // The server runs as `postgres`, which must be able to reach its directories (mkdtemp makes 0700 ones, and a
-  // data dir may sit several levels below one: e2e/scripts/e2b-suites.mjs): every ancestor gets traverse rights.
+  // The server runs as `postgres`, which must be able to reach its directories (mkdtemp makes 0700 ones).
   for (const dir of [dirname(dataDir), dataDir]) chmodSync(dir, 0o755);
+  // Higher up is not ours to open (a home directory, say): a folder `postgres` cannot enter is named, not changed
+  // (initdb would only say "Command failed").
   for (let dir = dirname(dirname(dataDir)); dir !== dirname(dir); dir = dirname(dir)) {
-    const { mode } = statSync(dir);
-    if ((mode & 0o001) === 0) chmodSync(dir, (mode & 0o7777) | 0o001);
+    const { mode, uid: owner } = statSync(dir);
+    if (owner !== uid && (mode & 0o001) === 0) {
+      throw new Error(
+        `PostgreSQL (user postgres) cannot enter ${dir} (mode ${(mode & 0o777).toString(8)}): put the data dir elsewhere or chmod o+x it`,
+      );
+    }
   }
   chownSync(socketDir, uid, gid);
   if (!existsSync(join(pgData, "PG_VERSION"))) {

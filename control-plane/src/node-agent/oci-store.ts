@@ -36,8 +36,7 @@ export interface BlobRef {
 export interface FetchedImage {
   readonly config: ImageConfig;
   readonly file: string;
-  readonly size: number;
-  /** What was read from the store for it. */
+  /** What was read from the store for it (the layer's uncompressed size). */
   readonly fetchedBytes: number;
 }
 
@@ -413,7 +412,7 @@ export class OciStore {
       await pipeline(createReadStream(blob), createGunzip(), createWriteStream(file));
     }
     const { size } = await stat(file);
-    return { config, file, size, fetchedBytes: size };
+    return { config, file, fetchedBytes: size };
   }
 }
 
