@@ -78,6 +78,9 @@ console.log(`create → envd ready, warm pool:        ${fmt(pooled)}`);
 // comes from the (pre-made) network pool, as on a real node.
 const cold = [];
 for (let i = 0; i < N; i++) {
+  // Measured alone: the warm pool's refill (after the previous phase's claims) and the last kill's reclaim are done.
+  await agent.pool("base").filled();
+  await driver.settled?.();
   while (driver.network.readyCount < 1) await sleep(5);
   const id = nextId();
   const t0 = performance.now();

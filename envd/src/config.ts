@@ -28,11 +28,13 @@ export interface EnvdConfig {
   /** Sandbox-wide environment variables every process starts with. */
   readonly envVars: Readonly<Record<string, string>>;
   /**
-   * Run one login shell through the whole Start path right after listening, so the first client
-   * command does not pay for V8's lazy compilation and a cold page cache (a warm-pool sandbox is
-   * then really warm). ENVD_WARMUP=0 turns it off.
+   * Run one login shell through the whole Start path, so the first client command does not pay for V8's lazy
+   * compilation, loading the fetch API's classes and a cold page cache (a warm-pool sandbox is then really warm).
+   * `now`: right after listening (a pool's sandbox: nobody waits for it yet); `after-init`: once the first /init
+   * has been answered (a cold start a user waits for: its /init must not queue behind the warm-up's ~70 ms of
+   * CPU); `off`. `--warm-up`, else ENVD_WARMUP (`0` = off); default `now`.
    */
-  readonly warmup: boolean;
+  readonly warmup: WarmupMode;
   /**
    * Forward ports that sandbox processes listen on at loopback only to the sandbox's own addresses, as E2B's envd
    * does (ports/loopback-forwarder.ts). Only inside a sandbox (the drivers pass --expose-loopback): a host-side
@@ -63,8 +65,10 @@ export interface EnvdConfig {
   readonly workloadOomFd: number | undefined;
 }
 
-export const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback] [--process-limit N] [--workload-fd N] [--workload-oom-fd N]
-environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000), ENVD_WARMUP (1),
+export type WarmupMode = "now" | "after-init" | "off";
+
+export const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback] [--process-limit N] [--workload-fd N] [--workload-oom-fd N] [--warm-up now|after-init|off]
+environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000), ENVD_WARMUP (1; 0 = off),
 ENVD_EXEC_LAUNCHER (warren-exec beside envd)`;
 
 export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): EnvdConfig {
@@ -91,7 +95,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
     leaseGraceMs: integer("ENVD_LEASE_GRACE_MS", env.ENVD_LEASE_GRACE_MS ?? "5000", 0, 3_600_000),
     processPath: env.PATH || "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     envVars: { E2B_SANDBOX: "true" },
-    warmup: env.ENVD_WARMUP !== "0",
+    warmup: warmupMode(values["warm-up"], env.ENVD_WARMUP),
     exposeLoopback: values["expose-loopback"] === true,
     // Beside this module: dist/warren-exec for the bundle (dist/envd.mjs) and for tsc's output alike.
     execLauncher: env.ENVD_EXEC_LAUNCHER || fileURLToPath(new URL("./warren-exec", import.meta.url)),
@@ -108,6 +112,12 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
   };
 }
 
+function warmupMode(flag: string | undefined, env: string | undefined): WarmupMode {
+  if (flag === undefined) return env === "0" ? "off" : "now";
+  if (flag === "now" || flag === "after-init" || flag === "off") return flag;
+  throw new ConfigError(`--warm-up must be now, after-init or off (got '${flag}')`);
+}
+
 function parseFlags(argv: readonly string[]) {
   return parseArgs({
     args: [...argv],
@@ -120,6 +130,7 @@ function parseFlags(argv: readonly string[]) {
       "process-limit": { type: "string" },
       "workload-fd": { type: "string" },
       "workload-oom-fd": { type: "string" },
+      "warm-up": { type: "string" },
     },
     strict: true,
   });

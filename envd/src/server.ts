@@ -62,6 +62,12 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
     },
   });
 
+  let warmed: Promise<void> | undefined;
+  let listeningPort = 0;
+  const warmUpOnce = () => {
+    warmed ??= warmUp(listeningPort, context.state.accessToken, log);
+  };
+
   const route = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     const path = (req.url ?? "/").split("?", 1)[0];
     for (const [name, value] of Object.entries(CORS_HEADERS)) res.setHeader(name, value);
@@ -73,7 +79,12 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
       res.writeHead(204, { "Cache-Control": "no-store" }).end();
       return;
     }
-    if (path === "/init" && req.method === "POST") return handleInit(req, res, context);
+    if (path === "/init" && req.method === "POST") {
+      await handleInit(req, res, context);
+      // A cold start's /init is answered: the create goes on to its caller while envd warms up.
+      if (config.warmup === "after-init") warmUpOnce();
+      return;
+    }
     // /files checks the token or a URL signature itself.
     if (path === "/files") return handleFiles(req, res, context);
     const token = context.state.accessToken;
@@ -105,9 +116,10 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
     server.listen(config.port, config.host, () => resolve());
   });
   const { port } = server.address() as AddressInfo;
+  listeningPort = port;
   const host = config.host.includes(":") ? `[${config.host}]` : config.host;
   log.info("envd listening", { host: config.host, port });
-  const warmed = config.warmup ? warmUp(port, context.state.accessToken, log) : Promise.resolve();
+  if (config.warmup === "now") warmUpOnce();
   const forwarder = config.exposeLoopback ? new LoopbackForwarder({ log }) : undefined;
   forwarder?.start();
 

@@ -22,8 +22,8 @@ export interface TestEnvdOptions {
   accessToken?: string;
   defaultUser?: string;
   env?: Record<string, string>;
-  /** Run envd's start-up warm-up (off by default so tests see only their own processes). */
-  warmup?: boolean;
+  /** Run envd's start-up warm-up (off by default so tests see only their own processes): at once, or after /init. */
+  warmup?: boolean | "after-init";
 }
 
 /** Starts the built envd as its own process, as root, the way a sandbox runs it. */
@@ -35,6 +35,7 @@ export async function startTestEnvd(options: TestEnvdOptions = {}): Promise<Test
     String(options.port ?? 0),
     "--default-user",
     options.defaultUser ?? "user",
+    ...(options.warmup === "after-init" ? ["--warm-up", "after-init"] : []),
   ];
   const env: Record<string, string> = {
     ...(process.env as Record<string, string>),

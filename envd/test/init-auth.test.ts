@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { fileSignature } from "../src/auth.js";
+import { loadConfig } from "../src/config.js";
 import { ENVD_VERSION } from "../src/version.js";
 import { connectUnary, sdkSandbox, startTestEnvd, type TestEnvd } from "./harness.js";
 
@@ -147,5 +148,49 @@ describe("start-up warm-up", () => {
     } finally {
       await envd.stop();
     }
+  });
+
+  it("with --warm-up after-init waits for the first /init, then warms up with the token it set", async () => {
+    const envd = await startTestEnvd({ warmup: "after-init" });
+    const waitForLog = async (text: string) => {
+      const deadline = Date.now() + 10_000;
+      while (!envd.logs().includes(text) && Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+    };
+    try {
+      // A cold start's /health and /init come first: nothing else runs before them.
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      expect((await fetch(`${envd.url}/health`)).status).toBe(204);
+      expect(envd.logs()).not.toContain("warm-up");
+      expect(envd.logs()).not.toContain("process started");
+      const init = await fetch(`${envd.url}/init`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ accessToken: "after-init-token" }),
+      });
+      expect(init.status).toBe(204);
+      await waitForLog("warm-up done");
+      // 200: the warm-up's Start carried the token /init had just set (a 401 would say it did not).
+      expect(envd.logs()).toMatch(/"msg":"warm-up done".*"status":200/);
+      expect(envd.logs().match(/"msg":"warm-up done"/g)).toHaveLength(1);
+      // A second /init (a claim's, a resume's) does not warm up again.
+      const again = await fetch(`${envd.url}/init`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", "X-Access-Token": "after-init-token" },
+        body: JSON.stringify({ accessToken: "after-init-token" }),
+      });
+      expect(again.status).toBe(204);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      expect(envd.logs().match(/"msg":"warm-up (done|failed)"/g)).toHaveLength(1);
+    } finally {
+      await envd.stop();
+    }
+  });
+
+  it("refuses a --warm-up it does not know, naming the flag", () => {
+    expect(() => loadConfig(["--warm-up", "later"], {})).toThrow(/--warm-up must be now, after-init or off/);
+    expect(loadConfig([], { ENVD_WARMUP: "0" }).warmup).toBe("off");
+    expect(loadConfig([], {}).warmup).toBe("now");
   });
 });

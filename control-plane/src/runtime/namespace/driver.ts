@@ -231,7 +231,7 @@ export class NamespaceDriver implements RuntimeDriver {
       this.instances.set(instanceId, record);
       await this.admitDisk(record);
       const cgroup = await this.cgroups.create(instanceId, spec.resources, { background: spec.background === true });
-      await this.containers.writeFiles(record, slot, spec.command);
+      await this.containers.writeFiles(record, slot, spec.command, spec.background ? "now" : "after-init");
       await this.egress.apply(record);
       const launchAt = performance.now();
       const memory = base?.snapshot.criu;

@@ -156,8 +156,17 @@ export class InstanceContainers {
     return existsSync(join(this.options.envdRoot, "envd", "dist", "envd.mjs")) ? "envd.mjs" : "main.js";
   }
 
-  /** The bundle (OCI config), boot id and resolv.conf of an instance: what crun and its bind mounts need. */
-  async writeFiles(record: InstanceRecord, slot: NetworkSlot, command: readonly string[] | undefined): Promise<void> {
+  /**
+   * The bundle (OCI config), boot id and resolv.conf of an instance: what crun and its bind mounts need. envd warms
+   * up `now` in a pool's sandbox (nobody waits for it yet), `after-init` when a create waits: its /init then does
+   * not queue behind the warm-up (about 70 ms here), which runs while the create's answer travels to the user.
+   */
+  async writeFiles(
+    record: InstanceRecord,
+    slot: NetworkSlot,
+    command: readonly string[] | undefined,
+    warmUp: "now" | "after-init",
+  ): Promise<void> {
     const dir = this.options.records.dir(record.instanceId);
     const maxOldSpace = Math.max(32, Math.floor(record.resources.memoryMB / 2));
     // envd's commands and the gateway's kernels (RLIMIT_NPROC): both stop short of the pids limit.
@@ -182,6 +191,8 @@ export class InstanceContainers {
       String(WORKLOAD_FD),
       "--workload-oom-fd",
       String(WORKLOAD_OOM_FD),
+      "--warm-up",
+      warmUp,
     ];
     const init = record.codeGateway ? ["/bin/sh", "-c", sandboxInit(processLimit), "sandbox-init"] : [];
     const args = command ?? ["/usr/bin/tini", "-g", "--", ...init, ...envd];

@@ -1,6 +1,6 @@
 import type { Logger } from "@warren/platform/log";
 import { type EgressGateway, nodeEgressGateway } from "../egress/gateway.js";
-import { CLOSED_EGRESS, compileEgress } from "../egress/policy.js";
+import { CLOSED_EGRESS, compileEgress, OPEN_EGRESS } from "../egress/policy.js";
 import { type GatewayPorts, sandboxFirewallRules } from "./egress-rules.js";
 import type { InstanceRecord } from "./instance-records.js";
 import type { NetworkPool } from "./network.js";
@@ -28,10 +28,16 @@ export class SandboxEgress {
     this.gateway = nodeEgressGateway(options);
   }
 
-  /** Starts the gateway and opens its (new) ports to the sandboxes on the host. */
+  /**
+   * Starts the gateway and opens its (new) ports to the sandboxes on the host; slots made from now on come with
+   * E2B's default policy (internet on: what the master asks for unless a create or its team says otherwise).
+   */
   async start(): Promise<void> {
-    this.gatewayPorts = await this.gateway.start();
-    await this.network.allowGateway(this.gatewayPorts);
+    const ports = await this.gateway.start();
+    this.gatewayPorts = ports;
+    await this.network.allowGateway(ports);
+    const open = compileEgress(OPEN_EGRESS);
+    this.network.prepareRules((slot) => sandboxFirewallRules(open, slot.hostAddr, this.network.cidr, ports));
   }
 
   /** The instance's policy (`record.egress`): its namespace's firewall, then the gateway's view of it. */

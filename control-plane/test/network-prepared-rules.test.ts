@@ -1,0 +1,96 @@
+import { execFileSync } from "node:child_process";
+import { silentLogger } from "@warren/platform/log";
+import { afterAll, describe, expect, it } from "vitest";
+import { NetworkPool } from "../src/runtime/namespace/network.js";
+
+// Needs root (network namespaces, host iptables chains of its own).
+const INSTANCE = "nr";
+const pool = new NetworkPool({
+  instance: INSTANCE,
+  cidr: "10.249.0.0/24",
+  poolSize: 0,
+  log: silentLogger,
+  uplinkForwarding: false,
+});
+
+const rules = (marker: string) => `*filter
+:INPUT ACCEPT [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT DROP [0:0]
+-A OUTPUT -o lo -m comment --comment ${marker} -j ACCEPT
+COMMIT
+`;
+
+function namespaceRules(netns: string): string {
+  return execFileSync("ip", ["netns", "exec", netns, "iptables", "-w", "-S", "OUTPUT"], { encoding: "utf8" });
+}
+
+function iptables(...args: string[]): void {
+  try {
+    execFileSync("iptables", ["-w", ...args], { stdio: "ignore" });
+  } catch {
+    // absent already
+  }
+}
+
+afterAll(async () => {
+  await pool.close();
+  const tag = INSTANCE.toUpperCase();
+  iptables("-D", "INPUT", "-j", `WARREN-${tag}-IN`);
+  iptables("-D", "FORWARD", "-j", `WARREN-${tag}-FWD`);
+  iptables("-t", "nat", "-D", "POSTROUTING", "-j", `WARREN-${tag}-NAT`);
+  for (const chain of [`WARREN-${tag}-IN`, `WARREN-${tag}-FWD`]) {
+    iptables("-F", chain);
+    iptables("-X", chain);
+  }
+  iptables("-t", "nat", "-F", `WARREN-${tag}-NAT`);
+  iptables("-t", "nat", "-X", `WARREN-${tag}-NAT`);
+});
+
+describe("network slots made with prepared rules", () => {
+  it("start with the prepared firewall, skip applying the same rules again, and apply any other rules", async () => {
+    await pool.start();
+    // Before any preparation a slot is closed: nothing but loopback and replies leaves.
+    const closed = await pool.acquire();
+    expect(namespaceRules(closed.netns)).toMatch(/-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset/);
+    await pool.release(closed);
+
+    pool.prepareRules((slot) => rules(`prepared-${slot.index}`));
+    const slot = await pool.acquire();
+    expect(namespaceRules(slot.netns)).toContain(`prepared-${slot.index}`);
+
+    // Something outside Warren changes the namespace's rules: applying the rules the slot was made with is skipped
+    // (no nsenter, no iptables-restore on the create path), so the change is still there.
+    execFileSync("ip", [
+      "netns",
+      "exec",
+      slot.netns,
+      "iptables",
+      "-w",
+      "-A",
+      "OUTPUT",
+      "-m",
+      "comment",
+      "--comment",
+      "outside",
+      "-j",
+      "DROP",
+    ]);
+    await pool.applySandboxFirewall(slot, rules(`prepared-${slot.index}`));
+    expect(namespaceRules(slot.netns)).toContain("outside");
+
+    // Other rules (a create asking for another policy) replace the namespace's rules whole.
+    await pool.applySandboxFirewall(slot, rules("other"));
+    const other = namespaceRules(slot.netns);
+    expect(other).toContain("other");
+    expect(other).not.toContain("outside");
+    expect(other).not.toContain("prepared-");
+    // ... and going back to the prepared rules applies them again.
+    await pool.applySandboxFirewall(slot, rules(`prepared-${slot.index}`));
+    expect(namespaceRules(slot.netns)).toContain(`prepared-${slot.index}`);
+    expect(namespaceRules(slot.netns)).not.toContain("other");
+
+    await pool.release(slot);
+    expect(execFileSync("ip", ["netns", "list"], { encoding: "utf8" })).not.toContain(slot.netns);
+  });
+});
