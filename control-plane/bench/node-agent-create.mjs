@@ -101,6 +101,12 @@ console.log(`create → envd ready, cold start:       ${fmt(cold)}`);
 await agent.pool("base").filled();
 while (driver.network.readyCount < 8) await sleep(5);
 const ids = Array.from({ length: CONCURRENT }, nextId);
+// The whole machine's busy CPU time (user, nice, system, irq, softirq, steal) in ms: what the burst costs the node.
+const busyCpuMs = () => {
+  const f = readFileSync("/proc/stat", "utf8").split("\n")[0].trim().split(/\s+/).slice(1).map(Number);
+  return (f[0] + f[1] + f[2] + f[5] + f[6] + f[7]) * 10;
+};
+const cpu0 = busyCpuMs();
 const t0 = performance.now();
 const results = await Promise.allSettled(
   ids.map(async (id) => {
@@ -110,10 +116,11 @@ const results = await Promise.allSettled(
   }),
 );
 const wall = performance.now() - t0;
+const burstCpu = busyCpuMs() - cpu0;
 const ok = results.filter((r) => r.status === "fulfilled").map((r) => r.value);
 const failed = results.filter((r) => r.status === "rejected");
 console.log(
-  `${CONCURRENT} concurrent creates:               ${fmt(ok)}; failures ${failed.length}; wall ${wall.toFixed(0)} ms`,
+  `${CONCURRENT} concurrent creates:               ${fmt(ok)}; failures ${failed.length}; wall ${wall.toFixed(0)} ms; machine CPU ${(burstCpu / CONCURRENT).toFixed(0)} ms per create`,
 );
 for (const f of failed.slice(0, 3)) console.log(`  failure: ${f.reason?.message ?? f.reason}`);
 

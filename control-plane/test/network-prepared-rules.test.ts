@@ -35,6 +35,8 @@ function iptables(...args: string[]): void {
 
 afterAll(async () => {
   await pool.close();
+  // Whatever a failed run left of this instance's slots (namespaces, veths, rules).
+  await pool.sweep(new Set());
   const tag = INSTANCE.toUpperCase();
   iptables("-D", "INPUT", "-j", `WARREN-${tag}-IN`);
   iptables("-D", "FORWARD", "-j", `WARREN-${tag}-FWD`);
@@ -90,7 +92,11 @@ describe("network slots made with prepared rules", () => {
     expect(namespaceRules(slot.netns)).toContain(`prepared-${slot.index}`);
     expect(namespaceRules(slot.netns)).not.toContain("other");
 
+    // Its host rules were added with it; a release deletes them by their spec and removes veth and namespace.
+    expect((await pool.ownRules()).filter((line) => line.includes(pool.ruleTag(slot.index)))).toHaveLength(9);
     await pool.release(slot);
     expect(execFileSync("ip", ["netns", "list"], { encoding: "utf8" })).not.toContain(slot.netns);
+    expect(execFileSync("ip", ["-o", "link"], { encoding: "utf8" })).not.toContain(slot.hostVeth);
+    expect(await pool.ownRules()).toEqual([]);
   });
 });

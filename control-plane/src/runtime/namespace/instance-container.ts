@@ -8,6 +8,7 @@ import { exec } from "../exec.js";
 import { CODE_GATEWAY_PORT, ENVD_PORT, healthy, processStartTime } from "../sandbox-process.js";
 import type { SandboxCgroup } from "./cgroups.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
+import { LogChanges } from "./log-changes.js";
 import type { NetworkSlot } from "./network.js";
 import { sandboxSpec } from "./oci-spec.js";
 import { type DiskLaunch, MAKE_DISK, MAKE_LAYER_DIRS, type SandboxDisks } from "./sandbox-disks.js";
@@ -47,6 +48,9 @@ exec "$@"
 `;
 
 const ID_COUNT = 65536;
+
+/** How often a start is asked whether envd answers when its log says nothing new (InstanceContainersOptions). */
+const DEFAULT_READY_POLL_MS = 25;
 
 /** How many times `readyTimeoutMs` a start that keeps using CPU may take: 45 s by default, within the 60 s the
  * E2B SDK waits for a create. */
@@ -135,6 +139,11 @@ export interface InstanceContainersOptions {
   /** Directory holding envd/, proto/, platform/ and node_modules/ (the repository root), bind-mounted read-only. */
   readonly envdRoot: string;
   readonly readyTimeoutMs: number;
+  /**
+   * While a start is waited for, envd is asked again at each change of the sandbox's log (envd logs as it starts to
+   * listen) and at least this often (default 25 ms).
+   */
+  readonly readyPollMs?: number;
   /** Where writable layers come from (an ext4 image per sandbox, or tmpfs). */
   readonly disks: SandboxDisks;
 }
@@ -322,37 +331,42 @@ export class InstanceContainers {
     let earlier = { at: started, cpuUsec: await cpuUsec() };
     let latest = earlier;
     let envdUp = false;
-    for (let attempt = 0; ; attempt++) {
-      envdUp ||= await healthy(record.addr, 250);
-      if (envdUp && (!record.codeGateway || (await healthy(record.addr, 250, CODE_GATEWAY_PORT)))) return;
-      const waiting = envdUp ? "the code gateway" : "envd";
-      if (!record.pid || (await processStartTime(record.pid)) !== record.pidStartTime) {
-        const logPath = join(this.options.records.dir(record.instanceId), "envd.log");
-        const tail = (await readFile(logPath, "utf8").catch(() => "")).slice(-500).trim();
-        throw new Error(`sandbox exited before ${waiting} answered: ${tail}`);
-      }
-      let now = Date.now();
-      if (now - latest.at >= PROGRESS_WINDOW_MS) {
-        earlier = latest;
-        latest = { at: now, cpuUsec: await cpuUsec() };
-      }
-      if (now > deadline) {
-        // Progress over the last half window or more: the latest sample when it is that old, else the one before.
-        const since = now - latest.at >= PROGRESS_WINDOW_MS / 2 ? latest : earlier;
-        const current = await cpuUsec();
-        now = Date.now();
-        const usedMs = Math.round((current - since.cpuUsec) / 1000);
-        const windowMs = now - since.at;
-        if (usedMs < windowMs * MIN_PROGRESS_CPU_SHARE || now > ceiling) {
-          throw new Error(
-            `${waiting} did not answer within ${now - started} ms (the sandbox used ${usedMs} ms of CPU in its last ${windowMs} ms)`,
-          );
+    const changes = new LogChanges(join(this.options.records.dir(record.instanceId), "envd.log"));
+    try {
+      for (let attempt = 0; ; attempt++) {
+        envdUp ||= await healthy(record.addr, 250);
+        if (envdUp && (!record.codeGateway || (await healthy(record.addr, 250, CODE_GATEWAY_PORT)))) return;
+        const waiting = envdUp ? "the code gateway" : "envd";
+        if (!record.pid || (await processStartTime(record.pid)) !== record.pidStartTime) {
+          const logPath = join(this.options.records.dir(record.instanceId), "envd.log");
+          const tail = (await readFile(logPath, "utf8").catch(() => "")).slice(-500).trim();
+          throw new Error(`sandbox exited before ${waiting} answered: ${tail}`);
         }
-        deadline = Math.min(now + PROGRESS_WINDOW_MS, ceiling);
-        log.info("sandbox still starting on a busy node: waiting longer", { waiting, usedMs, windowMs });
+        let now = Date.now();
+        if (now - latest.at >= PROGRESS_WINDOW_MS) {
+          earlier = latest;
+          latest = { at: now, cpuUsec: await cpuUsec() };
+        }
+        if (now > deadline) {
+          // Progress over the last half window or more: the latest sample when it is that old, else the one before.
+          const since = now - latest.at >= PROGRESS_WINDOW_MS / 2 ? latest : earlier;
+          const current = await cpuUsec();
+          now = Date.now();
+          const usedMs = Math.round((current - since.cpuUsec) / 1000);
+          const windowMs = now - since.at;
+          if (usedMs < windowMs * MIN_PROGRESS_CPU_SHARE || now > ceiling) {
+            throw new Error(
+              `${waiting} did not answer within ${now - started} ms (the sandbox used ${usedMs} ms of CPU in its last ${windowMs} ms)`,
+            );
+          }
+          deadline = Math.min(now + PROGRESS_WINDOW_MS, ceiling);
+          log.info("sandbox still starting on a busy node: waiting longer", { waiting, usedMs, windowMs });
+        }
+        if (attempt % 100 === 99) log.debug("still waiting for envd", { attempt });
+        await changes.next(this.options.readyPollMs ?? DEFAULT_READY_POLL_MS);
       }
-      if (attempt % 500 === 499) log.debug("still waiting for envd", { attempt });
-      await new Promise((resolve) => setTimeout(resolve, attempt < 100 ? 2 : 10));
+    } finally {
+      changes.close();
     }
   }
 

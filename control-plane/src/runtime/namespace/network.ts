@@ -68,19 +68,21 @@ COMMIT
  */
 const SLOT_SCRIPT = `set -e
 ip netns add "$NS"
-ip link add "$HV" address "$HMAC" type veth peer name eth0 address "$SMAC" netns "$NS"
+printf '%s\\n' \\
+  "link add $HV address $HMAC type veth peer name eth0 address $SMAC netns $NS" \\
+  "addr add $HIP/30 dev $HV" \\
+  "link set $HV up" \\
+  "neigh replace $SIP lladdr $SMAC dev $HV nud permanent" | ip -batch -
 sysctl -qw "net.ipv6.conf.$HV.disable_ipv6=1" "net.ipv4.conf.$HV.forwarding=1"
-ip addr add "$HIP/30" dev "$HV"
-ip link set "$HV" up
-ip neigh replace "$SIP" lladdr "$SMAC" dev "$HV" nud permanent
+printf '%s\\n' \\
+  "link set lo up" \\
+  "addr add $SIP/30 dev eth0" \\
+  "link set eth0 up" \\
+  "neigh replace $HIP lladdr $HMAC dev eth0 nud permanent" \\
+  "route add default via $HIP dev eth0" | ip -n "$NS" -batch -
 ip netns exec "$NS" sh -c '
 set -e
 sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 net.ipv4.ip_unprivileged_port_start=0 "net.ipv4.ping_group_range=0 2147483647" net.ipv4.ip_nonlocal_bind=1
-ip link set lo up
-ip addr add "$SIP/30" dev eth0
-ip link set eth0 up
-ip neigh replace "$HIP" lladdr "$HMAC" dev eth0 nud permanent
-ip route add default via "$HIP" dev eth0
 printf "%s" "$NS_RULES" | iptables-restore
 '
 `;
@@ -93,6 +95,8 @@ export class NetworkPool {
   private readonly firewall = new SerialQueue();
   /** The rules each slot's own namespace holds now (as last applied), so the same rules are never applied twice. */
   private readonly namespaceRules = new Map<number, string>();
+  /** Slots whose host rules this agent added (and can delete by their spec). */
+  private readonly hostRulesAdded = new Set<number>();
   /** The rules a new slot's namespace starts with; closed until `prepareRules` says otherwise. */
   private initialRules: (slot: NetworkSlot) => string = () => SANDBOX_RULES;
   private refilling: Promise<void> | undefined;
@@ -319,25 +323,8 @@ export class NetworkPool {
         },
       });
       this.namespaceRules.set(index, rules);
-      const tag = this.ruleTag(index);
-      const comment = `-m comment --comment ${tag}`;
-      await this.restore(
-        [
-          `-A ${this.inputChain} -i ${slot.hostVeth} -m conntrack --ctstate ESTABLISHED,RELATED ${comment} -j ACCEPT`,
-          `-A ${this.inputChain} -i ${slot.hostVeth} ${comment} -j DROP`,
-          // Egress: never to another sandbox (any agent's, either driver's) or link-local; the rest is the
-          // sandbox's own policy, enforced inside its namespace (egress-rules.ts). Inbound: only replies.
-          ...SANDBOX_INTERFACES.map(
-            (iface) => `-A ${this.forwardChain} -i ${slot.hostVeth} -o ${iface} ${comment} -j DROP`,
-          ),
-          `-A ${this.forwardChain} -i ${slot.hostVeth} -d 169.254.0.0/16 ${comment} -j DROP`,
-          `-A ${this.forwardChain} -i ${slot.hostVeth} -s ${slot.sandboxAddr} ${comment} -j ACCEPT`,
-          `-A ${this.forwardChain} -i ${slot.hostVeth} ${comment} -j DROP`,
-          `-A ${this.forwardChain} -o ${slot.hostVeth} -m conntrack --ctstate ESTABLISHED,RELATED ${comment} -j ACCEPT`,
-          `-A ${this.forwardChain} -o ${slot.hostVeth} ${comment} -j DROP`,
-        ],
-        false,
-      );
+      await this.restore(this.hostRules(slot), false);
+      this.hostRulesAdded.add(index);
       return slot;
     } catch (error) {
       await this.destroy(slot).catch(() => undefined);
@@ -345,18 +332,48 @@ export class NetworkPool {
     }
   }
 
+  /** The host rules of a slot (`-A` lines): its input and forward rules, tagged with the slot's comment. */
+  private hostRules(slot: NetworkSlot): string[] {
+    const comment = `-m comment --comment ${this.ruleTag(slot.index)}`;
+    return [
+      `-A ${this.inputChain} -i ${slot.hostVeth} -m conntrack --ctstate ESTABLISHED,RELATED ${comment} -j ACCEPT`,
+      `-A ${this.inputChain} -i ${slot.hostVeth} ${comment} -j DROP`,
+      // Egress: never to another sandbox (any agent's, either driver's) or link-local; the rest is the
+      // sandbox's own policy, enforced inside its namespace (egress-rules.ts). Inbound: only replies.
+      ...SANDBOX_INTERFACES.map(
+        (iface) => `-A ${this.forwardChain} -i ${slot.hostVeth} -o ${iface} ${comment} -j DROP`,
+      ),
+      `-A ${this.forwardChain} -i ${slot.hostVeth} -d 169.254.0.0/16 ${comment} -j DROP`,
+      `-A ${this.forwardChain} -i ${slot.hostVeth} -s ${slot.sandboxAddr} ${comment} -j ACCEPT`,
+      `-A ${this.forwardChain} -i ${slot.hostVeth} ${comment} -j DROP`,
+      `-A ${this.forwardChain} -o ${slot.hostVeth} -m conntrack --ctstate ESTABLISHED,RELATED ${comment} -j ACCEPT`,
+      `-A ${this.forwardChain} -o ${slot.hostVeth} ${comment} -j DROP`,
+    ];
+  }
+
+  /**
+   * Deletes the slot's veth pair and namespace (one `ip`), then its host rules: those this agent added are deleted
+   * by their spec (no listing of the chains on a kill); any other slot (adopted, or made half way) by listing the
+   * chains for its tag.
+   */
   private async destroy(slot: NetworkSlot): Promise<void> {
     this.namespaceRules.delete(slot.index);
-    await exec("ip", ["link", "del", slot.hostVeth], { allowFailure: true });
-    await exec("ip", ["netns", "del", slot.netns], { allowFailure: true });
-    const tag = this.ruleTag(slot.index);
-    const tagged = new RegExp(`(^|[\\s"])${tag}(["\\s]|$)`);
-    const mine = (await this.ownRules()).filter((line) => tagged.test(line));
-    if (mine.length > 0)
-      await this.restore(
-        mine.map((line) => line.replace(/^-A /, "-D ")),
-        true,
-      );
+    await exec("ip", ["-force", "-batch", "-"], {
+      input: `link del ${slot.hostVeth}\nnetns del ${slot.netns}\n`,
+      allowFailure: true,
+    });
+    const added = this.hostRulesAdded.delete(slot.index);
+    const deleted = added && (await this.restoreOnce(this.hostRules(slot).map((line) => line.replace(/^-A /, "-D "))));
+    if (!deleted) {
+      const tag = this.ruleTag(slot.index);
+      const tagged = new RegExp(`(^|[\\s"])${tag}(["\\s]|$)`);
+      const mine = (await this.ownRules()).filter((line) => tagged.test(line));
+      if (mine.length > 0)
+        await this.restore(
+          mine.map((line) => line.replace(/^-A /, "-D ")),
+          true,
+        );
+    }
     this.used.delete(slot.index);
   }
 
@@ -368,6 +385,15 @@ export class NetworkPool {
       lines.push(...stdout.split("\n").filter((line) => line.startsWith("-A ")));
     }
     return lines;
+  }
+
+  /** One `iptables-restore --noflush` of `lines`: whether it applied (all of them, or none). */
+  private restoreOnce(lines: readonly string[]): Promise<boolean> {
+    return this.firewall.run(async () => {
+      const input = `*filter\n${lines.join("\n")}\nCOMMIT\n`;
+      const result = await exec("iptables-restore", ["-w", "--noflush"], { input, allowFailure: true });
+      return result.code === 0;
+    });
   }
 
   private restore(lines: readonly string[], tolerant: boolean): Promise<void> {

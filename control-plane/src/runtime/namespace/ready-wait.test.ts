@@ -1,5 +1,5 @@
 import { type ChildProcess, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { appendFileSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -99,6 +99,32 @@ describe("waiting for a new sandbox's envd", () => {
     );
     expect(Date.now() - started).toBeGreaterThanOrEqual(TIMEOUT_MS * 3);
     expect(Date.now() - started).toBeLessThan(TIMEOUT_MS * 4);
+  });
+
+  it("asks envd again as soon as the sandbox's log changes, not only at the next poll", async () => {
+    // Polls ten seconds apart: only the log's change can make the wait end within the test's few seconds.
+    const slowPolls = new InstanceContainers({
+      instance: "readywait",
+      crunRoot: dir,
+      records: { dir: () => dir } as unknown as InstanceRecords,
+      uidBase: 0,
+      nodeBinary: process.execPath,
+      envdRoot: dir,
+      readyTimeoutMs: 30_000,
+      readyPollMs: 10_000,
+      disks: undefined as never,
+    });
+    writeFileSync(join(dir, "envd.log"), "");
+    const record = await sandbox("sleep 60");
+    setTimeout(() => {
+      envd = createServer((_req, res) => res.end("ok")).listen(ENVD_PORT, ADDR, () => {
+        appendFileSync(join(dir, "envd.log"), '{"msg":"envd listening"}\n');
+      });
+    }, 300);
+    const started = Date.now();
+    await slowPolls.waitReady(record, cgroup, silentLogger);
+    expect(Date.now() - started).toBeLessThan(5_000);
+    rmSync(join(dir, "envd.log"));
   });
 
   it("a sandbox that exits while starting fails at once", async () => {

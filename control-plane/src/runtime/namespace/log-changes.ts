@@ -1,0 +1,54 @@
+import { type FSWatcher, watch } from "node:fs";
+
+/**
+ * Wakes a waiter when a file changes (inotify, through `fs.watch`), or after a fallback delay: a sandbox's start
+ * is waited for on its log (envd writes "envd listening" as it starts to listen) instead of by asking envd every few
+ * milliseconds, which on a busy node took CPU from the starts themselves. A file that cannot be watched (not there)
+ * leaves only the delay.
+ */
+export class LogChanges {
+  private watcher: FSWatcher | undefined;
+  private changed = false;
+  private wake: (() => void) | undefined;
+
+  constructor(file: string) {
+    try {
+      this.watcher = watch(file, { persistent: false }, () => {
+        this.changed = true;
+        this.wake?.();
+      });
+      this.watcher.on("error", () => this.close());
+    } catch {
+      this.watcher = undefined;
+    }
+  }
+
+  /** Whether changes wake `next` (else it only waits out its delay). */
+  get watching(): boolean {
+    return this.watcher !== undefined;
+  }
+
+  /** Resolves at once if the file changed since the last call, else at its next change or after `fallbackMs`. */
+  next(fallbackMs: number): Promise<void> {
+    if (this.changed) {
+      this.changed = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.wake = undefined;
+        this.changed = false;
+        resolve();
+      };
+      const timer = setTimeout(done, fallbackMs);
+      this.wake = done;
+    });
+  }
+
+  close(): void {
+    this.watcher?.close();
+    this.watcher = undefined;
+    this.wake?.();
+  }
+}
