@@ -319,9 +319,22 @@ export class NodeAgent {
       );
     }
     this.sandboxes.delete(sandboxId);
-    await this.routes.delete(sandboxId, sandbox.exec, sandbox.generation);
+    // The route goes first, so no new traffic reaches a dying sandbox. A route that cannot be deleted (Redis away)
+    // does not save the sandbox: forgotten here, it would run on with its mounts until the agent's next start.
+    const routeError = await this.routes.delete(sandboxId, sandbox.exec, sandbox.generation).then(
+      () => undefined,
+      (error: unknown) => error as Error,
+    );
     // Unreachable (no route) and stopped (no process) is what a kill waits for; the host resources follow.
     await this.driver.kill(sandbox.instanceId, { reclaimLater: true });
+    if (routeError) {
+      this.log.warn("sandbox killed; its route could not be deleted", { sandboxId, error: routeError });
+      // The caller (the master) removes the route itself when a kill fails.
+      throw new AgentError(
+        "unavailable",
+        `sandbox '${sandboxId}' was killed, but its route could not be deleted: ${routeError.message}`,
+      );
+    }
     this.log.info("sandbox killed", { sandboxId, exec: sandbox.exec });
   }
 

@@ -14,11 +14,13 @@ import { ipString, mac, parseCidr } from "../net-addr.js";
  *
  * Isolation, in two independent layers:
  * - inside the sandbox's namespace (owned by the host's user namespace, so sandbox root has no CAP_NET_ADMIN
- *   over it and cannot change any of this): only the /30 is routed (no default route, so no path to other
- *   sandboxes, the host's other addresses, link-local metadata or the internet); IPv6 is disabled; the OUTPUT
- *   policy is DROP except loopback and replies, and new connections are REJECTed so they fail at once;
+ *   over it and cannot change any of this): the default route points at the host side, and the namespace's
+ *   firewall is the sandbox's egress policy (egress-rules.ts: Warren's floor, then the policy; a slot starts closed,
+ *   OUTPUT DROP except loopback and replies with new connections REJECTed, or with the rules `prepareRules` gives);
+ *   IPv6 is disabled;
  * - on the host: per-slot rules in this agent's chains drop everything from the sandbox's veth to the host itself
- *   (INPUT) except replies to the node's own connections, and drop all forwarding from or to it (FORWARD).
+ *   (INPUT) except replies to the node's own connections and the egress gateway's ports, and drop forwarding to
+ *   other sandboxes and link-local addresses and anything not from the sandbox's own address (FORWARD).
  * Slots are never reused: a killed sandbox's namespace, veth and rules are deleted, and the pool makes new ones.
  */
 export interface NetworkSlot {
