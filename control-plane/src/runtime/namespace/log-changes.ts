@@ -23,11 +23,6 @@ export class LogChanges {
     }
   }
 
-  /** Whether changes wake `next` (else it only waits out its delay). */
-  get watching(): boolean {
-    return this.watcher !== undefined;
-  }
-
   /** Resolves at once if the file changed since the last call, else at its next change or after `fallbackMs`. */
   next(fallbackMs: number): Promise<void> {
     if (this.changed) {

@@ -24,16 +24,18 @@ describe("waiting for a new sandbox's envd", () => {
   let child: ChildProcess | undefined;
   let envd: Server | undefined;
   const dir = mkdtempSync(join(tmpdir(), "warren-ready-wait-"));
-  const containers = new InstanceContainers({
-    instance: "readywait",
-    crunRoot: dir,
-    records: { dir: () => dir } as unknown as InstanceRecords,
-    uidBase: 0,
-    nodeBinary: process.execPath,
-    envdRoot: dir,
-    readyTimeoutMs: TIMEOUT_MS,
-    disks: undefined as never,
-  });
+  const containersWith = (timing: { readyTimeoutMs: number; readyPollMs?: number }) =>
+    new InstanceContainers({
+      instance: "readywait",
+      crunRoot: dir,
+      records: { dir: () => dir } as unknown as InstanceRecords,
+      uidBase: 0,
+      nodeBinary: process.execPath,
+      envdRoot: dir,
+      disks: undefined as never,
+      ...timing,
+    });
+  const containers = containersWith({ readyTimeoutMs: TIMEOUT_MS });
 
   beforeAll(async () => {
     cgroups = detectCgroupManager(PARENT);
@@ -103,17 +105,7 @@ describe("waiting for a new sandbox's envd", () => {
 
   it("asks envd again as soon as the sandbox's log changes, not only at the next poll", async () => {
     // Polls ten seconds apart: only the log's change can make the wait end within the test's few seconds.
-    const slowPolls = new InstanceContainers({
-      instance: "readywait",
-      crunRoot: dir,
-      records: { dir: () => dir } as unknown as InstanceRecords,
-      uidBase: 0,
-      nodeBinary: process.execPath,
-      envdRoot: dir,
-      readyTimeoutMs: 30_000,
-      readyPollMs: 10_000,
-      disks: undefined as never,
-    });
+    const slowPolls = containersWith({ readyTimeoutMs: 30_000, readyPollMs: 10_000 });
     writeFileSync(join(dir, "envd.log"), "");
     const record = await sandbox("sleep 60");
     setTimeout(() => {
