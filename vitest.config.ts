@@ -16,8 +16,9 @@ export default defineConfig({
     maxWorkers: 2,
     // Node agents started by tests (and the clusters they launch) leave the host's uplink forwarding alone, and
     // their sandboxes' DNS goes nowhere (the discard port on loopback) unless a test sets its own upstream: no
-    // query leaves this machine.
-    env: { WARREN_UPLINK_FORWARDING: "0", WARREN_DNS_UPSTREAM: "127.0.0.1:9" },
+    // query leaves this machine. Shipped templates are not shared through the registries test clusters start (their
+    // agents share this host's template cache; control-plane/test/shipped-templates.test.ts turns sharing on).
+    env: { WARREN_UPLINK_FORWARDING: "0", WARREN_DNS_UPSTREAM: "127.0.0.1:9", WARREN_SHARE_SHIPPED_TEMPLATES: "off" },
     projects: [
       {
         extends: true,

@@ -6,6 +6,8 @@
  *   warren:route:<sandboxId>   hash  SandboxRoute (fields below); written by the node agent that hosts the sandbox
  *   warren:node:<nodeId>       hash  NodeHeartbeat (./heartbeat.ts); expires unless the agent refreshes it (NODE_TTL_SECONDS)
  *   warren:nodes               set   ids of every node that has sent a heartbeat
+ *   warren:crash:<sandboxId>   string why a node found the sandbox dead (crashKey)
+ *   warren:template-build:<name> string the node building a shipped template for the cluster (templateBuildClaimKey)
  * Channel
  *   warren:route-events        JSON RouteEvent on every route change; proxies drop cached routes on it
  * All of them under WARREN_REDIS_PREFIX when it is set (below).
@@ -95,6 +97,33 @@ export function nodeKey(nodeId: string): string {
   if (!isNodeId(nodeId)) throw new Error(`invalid node id '${nodeId}'`);
   return `warren:node:${nodeId}`;
 }
+
+/**
+ * `warren:template-build:<id>-<key>` (string, expires): the one node building a shipped template (a recipe of the
+ * node agent's catalog, identified by its content key) for the whole cluster, which then publishes it to the
+ * template store for the others to pull. Value: a token naming the holder (node id + random); renewed while it
+ * builds, removed by compare-and-delete (CLAIM_RELEASE_SCRIPT). A holder that dies lets it expire and another
+ * node takes it over.
+ */
+export function templateBuildClaimKey(name: string): string {
+  if (!TEMPLATE_BUILD_NAME.test(name)) throw new Error(`invalid template build name '${name}'`);
+  return `warren:template-build:${name}`;
+}
+
+const TEMPLATE_BUILD_NAME = /^[a-z0-9][a-z0-9_.-]{0,127}$/;
+export const TEMPLATE_BUILD_CLAIM_TTL_MS = 60_000;
+
+/** KEYS[1]=claim key; ARGV[1]=holder token, ARGV[2]=ttl ms. Extends the claim if still held by that token: 1, else 0. */
+export const CLAIM_RENEW_SCRIPT = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+`;
+
+/** KEYS[1]=claim key; ARGV[1]=holder token. Deletes the claim if still held by that token: 1, else 0. */
+export const CLAIM_RELEASE_SCRIPT = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+`;
 
 export type RouteState = "running" | "pausing" | "paused" | "resuming";
 const ROUTE_STATES: readonly RouteState[] = ["running", "pausing", "paused", "resuming"];

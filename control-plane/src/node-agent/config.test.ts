@@ -33,5 +33,19 @@ describe("node agent config", () => {
     expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_AGENT_LISTEN: "nope" })).toThrow(/host:port/);
     expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_INSTANCE: "toolong" })).toThrow(/WARREN_INSTANCE/);
     expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_UID_BASE: "0" })).toThrow(/WARREN_UID_BASE/);
+    expect(() => loadNodeAgentConfig({ WARREN_NODE_ID: "n", WARREN_SHARE_SHIPPED_TEMPLATES: "yes" })).toThrow(
+      /WARREN_SHARE_SHIPPED_TEMPLATES must be auto, on or off, got 'yes'/,
+    );
+  });
+
+  it("shares shipped templates through a registry store by default, not through a directory", () => {
+    const share = (env: Record<string, string>) =>
+      loadNodeAgentConfig({ WARREN_NODE_ID: "n", ...env }).shareShippedTemplates;
+    expect(share({})).toBe(false);
+    expect(share({ WARREN_STORE: "docker://127.0.0.1:5000/warren" })).toBe(true);
+    expect(share({ WARREN_STORE: "docker://127.0.0.1:5000/warren", WARREN_SHARE_SHIPPED_TEMPLATES: "off" })).toBe(
+      false,
+    );
+    expect(share({ WARREN_STORE: "oci:/shared/store", WARREN_SHARE_SHIPPED_TEMPLATES: "on" })).toBe(true);
   });
 });

@@ -57,6 +57,7 @@ import type { SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_STORE | oci:/var/lib/warren/store | where built templates are published for every node (snapshot-store.ts): `oci:<dir>` (a directory: one host, or a filesystem the nodes share) or `docker://<host[:port]>/<path>` (an OCI registry) |
  * | WARREN_STORE_INSECURE | 0 | 1: the registry speaks plain HTTP or has a certificate this node does not trust |
  * | WARREN_STORE_USERNAME, WARREN_STORE_PASSWORD | unset | the registry's credentials (passed to skopeo in a 0600 file, never logged) |
+ * | WARREN_SHARE_SHIPPED_TEMPLATES | auto | on: the shipped templates (`base`, `code-interpreter-v1`, …) are built by one node for the cluster (a claim in Redis) and published to WARREN_STORE, and every other node pulls that copy (digest checked) instead of building its own, so all nodes run the same bytes; off: each node builds its own; auto: on for a registry store (several nodes), off for a directory (one host, whose agents share WARREN_TEMPLATES_DIR) |
  * | WARREN_PACK_CACHE_MB | 2048 | a registry store's snapshot packs kept on the node (least recently used go first), so a pull fetches only the packs it lacks; 0: off |
  * | WARREN_IMAGE_MIRROR | unset | `host[:port]` pulled from instead of Docker Hub for its image names (templates `fromImage`) |
  * | WARREN_INSECURE_REGISTRIES | unset | comma-separated `host:port` of registries spoken to over plain HTTP |
@@ -119,6 +120,8 @@ export interface NodeAgentConfig {
   readonly store: SnapshotStoreConfig;
   /** WARREN_PACK_CACHE_MB: a registry store's packs kept on the node (pack-cache.ts); 0 off. */
   readonly packCacheMB?: number;
+  /** WARREN_SHARE_SHIPPED_TEMPLATES resolved (templates/sharing.ts); absent (tests' hand-made configs): off. */
+  readonly shareShippedTemplates?: boolean;
   /** Templates from OCI images: WARREN_IMAGE_MIRROR, WARREN_INSECURE_REGISTRIES, WARREN_IMAGE_MAX_BYTES. */
   readonly images: {
     readonly dockerHubMirror?: string;
@@ -177,6 +180,14 @@ function storeConfig(env: NodeJS.ProcessEnv): SnapshotStoreConfig {
   };
 }
 
+function shareShippedTemplates(value: string | undefined, store: SnapshotStoreConfig): boolean {
+  const mode = (value || "auto").toLowerCase();
+  if (mode === "on") return true;
+  if (mode === "off") return false;
+  if (mode === "auto") return parseStoreUrl(store.url).kind === "registry";
+  throw new ConfigError(`WARREN_SHARE_SHIPPED_TEMPLATES must be auto, on or off, got '${value}'`);
+}
+
 export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeAgentConfig {
   const nodeId =
     env.WARREN_NODE_ID ??
@@ -185,6 +196,7 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
       .replace(/[^a-z0-9-]/g, "-")
       .slice(0, 63);
   if (!isNodeId(nodeId)) throw new ConfigError(`WARREN_NODE_ID '${nodeId}' is not a valid id`);
+  const store = storeConfig(env);
   const listen = env.WARREN_AGENT_LISTEN ?? "127.0.0.1:49700";
   const match = /^(.+):(\d+)$/.exec(listen);
   if (!match) throw new ConfigError(`WARREN_AGENT_LISTEN must be host:port, got '${listen}'`);
@@ -246,7 +258,8 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     microvmBootTimeoutMs: integer(env, "WARREN_MICROVM_BOOT_TIMEOUT_MS", 0, 0, 3_600_000),
     microvmRamFile: env.WARREN_MICROVM_RAM_FILE !== "0",
     relayToken: relayToken(env.WARREN_RELAY_TOKEN),
-    store: storeConfig(env),
+    store,
+    shareShippedTemplates: shareShippedTemplates(env.WARREN_SHARE_SHIPPED_TEMPLATES, store),
     packCacheMB: integer(env, "WARREN_PACK_CACHE_MB", 2048, 0, 2 ** 24),
     images: {
       ...(env.WARREN_IMAGE_MIRROR ? { dockerHubMirror: env.WARREN_IMAGE_MIRROR } : {}),

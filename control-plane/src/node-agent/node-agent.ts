@@ -1,4 +1,5 @@
 import { createServer, type Server } from "node:http";
+import { join } from "node:path";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { RuntimeDriver } from "../runtime/driver.js";
 import { sandboxLogCap } from "../runtime/log-cap.js";
@@ -10,6 +11,7 @@ import type { Logger } from "./log.js";
 import { SandboxRelay } from "./relay.js";
 import { RoutePublisher } from "./routes.js";
 import { nodeAgentRoutes } from "./service.js";
+import { StoreSharedTemplates } from "./shipped-templates.js";
 
 export interface RunningNodeAgent<D extends RuntimeDriver = NamespaceDriver> {
   readonly agent: NodeAgent;
@@ -54,10 +56,20 @@ export async function startNodeAgent(
     uplinkForwarding: config.uplinkForwarding,
     diskOvercommit: config.diskOvercommit,
   });
+  const shared = config.shareShippedTemplates
+    ? new StoreSharedTemplates({
+        store: config.store,
+        workDir: join(config.stateDir, "store-work"),
+        redisUrl: config.redisUrl,
+        redisPrefix: config.redisPrefix,
+        nodeId: config.nodeId,
+      })
+    : undefined;
   const templates = new TemplateStore({
     dir: config.templatesDir,
     uidBase: config.uidBase,
     ...(config.debianMirror ? { mirror: config.debianMirror } : {}),
+    ...(shared ? { shared } : {}),
     log: log.child({ part: "templates" }),
   });
   const routes = new RoutePublisher(config.redisUrl, config.redisPrefix);
@@ -86,6 +98,7 @@ export async function startNodeAgent(
     await agent.start();
   } catch (error) {
     server.close();
+    await shared?.close();
     throw error;
   }
   if (driver instanceof NamespaceDriver) driver.startPools();
@@ -105,6 +118,7 @@ export async function startNodeAgent(
       await closed;
       clearTimeout(deadline);
       await agent.close(options);
+      await shared?.close();
     },
   };
 }

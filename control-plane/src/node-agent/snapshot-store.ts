@@ -5,6 +5,7 @@ import type { Logger } from "./log.js";
 import { type BlobRef, OciStore, type OciStoreConfig } from "./oci-store.js";
 import type { PackCache } from "./pack-cache.js";
 import type { PartReader } from "./part-readers.js";
+import { SHIPPED_TEMPLATE_TAG_PREFIX } from "./shipped-templates.js";
 import { mismatch } from "./snapshot-packs.js";
 
 /**
@@ -161,11 +162,14 @@ export class SnapshotStore {
   }
 
   /**
-   * The snapshot ids published to the store (its shared layers' tags are not snapshots). A registry lists its
+   * The snapshot ids published to the store (its shared layers' tags and the shipped templates' are not snapshots:
+   * the master's collection never sees them). A registry lists its
    * tags; a layout directory its index (an empty list when the store was never written to).
    */
   async listPublished(): Promise<string[]> {
-    return (await this.oci.listTags()).filter((tag) => !tag.startsWith(LAYER_TAG_PREFIX));
+    return (await this.oci.listTags()).filter(
+      (tag) => !tag.startsWith(LAYER_TAG_PREFIX) && !tag.startsWith(SHIPPED_TEMPLATE_TAG_PREFIX),
+    );
   }
 
   /**

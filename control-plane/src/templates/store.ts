@@ -8,7 +8,8 @@ import { exec } from "../runtime/exec.js";
 import { withFileLock } from "../runtime/file-lock.js";
 import { TEMPLATE_RECIPES, type TemplateRecipe } from "./catalog.js";
 import { hostDebianMirror } from "./mirror.js";
-import { shiftOwners } from "./uid-shift.js";
+import { isClaim, type SharedTemplates, type TemplateBuildClaim } from "./sharing.js";
+import { rebaseOwners, shiftOwners } from "./uid-shift.js";
 
 /** Bumped when the build procedure itself changes, so every cached template is rebuilt. */
 const BUILD_FORMAT = 1;
@@ -26,6 +27,13 @@ export interface TemplateStoreOptions {
   readonly mirror?: string;
   readonly log: Logger;
   readonly recipes?: Readonly<Record<string, TemplateRecipe>>;
+  /**
+   * The cluster's shared copies (sharing.ts): a template this node lacks is pulled when another node published it,
+   * built here (and published) only by the node holding its claim. Absent: every node builds its own.
+   */
+  readonly shared?: SharedTemplates;
+  /** How often a node waiting for another node's build looks again (default 2 s). */
+  readonly sharedPollMs?: number;
 }
 
 /** Proves a freshly built template works: start a sandbox from it and wait for envd's /health. */
@@ -47,6 +55,8 @@ exec chroot "$R" /bin/sh -c "$STEP"
  */
 export class TemplateStore {
   private readonly recipes: Readonly<Record<string, TemplateRecipe>>;
+  /** Templates found built here that were offered to the cluster's store (once per process). */
+  private readonly offered = new Set<string>();
 
   constructor(private readonly options: TemplateStoreOptions) {
     this.recipes = options.recipes ?? TEMPLATE_RECIPES;
@@ -75,6 +85,17 @@ export class TemplateStore {
       .slice(0, 16);
   }
 
+  /**
+   * The template's name in the cluster's store: its id and a hash of its content without this node's uid base
+   * (owners are moved into each node's range when it pulls).
+   */
+  sharedName(id: string): string {
+    const recipe = this.recipe(id);
+    const parent = recipe.parent ? this.sharedName(recipe.parent) : "";
+    const key = createHash("sha256").update(JSON.stringify({ BUILD_FORMAT, parent, recipe })).digest("hex");
+    return `${id}-${key.slice(0, 16)}`;
+  }
+
   private templateDir(id: string): string {
     return join(this.options.dir, `${id}-${this.hash(id)}`);
   }
@@ -100,25 +121,158 @@ export class TemplateStore {
     };
   }
 
-  /** Builds `id` (and its parents) unless cached, then runs its ready check once. */
+  /**
+   * Makes `id` (and its parents) ready unless cached: pulled from the cluster's store when another node published
+   * it, else built here (and then published, when this node holds the cluster's claim on it), then its ready check
+   * runs once.
+   */
   async ensure(id: string, readyCheck: ReadyCheck): Promise<BuiltTemplate> {
     const recipe = this.recipe(id);
     const cached = this.ready(id);
-    if (cached) return cached;
+    if (cached) {
+      this.offer(recipe);
+      return cached;
+    }
     if (recipe.parent) await this.ensure(recipe.parent, readyCheck);
     const log = this.options.log.child({ templateId: id, hash: this.hash(id) });
     return withFileLock(join(this.options.dir, "locks", `${id}.lock`), async () => {
       const dir = this.templateDir(id);
       if (existsSync(join(dir, "READY"))) return this.image(id);
-      if (!existsSync(join(dir, "rootfs"))) await this.build(recipe, dir, log);
-      else log.info("template rootfs cached; running its ready check");
-      const image = this.image(id);
-      const started = Date.now();
-      await readyCheck(image);
-      await writeFile(join(dir, "READY"), new Date().toISOString());
-      log.info("template ready", { readyCheckMs: Date.now() - started });
-      return image;
+      let claim: TemplateBuildClaim | undefined;
+      try {
+        if (!existsSync(join(dir, "rootfs"))) {
+          const source = this.options.shared && !recipe.empty ? await this.fromCluster(recipe, dir, log) : "build";
+          if (source !== "pulled") {
+            claim = source === "build" ? undefined : source;
+            await this.build(recipe, dir, log);
+          }
+        } else log.info("template rootfs cached; running its ready check");
+        const image = this.image(id);
+        const started = Date.now();
+        await readyCheck(image);
+        if (claim) await this.publish(claim, image, log);
+        await writeFile(join(dir, "READY"), new Date().toISOString());
+        log.info("template ready", { readyCheckMs: Date.now() - started });
+        return image;
+      } finally {
+        await claim?.release().catch(() => undefined);
+      }
     });
+  }
+
+  /**
+   * Pulls the template when the cluster's store has it; otherwise claims its build for the cluster, or waits while
+   * another node holds that claim (its build ends in a publish, or its claim expires and this node takes it).
+   */
+  private async fromCluster(recipe: TemplateRecipe, dir: string, log: Logger): Promise<"pulled" | TemplateBuildClaim> {
+    const shared = this.options.shared as SharedTemplates;
+    const name = this.sharedName(recipe.id);
+    let waitingFor: string | undefined;
+    for (;;) {
+      if (await this.pull(recipe, dir, log)) return "pulled";
+      const claim = await shared.claim(name);
+      if (isClaim(claim)) {
+        // Published between the look and the claim: that copy is the cluster's.
+        if (!(await shared.has(name))) {
+          log.info("building the template for the cluster", { store: shared.description, name });
+          return claim;
+        }
+        await claim.release();
+        continue;
+      }
+      if (waitingFor !== claim.holder) {
+        waitingFor = claim.holder;
+        log.info("another node is building the template; waiting for it in the store", { holder: claim.holder });
+      }
+      await new Promise((resolve) => setTimeout(resolve, this.options.sharedPollMs ?? 2000));
+    }
+  }
+
+  /** Unpacks the store's copy into `dir` (owners moved into this node's range); false when the store lacks it. */
+  private async pull(recipe: TemplateRecipe, dir: string, log: Logger): Promise<boolean> {
+    const shared = this.options.shared as SharedTemplates;
+    const name = this.sharedName(recipe.id);
+    await mkdir(this.options.dir, { recursive: true });
+    const tmp = `${dir}.tmp-${process.pid}`;
+    await rm(tmp, { recursive: true, force: true });
+    await mkdir(tmp);
+    const started = Date.now();
+    try {
+      const rootfs = join(tmp, "rootfs");
+      const fetched = await shared.fetch(name, rootfs);
+      if (!fetched) {
+        await rm(tmp, { recursive: true, force: true });
+        return false;
+      }
+      if (fetched.uidBase !== this.options.uidBase) await rebaseOwners(rootfs, fetched.uidBase, this.options.uidBase);
+      await writeFile(
+        join(tmp, "manifest.json"),
+        JSON.stringify(
+          {
+            id: recipe.id,
+            hash: this.hash(recipe.id),
+            pulledAt: new Date().toISOString(),
+            pulledFrom: { store: shared.description, name, digest: fetched.digest },
+            recipe,
+          },
+          null,
+          2,
+        ),
+      );
+      await rm(dir, { recursive: true, force: true });
+      await rename(tmp, dir);
+      log.info("template pulled from the store", {
+        store: shared.description,
+        digest: fetched.digest,
+        mib: Math.round(fetched.bytes / 2 ** 20),
+        seconds: Math.round((Date.now() - started) / 100) / 10,
+      });
+      return true;
+    } catch (error) {
+      await rm(tmp, { recursive: true, force: true }).catch(() => undefined);
+      throw error;
+    }
+  }
+
+  /**
+   * Publishes a template this node built for the cluster. A failed publish leaves the template working here (it is
+   * logged): the claim's release lets another node build its own.
+   */
+  private async publish(claim: TemplateBuildClaim, image: BuiltTemplate, log: Logger): Promise<void> {
+    const started = Date.now();
+    try {
+      const published = await claim.publish(image.rootfs, this.options.uidBase);
+      log.info("template published to the store", {
+        digest: published.digest,
+        mib: Math.round(published.bytes / 2 ** 20),
+        seconds: Math.round((Date.now() - started) / 100) / 10,
+      });
+    } catch (error) {
+      log.warn("template could not be published to the store", { error: (error as Error).message });
+    }
+  }
+
+  /**
+   * A template found built here (before sharing was on, or while the store was unreachable) is published once
+   * when the store lacks it, in the background, so nodes that join later pull it instead of building their own.
+   */
+  private offer(recipe: TemplateRecipe): void {
+    const shared = this.options.shared;
+    if (!shared || recipe.empty || this.offered.has(recipe.id)) return;
+    this.offered.add(recipe.id);
+    const name = this.sharedName(recipe.id);
+    const log = this.options.log.child({ templateId: recipe.id, hash: this.hash(recipe.id) });
+    void (async () => {
+      if (await shared.has(name)) return;
+      const claim = await shared.claim(name);
+      if (!isClaim(claim)) return;
+      try {
+        const image = this.ready(recipe.id);
+        if (image && !(await shared.has(name))) await this.publish(claim, image, log);
+      } finally {
+        await claim.release();
+      }
+    })().catch((error) => log.warn("template could not be offered to the store", { error: (error as Error).message }));
   }
 
   private async build(recipe: TemplateRecipe, dir: string, log: Logger): Promise<void> {

@@ -1,20 +1,37 @@
 import { chmod, lchown, lstat, readdir } from "node:fs/promises";
 import { join } from "node:path";
 
+const RANGE = 65536;
+
 /**
  * Moves a rootfs's owners into the sandbox user namespace's host range: uid/gid n (< 65536) becomes base + n, so
  * sandbox root owns what root owned, and the host sees only unprivileged ids. Ids already in the range stay
- * (a child template re-shifts only what its own steps created). chown clears setuid/setgid bits, so they are
- * put back (sudo must stay setuid).
+ * (a child template re-shifts only what its own steps created). Resolves with the number of entries changed.
  */
-export async function shiftOwners(root: string, base: number): Promise<number> {
+export function shiftOwners(root: string, base: number): Promise<number> {
+  return remapOwners(root, (id) => (id < RANGE ? id + base : undefined));
+}
+
+/**
+ * Moves owners from one sandbox uid range to another (a template pulled from a node whose uid base differs):
+ * uid/gid in [from, from + 65536) becomes to + (id - from); anything else stays.
+ */
+export function rebaseOwners(root: string, from: number, to: number): Promise<number> {
+  return remapOwners(root, (id) => (id >= from && id < from + RANGE ? id - from + to : undefined));
+}
+
+/**
+ * Rewrites every entry's uid and gid that `map` maps (undefined: unchanged). chown clears setuid/setgid bits, so
+ * they are put back (sudo must stay setuid).
+ */
+async function remapOwners(root: string, map: (id: number) => number | undefined): Promise<number> {
   let changed = 0;
   const visit = async (path: string): Promise<void> => {
     const st = await lstat(path);
-    if (st.uid < 65536 || st.gid < 65536) {
-      const uid = st.uid < 65536 ? st.uid + base : st.uid;
-      const gid = st.gid < 65536 ? st.gid + base : st.gid;
-      await lchown(path, uid, gid);
+    const uid = map(st.uid);
+    const gid = map(st.gid);
+    if (uid !== undefined || gid !== undefined) {
+      await lchown(path, uid ?? st.uid, gid ?? st.gid);
       if (!st.isSymbolicLink() && st.mode & 0o6000) await chmod(path, st.mode & 0o7777);
       changed++;
     }

@@ -5,6 +5,7 @@ import { dirname, join, resolve } from "node:path";
 import { promisify } from "node:util";
 import { gunzip, gzip } from "node:zlib";
 import { exec } from "../exec.js";
+import { TAR_KEEP } from "../tar-stream.js";
 
 /**
  * Incremental captures of an overlay upper dir. The first capture copies the whole dir; each later capture of the
@@ -53,8 +54,6 @@ export interface CaptureUpperOptions {
  */
 const CTIME_SAFETY_WINDOW_S = 0.1;
 const COARSE_CTIME_SAFETY_WINDOW_S = 2;
-/** What tar must keep for a layer to work as one: owners as numbers, modes, xattrs (opaque dirs), ACLs, devices. */
-export const TAR_KEEP = ["--xattrs", "--xattrs-include=*", "--numeric-owner", "--acls"];
 const TOOL_ENV = { PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", LANG: "C.UTF-8" };
 const MANIFEST_FORMAT = "warren-upper-manifest/1";
 /** find's `%y`: file, dir, symlink, char/block device, fifo, socket, door. */

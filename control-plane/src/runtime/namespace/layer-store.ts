@@ -1,17 +1,14 @@
-import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { basename, join, relative } from "node:path";
-import { Readable } from "node:stream";
-import { pipeline } from "node:stream/promises";
 import type { Logger } from "@warren/platform/log";
 import { isSnapshotId } from "@warren/proto/redis";
 import { type SandboxResources, type SnapshotImage, withCurrentResourceNames } from "../driver.js";
 import { exec } from "../exec.js";
-import { tarCreateStream } from "../tar-stream.js";
+import { TAR_KEEP, tarCreateStream, tarExtractStream } from "../tar-stream.js";
 import type { CriuExternalFiles } from "./criu.js";
-import { captureUpper, TAR_KEEP } from "./layer-diff.js";
+import { captureUpper } from "./layer-diff.js";
 
 /** A CRIU dump kept with a snapshot (`snapshots/<id>/memory/`): what a restore into a new instance needs. */
 export interface MemoryImage extends CriuExternalFiles {
@@ -292,28 +289,11 @@ export class LayerStore {
     await mkdir(tmp);
     const moved: string[] = [];
     try {
-      const extract = ["--extract", "--ignore-zeros", ...TAR_KEEP, "--same-owner", "--same-permissions", "-C", tmp];
-      const tar = spawn("tar", extract, {
-        stdio: ["pipe", "ignore", "pipe"],
-      });
-      let stderr = "";
-      tar.stderr.on("data", (chunk: Buffer) => {
-        stderr += chunk.toString();
-      });
-      const exited = new Promise<number>((resolve) => tar.once("close", (code) => resolve(code ?? 1)));
-      // tar stops reading at the archive's end marker and may exit before the record padding after it has been
-      // written: its stdin closing early ("Premature close", EPIPE) is then no error, when tar itself succeeded.
-      const piped = await pipeline(Readable.from(data), tar.stdin).then(
-        () => undefined,
-        (error: NodeJS.ErrnoException) => {
-          const closedByTar = error.code === "EPIPE" || error.code === "ERR_STREAM_PREMATURE_CLOSE";
-          if (!closedByTar) tar.kill("SIGKILL");
-          return { error, closedByTar };
-        },
+      await tarExtractStream(
+        ["--ignore-zeros", ...TAR_KEEP, "--same-owner", "--same-permissions", "-C", tmp],
+        data,
+        `snapshot '${snapshotId}'`,
       );
-      const code = await exited;
-      if (code !== 0) throw new Error(`unpacking snapshot '${snapshotId}' failed (${code}): ${stderr.trim()}`);
-      if (piped && !piped.closedByTar) throw piped.error;
       const source = withCurrentResourceNames(
         JSON.parse(await readFile(join(tmp, "snapshots", snapshotId, "snapshot.json"), "utf8")) as LayeredSnapshot,
       );

@@ -1,0 +1,43 @@
+/**
+ * How the nodes of a cluster share the shipped templates (the recipes of catalog.ts) so that every node runs the
+ * same bytes: one node builds a template, publishes its root filesystem to the cluster's template store, and every
+ * other node pulls it (its digest checked) instead of building its own. Without this, each node debootstraps at its
+ * own moment and gets the Debian packages of that moment, and a custom template's layers built on one node's `base`
+ * would be stacked on another node's different `base`. The store and the claim live in the node agent
+ * (node-agent/shipped-templates.ts); store.ts only asks through this seam.
+ */
+export interface SharedTemplates {
+  /** Where templates are shared (for logs; never credentials). */
+  readonly description: string;
+  /** Whether the store holds the template named `name` (`<id>-<content key>`). */
+  has(name: string): Promise<boolean>;
+  /**
+   * Unpacks the published root filesystem into `rootfs` (which must not exist), checking its bytes against the
+   * digest it was published with; undefined when the store does not hold it. Owners are as the publisher had them
+   * (its `uidBase`): the caller moves them into its own range.
+   */
+  fetch(name: string, rootfs: string): Promise<FetchedTemplate | undefined>;
+  /**
+   * Makes this node the one that builds `name` for the cluster until the claim is released; undefined while
+   * another node holds it (`holder` then names it).
+   */
+  claim(name: string): Promise<TemplateBuildClaim | { readonly holder: string }>;
+}
+
+export interface FetchedTemplate {
+  readonly digest: string;
+  readonly bytes: number;
+  /** The uid base the publisher's owners are in. */
+  readonly uidBase: number;
+}
+
+export interface TemplateBuildClaim {
+  /** Publishes `rootfs` (owners in `uidBase`'s range) under the claimed name; resolves with its digest and size. */
+  publish(rootfs: string, uidBase: number): Promise<{ readonly digest: string; readonly bytes: number }>;
+  /** Gives the claim up (idempotent); a claim is kept alive until then. */
+  release(): Promise<void>;
+}
+
+export function isClaim(value: TemplateBuildClaim | { readonly holder: string }): value is TemplateBuildClaim {
+  return "publish" in value;
+}

@@ -1,0 +1,266 @@
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { templateBuildClaimKey } from "@warren/proto/redis";
+import { Redis } from "ioredis";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createLogger, type Logger } from "../src/node-agent/log.js";
+import type { RunningNodeAgent } from "../src/node-agent/node-agent.js";
+import { StoreSharedTemplates } from "../src/node-agent/shipped-templates.js";
+import { SnapshotStore } from "../src/node-agent/snapshot-store.js";
+import { TEMPLATE_RECIPES, type TemplateRecipe } from "../src/templates/catalog.js";
+import { TemplateStore } from "../src/templates/store.js";
+import { startLoopbackRegistry } from "./loopback-registry.js";
+import { BUILD_TIMEOUT_MS, purgeAgent, sdkSandbox, startTestAgent, testConfig } from "./node-agent-harness.js";
+
+// Shipped templates shared through the cluster's store (templates/sharing.ts, node-agent/shipped-templates.ts): the
+// node that has `base` publishes it, a node with an empty template cache and another uid base pulls it (no
+// debootstrap) and starts sandboxes from it; two nodes asking for a new template at once build it once; a copy
+// whose bytes do not match its digest is refused; a dead builder's claim expires and another node builds.
+
+const tmp = mkdtempSync(join("/var/lib/warren", "test-shipped-"));
+const storeUrl = `oci:${join(tmp, "store")}`;
+const prefix = `sts${randomBytes(3).toString("hex")}:`;
+const A = { instance: "sa", cidr: "10.251.0.0/24" };
+const B = { instance: "sb", cidr: "10.251.1.0/24" };
+const UID_BASE_B = 300_000;
+
+const sharedEnv = {
+  WARREN_STORE: storeUrl,
+  WARREN_SHARE_SHIPPED_TEMPLATES: "on",
+  WARREN_REDIS_PREFIX: prefix,
+};
+
+/** A recipe on `base` whose one step leaves a random stamp: two builds never make the same bytes. */
+function stamped(id: string): TemplateRecipe {
+  return {
+    id,
+    parent: "base",
+    steps: [
+      {
+        name: "stamp",
+        run: "set -e\nhead -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /stamp\ninstall -o 1000 -g 1000 -m 4755 /bin/true /opt/suid-true\n",
+      },
+    ],
+    defaults: TEMPLATE_RECIPES.base?.defaults as TemplateRecipe["defaults"],
+    allowSetuid: true,
+  };
+}
+
+const RECIPES = {
+  base: TEMPLATE_RECIPES.base as TemplateRecipe,
+  tiny: stamped("tiny"),
+  orphan: stamped("orphan"),
+};
+
+const redis = new Redis({ keyPrefix: prefix, lazyConnect: true });
+const opened: StoreSharedTemplates[] = [];
+
+/** A node's template cache with the cluster's sharing, as the node agent wires it; `lines` gets its log. */
+function node(name: string, uidBase: number, lines: string[], cache = name, url = storeUrl): TemplateStore {
+  const shared = new StoreSharedTemplates({
+    store: { url, insecure: url.startsWith("docker://") },
+    workDir: join(tmp, `${name}-work`),
+    redisUrl: "redis://127.0.0.1:6379",
+    redisPrefix: prefix,
+    nodeId: name,
+  });
+  opened.push(shared);
+  const log: Logger = createLogger("node-agent", { level: "info", write: (line) => void lines.push(line) });
+  return new TemplateStore({
+    dir: join(tmp, `${cache}-templates`),
+    uidBase,
+    recipes: RECIPES,
+    shared,
+    sharedPollMs: 200,
+    log,
+  });
+}
+
+const noCheck = async () => undefined;
+const messages = (lines: readonly string[], templateId: string) =>
+  lines
+    .map((line) => JSON.parse(line) as { msg: string; templateId?: string })
+    .filter((l) => l.templateId === templateId)
+    .map((l) => l.msg);
+
+let a: RunningNodeAgent;
+let b: RunningNodeAgent | undefined;
+
+beforeAll(async () => {
+  await redis.connect();
+  // Node A is this host's usual agent: its template cache has `base` (built by the first test that needed it).
+  a = await startTestAgent({ ...A, extraEnv: sharedEnv });
+}, BUILD_TIMEOUT_MS);
+
+afterAll(async () => {
+  await b?.stop({ killAll: true });
+  await a?.stop({ killAll: true });
+  for (const setup of [A, B]) await purgeAgent(testConfig(setup)).catch(() => undefined);
+  for (const shared of opened) await shared.close();
+  const keys = await redis.keys("*");
+  // ioredis prefixes DEL's keys itself; KEYS answers them with the prefix.
+  if (keys.length > 0) await redis.del(...keys.map((key) => key.slice(prefix.length)));
+  redis.disconnect();
+  rmSync(tmp, { recursive: true, force: true });
+}, 120_000);
+
+describe("shipped templates shared through the store", () => {
+  it(
+    "a node with an empty cache and another uid base pulls `base` (no build) and starts sandboxes from it",
+    async () => {
+      const dir = join(tmp, "b-templates");
+      b = await startTestAgent({
+        ...B,
+        extraEnv: { ...sharedEnv, WARREN_TEMPLATES_DIR: dir, WARREN_UID_BASE: String(UID_BASE_B) },
+      });
+      const baseDir = readdirSync(dir).find((name) => name.startsWith("base-")) as string;
+      const manifest = JSON.parse(readFileSync(join(dir, baseDir, "manifest.json"), "utf8"));
+      expect(manifest.pulledFrom).toMatchObject({ store: storeUrl, name: a.templates.sharedName("base") });
+      expect(manifest.pulledFrom.digest).toMatch(/^sha256:[0-9a-f]{64}$/);
+      expect(manifest.builtAt).toBeUndefined();
+
+      // The same bytes as node A's, owners moved into B's range (sudo still setuid).
+      const aRoot = (a.templates.ready("base") as { rootfs: string }).rootfs;
+      const bRoot = join(dir, baseDir, "rootfs");
+      expect(readFileSync(join(bRoot, "var/lib/dpkg/status"))).toEqual(
+        readFileSync(join(aRoot, "var/lib/dpkg/status")),
+      );
+      expect(statSync(join(bRoot, "home/user")).uid).toBe(UID_BASE_B + 1000);
+      expect(statSync(join(bRoot, "usr/bin/sudo")).uid).toBe(UID_BASE_B);
+      expect(statSync(join(bRoot, "usr/bin/sudo")).mode & 0o4000).toBe(0o4000);
+
+      const template = b.templates.ready("base");
+      expect(template).toBeDefined();
+      const instance = await b.driver.create({ template: template as never, resources: RECIPES.base.defaults });
+      try {
+        const sandbox = sdkSandbox("pulled", instance.envdUrl);
+        const who = await sandbox.commands.run("id -u; stat -c %u /home/user; sudo -n id -u");
+        expect(who.stdout.trim().split("\n")).toEqual(["1000", "1000", "0"]);
+      } finally {
+        await b.driver.kill(instance.instanceId);
+      }
+    },
+    BUILD_TIMEOUT_MS,
+  );
+
+  it(
+    "two nodes asking for a template the store lacks build it once: one builds and publishes, the other pulls",
+    async () => {
+      const cLines: string[] = [];
+      const dLines: string[] = [];
+      const c = node("c", 100_000, cLines);
+      const d = node("d", 400_000, dLines);
+      const [fromC, fromD] = await Promise.all([c.ensure("tiny", noCheck), d.ensure("tiny", noCheck)]);
+      const stampC = readFileSync(join(fromC.rootfs, "stamp"), "utf8");
+      expect(stampC).toMatch(/^[0-9a-f]{32}$/);
+      expect(readFileSync(join(fromD.rootfs, "stamp"), "utf8")).toBe(stampC);
+      const built = [...messages(cLines, "tiny"), ...messages(dLines, "tiny")].filter((m) => m === "template built");
+      expect(built).toHaveLength(1);
+      const pulled = [...messages(cLines, "tiny"), ...messages(dLines, "tiny")].filter(
+        (m) => m === "template pulled from the store",
+      );
+      expect(pulled).toHaveLength(1);
+      expect([...messages(cLines, "tiny"), ...messages(dLines, "tiny")]).toContain("template published to the store");
+      expect(statSync(join(fromD.rootfs, "opt/suid-true")).uid).toBe(400_000 + 1000);
+      expect(statSync(join(fromC.rootfs, "opt/suid-true")).uid).toBe(100_000 + 1000);
+      expect(statSync(join(fromD.rootfs, "opt/suid-true")).mode & 0o7777).toBe(0o4755);
+      // No claim is left behind, and the store's snapshot list (what the master collects) never shows templates.
+      expect(await redis.exists(templateBuildClaimKey(c.sharedName("tiny")))).toBe(0);
+      const snapshots = new SnapshotStore(
+        { url: storeUrl, insecure: false },
+        join(tmp, "list-work"),
+        createLogger("t", { level: "error" }),
+      );
+      const tags = JSON.parse(readFileSync(join(tmp, "store", "index.json"), "utf8")).manifests.map(
+        (m: { annotations: Record<string, string> }) => m.annotations["org.opencontainers.image.ref.name"],
+      );
+      expect(tags).toContain(`template.${c.sharedName("tiny")}`);
+      expect(tags).toContain(`template.${c.sharedName("base")}`);
+      expect(await snapshots.listPublished()).toEqual([]);
+    },
+    BUILD_TIMEOUT_MS,
+  );
+
+  it(
+    "a copy whose bytes do not match its digest is refused and leaves nothing on the node",
+    async () => {
+      const store = join(tmp, "store");
+      const index = JSON.parse(readFileSync(join(store, "index.json"), "utf8"));
+      const name = `template.${node("x", 100_000, []).sharedName("tiny")}`;
+      const entry = index.manifests.find(
+        (m: { annotations: Record<string, string> }) => m.annotations["org.opencontainers.image.ref.name"] === name,
+      );
+      const manifest = JSON.parse(readFileSync(join(store, "blobs", entry.digest.replace(":", "/")), "utf8"));
+      const layer = join(store, "blobs", manifest.layers[0].digest.replace(":", "/"));
+      const original = readFileSync(layer);
+      // One byte of a file's content inside the tar (past the first header): tar still unpacks it.
+      const changed = Buffer.from(original);
+      const at = original.indexOf(Buffer.from("Package: ")) + 10;
+      changed[at] = (changed[at] as number) ^ 1;
+      writeFileSync(layer, changed);
+      try {
+        const lines: string[] = [];
+        const e = node("e", 100_000, lines);
+        await expect(e.ensure("tiny", noCheck)).rejects.toThrow(/does not match its digest/);
+        const left = readdirSync(join(tmp, "e-templates")).filter((n) => n.startsWith("tiny"));
+        expect(left).toEqual([]);
+      } finally {
+        writeFileSync(layer, original);
+      }
+    },
+    BUILD_TIMEOUT_MS,
+  );
+
+  it(
+    "a claim whose holder died expires, and a waiting node builds the template",
+    async () => {
+      const lines: string[] = [];
+      // Node C's cache: it has `base` already.
+      const f = node("f", 100_000, lines, "c");
+      await redis.set(templateBuildClaimKey(f.sharedName("orphan")), "gone-node/0", "PX", 1500);
+      const started = Date.now();
+      const template = await f.ensure("orphan", noCheck);
+      expect(Date.now() - started).toBeGreaterThanOrEqual(1000);
+      expect(existsSync(join(template.rootfs, "stamp"))).toBe(true);
+      const seen = messages(lines, "orphan");
+      expect(seen).toContain("another node is building the template; waiting for it in the store");
+      expect(seen).toContain("template built");
+      expect(seen).toContain("template published to the store");
+      const waited = lines.map((l) => JSON.parse(l)).find((l) => l.msg.startsWith("another node"));
+      expect(waited.holder).toBe("gone-node");
+      expect(await redis.exists(templateBuildClaimKey(f.sharedName("orphan")))).toBe(0);
+    },
+    BUILD_TIMEOUT_MS,
+  );
+
+  it(
+    "through an OCI registry (several hosts): a node's templates are offered, a new node pulls them",
+    async () => {
+      const registry = await startLoopbackRegistry(join(tmp, "registry"));
+      try {
+        const url = `docker://${registry.host}/warren`;
+        // Node G has `base` and `tiny` built (node C's cache): asking for them offers them to the registry.
+        const gLines: string[] = [];
+        const g = node("g", 100_000, gLines, "c", url);
+        await g.ensure("base", noCheck);
+        const built = await g.ensure("tiny", noCheck);
+        const hLines: string[] = [];
+        const h = node("h", 500_000, hLines, "h", url);
+        const pulled = await h.ensure("tiny", noCheck);
+        expect(readFileSync(join(pulled.rootfs, "stamp"), "utf8")).toBe(
+          readFileSync(join(built.rootfs, "stamp"), "utf8"),
+        );
+        expect(statSync(join(pulled.rootfs, "opt/suid-true")).uid).toBe(500_000 + 1000);
+        for (const id of ["base", "tiny"]) {
+          expect(messages(gLines, id)).toContain("template published to the store");
+          expect(messages(hLines, id)).toContain("template pulled from the store");
+          expect(messages(hLines, id)).not.toContain("template built");
+        }
+      } finally {
+        registry.process.kill();
+      }
+    },
+    BUILD_TIMEOUT_MS,
+  );
+});
