@@ -11,7 +11,7 @@ import { SnapshotStore } from "../src/node-agent/snapshot-store.js";
 import { TEMPLATE_RECIPES, type TemplateRecipe } from "../src/templates/catalog.js";
 import { TemplateStore } from "../src/templates/store.js";
 import { startLoopbackRegistry } from "./loopback-registry.js";
-import { BUILD_TIMEOUT_MS, purgeAgent, sdkSandbox, startTestAgent, testConfig } from "./node-agent-harness.js";
+import { BUILD_TIMEOUT_MS, purgeAgent, sdkSandbox, startTestAgent, testConfig, until } from "./node-agent-harness.js";
 
 // Shipped templates shared through the cluster's store (templates/sharing.ts, node-agent/shipped-templates.ts): the
 // node that has `base` publishes it, a node with an empty template cache and another uid base pulls it (no
@@ -57,7 +57,13 @@ const redis = new Redis({ keyPrefix: prefix, lazyConnect: true });
 const opened: StoreSharedTemplates[] = [];
 
 /** A node's template cache with the cluster's sharing, as the node agent wires it; `lines` gets its log. */
-function node(name: string, uidBase: number, lines: string[], cache = name, url = storeUrl): TemplateStore {
+function node(
+  name: string,
+  uidBase: number,
+  lines: string[],
+  options: { cache?: string; url?: string; recipes?: Record<string, TemplateRecipe>; graceMs?: number } = {},
+): TemplateStore {
+  const url = options.url ?? storeUrl;
   const shared = new StoreSharedTemplates({
     store: { url, insecure: url.startsWith("docker://") },
     workDir: join(tmp, `${name}-work`),
@@ -68,11 +74,12 @@ function node(name: string, uidBase: number, lines: string[], cache = name, url 
   opened.push(shared);
   const log: Logger = createLogger("node-agent", { level: "info", write: (line) => void lines.push(line) });
   return new TemplateStore({
-    dir: join(tmp, `${cache}-templates`),
+    dir: join(tmp, `${options.cache ?? name}-templates`),
     uidBase,
-    recipes: RECIPES,
+    recipes: options.recipes ?? RECIPES,
     shared,
     sharedPollMs: 200,
+    ...(options.graceMs !== undefined ? { sharedGraceMs: options.graceMs } : {}),
     log,
   });
 }
@@ -217,7 +224,7 @@ describe("shipped templates shared through the store", () => {
     async () => {
       const lines: string[] = [];
       // Node C's cache: it has `base` already.
-      const f = node("f", 100_000, lines, "c");
+      const f = node("f", 100_000, lines, { cache: "c" });
       await redis.set(templateBuildClaimKey(f.sharedName("orphan")), "gone-node/0", "PX", 1500);
       const started = Date.now();
       const template = await f.ensure("orphan", noCheck);
@@ -235,6 +242,46 @@ describe("shipped templates shared through the store", () => {
   );
 
   it(
+    "a changed recipe's copy replaces the earlier one in the store once it has been there for the grace period",
+    async () => {
+      const storeTags = () =>
+        JSON.parse(readFileSync(join(tmp, "store", "index.json"), "utf8")).manifests.map(
+          (m: { annotations: Record<string, string> }) => m.annotations["org.opencontainers.image.ref.name"],
+        ) as string[];
+      const changed = {
+        ...RECIPES,
+        tiny: { ...stamped("tiny"), steps: [...stamped("tiny").steps, { name: "more", run: "true" }] },
+      };
+      const before = node("i", 100_000, [], { cache: "c" }).sharedName("tiny");
+      // Node C's cache, the new recipe: built and published once; the earlier copy stays while the grace lasts.
+      const upgraded = node("i", 100_000, [], { cache: "c", recipes: changed });
+      const after = upgraded.sharedName("tiny");
+      expect(after).not.toBe(before);
+      await upgraded.ensure("tiny", noCheck);
+      expect(storeTags()).toEqual(expect.arrayContaining([`template.${before}`, `template.${after}`]));
+      const lines: string[] = [];
+      const restartedEarly = node("j", 100_000, lines, { cache: "c", recipes: changed });
+      await restartedEarly.ensure("tiny", noCheck);
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      expect(storeTags()).toContain(`template.${before}`);
+      // A later start (grace over) removes it, and nothing else.
+      const laterLines: string[] = [];
+      const restarted = node("k", 100_000, laterLines, { cache: "c", recipes: changed, graceMs: 0 });
+      await restarted.ensure("tiny", noCheck);
+      // The log line comes once the removal is whole (a layout drops the tag, then the blobs only it used).
+      const removed = await until("the earlier copy removed", 10_000, () =>
+        laterLines.map((l) => JSON.parse(l)).find((l) => l.msg.startsWith("earlier recipes' copies")),
+      );
+      expect(storeTags()).not.toContain(`template.${before}`);
+      expect(storeTags()).toEqual(
+        expect.arrayContaining([`template.${after}`, `template.${restarted.sharedName("base")}`]),
+      );
+      expect(removed.removed).toEqual([before]);
+    },
+    BUILD_TIMEOUT_MS,
+  );
+
+  it(
     "through an OCI registry (several hosts): a node's templates are offered, a new node pulls them",
     async () => {
       const registry = await startLoopbackRegistry(join(tmp, "registry"));
@@ -242,11 +289,11 @@ describe("shipped templates shared through the store", () => {
         const url = `docker://${registry.host}/warren`;
         // Node G has `base` and `tiny` built (node C's cache): asking for them offers them to the registry.
         const gLines: string[] = [];
-        const g = node("g", 100_000, gLines, "c", url);
+        const g = node("g", 100_000, gLines, { cache: "c", url });
         await g.ensure("base", noCheck);
         const built = await g.ensure("tiny", noCheck);
         const hLines: string[] = [];
-        const h = node("h", 500_000, hLines, "h", url);
+        const h = node("h", 500_000, hLines, { url });
         const pulled = await h.ensure("tiny", noCheck);
         expect(readFileSync(join(pulled.rootfs, "stamp"), "utf8")).toBe(
           readFileSync(join(built.rootfs, "stamp"), "utf8"),

@@ -5,6 +5,7 @@ import { LocalCluster } from "@warren/local";
 import type { ManagedChild } from "@warren/local/services";
 import { Sandbox, Template } from "e2b";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type EcrStandIn, startEcrStandIn } from "../src/ecr-stand-in.js";
 import { pushBusyboxImage, startRegistry } from "../src/registry.js";
 
 // Templates `fromImage`: an image the test makes (busybox, no glibc) pushed to registries on loopback (Debian's
@@ -23,6 +24,16 @@ const gcpKey = {
 let open: { host: string; process: ManagedChild };
 let locked: { host: string; process: ManagedChild };
 let gcp: { host: string; process: ManagedChild };
+// fromAWSRegistry: keys exchanged for an ECR login at the trigger (ECR's GetAuthorizationToken, here a loopback
+// stand-in checking the SigV4 signature); the registry takes that login, as ECR's registries do.
+const awsKeys = {
+  accessKeyId: "AKIAWARRENTEST000001",
+  secretAccessKey: "wJalrXUtnFEMI/K7MDENG/warren-test-key",
+  region: "eu-west-3",
+};
+const ecrLoginGiven = { username: "AWS", password: "ecr-token-1f9a7c" };
+let ecrRegistry: { host: string; process: ManagedChild };
+let ecr: EcrStandIn;
 let cluster: LocalCluster;
 const created: Sandbox[] = [];
 
@@ -30,6 +41,9 @@ beforeAll(async () => {
   open = await startRegistry(join(dataDir, "open"));
   locked = await startRegistry(join(dataDir, "locked"), login);
   gcp = await startRegistry(join(dataDir, "gcp"), { username: "_json_key", password: JSON.stringify(gcpKey) });
+  ecrRegistry = await startRegistry(join(dataDir, "ecr"), ecrLoginGiven);
+  ecr = await startEcrStandIn({ ...awsKeys, login: ecrLoginGiven });
+  await pushBusyboxImage(join(dataDir, "img-ecr"), `${ecrRegistry.host}/team/busybox:1`, ecrLoginGiven);
   await pushBusyboxImage(join(dataDir, "img-open"), `${open.host}/tests/busybox:1`);
   await pushBusyboxImage(join(dataDir, "img-locked"), `${locked.host}/private/busybox:1`, login);
   await pushBusyboxImage(join(dataDir, "img-gcp"), `${gcp.host}/warren-tests/busybox:1`, {
@@ -42,7 +56,10 @@ beforeAll(async () => {
     poolSize: 0,
     instancePrefix: "v",
     nodeCidr: () => "10.230.0.0/22",
-    env: { WARREN_INSECURE_REGISTRIES: `${open.host},${locked.host},${gcp.host}` },
+    env: {
+      WARREN_INSECURE_REGISTRIES: `${open.host},${locked.host},${gcp.host},${ecrRegistry.host}`,
+      WARREN_ECR_ENDPOINT: ecr.url,
+    },
   });
   const env = await cluster.start();
   Object.assign(process.env, {
@@ -58,6 +75,8 @@ afterAll(async () => {
   await open?.process.stop();
   await locked?.process.stop();
   await gcp?.process.stop();
+  await ecrRegistry?.process.stop();
+  await ecr?.close();
   rmSync(dataDir, { recursive: true, force: true });
 }, 120_000);
 
@@ -126,6 +145,41 @@ describe("templates from OCI images", () => {
       { skipCache: true },
     ).catch((e: unknown) => e as Error);
     expect((refused as Error).message).toMatch(/unauthorized/);
+  }, 240_000);
+
+  it("pulls with AWS keys (fromAWSRegistry: exchanged for an ECR login), and refuses keys ECR refuses at the trigger", async () => {
+    const ref = `${ecrRegistry.host}/team/busybox:1`;
+    await Template.build(Template().fromAWSRegistry(ref, awsKeys).runCmd("true"), "from-ecr");
+    expect(ecr.logins).toBe(1);
+    const sbx = await Sandbox.create("from-ecr", { timeoutMs: 120_000 });
+    created.push(sbx);
+    expect(await run(sbx, "cat /etc/greeting")).toBe("hello from the image");
+    // A wrong secret: the signature does not match, and the build is refused before anything is stored or pulled.
+    const badSecret = await Template.build(
+      Template()
+        .fromAWSRegistry(ref, { ...awsKeys, secretAccessKey: "not-the-secret" })
+        .runCmd("true"),
+      "ecr-refused",
+      { skipCache: true },
+    ).catch((e: unknown) => e as Error);
+    expect((badSecret as Error).message).toMatch(/ECR \(eu-west-3\) refused the AWS keys: InvalidSignatureException/);
+    expect((badSecret as Error).message).not.toContain("not-the-secret");
+    const unknownKey = await Template.build(
+      Template()
+        .fromAWSRegistry(ref, { ...awsKeys, accessKeyId: "AKIAUNKNOWN000000000" })
+        .runCmd("true"),
+      "ecr-unknown",
+      { skipCache: true },
+    ).catch((e: unknown) => e as Error);
+    expect((unknownKey as Error).message).toMatch(/UnrecognizedClientException/);
+    const badRegion = await Template.build(
+      Template()
+        .fromAWSRegistry(ref, { ...awsKeys, region: "mars" })
+        .runCmd("true"),
+      "ecr-region",
+    ).catch((e: unknown) => e as Error);
+    expect((badRegion as Error).message).toMatch(/awsRegion must be an AWS region such as us-east-1, got 'mars'/);
+    expect(ecr.logins).toBe(1);
   }, 240_000);
 
   it("fails a build from a missing image with a clear reason at the base step", async () => {

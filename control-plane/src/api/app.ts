@@ -11,6 +11,7 @@ import { adminRoutes } from "./admin.js";
 import { ArtifactService, artifactDownloadRoutes, artifactRoutes } from "./artifacts.js";
 import type { ArtifactConfig } from "./config.js";
 import { type ConsoleConfig, consoleRoutes, loadConsoleConfig } from "./console.js";
+import { ecrLogin } from "./ecr-login.js";
 import { ApiError, sendError } from "./errors.js";
 import { eventRoutes } from "./events.js";
 import { execPolicyInternalRoutes, execPolicyRoutes } from "./exec-policy.js";
@@ -42,6 +43,8 @@ export interface AppDeps {
   readonly maxUploadBytes?: number;
   /** Template builds a team may have waiting or running at once; default 5. */
   readonly maxActiveBuildsPerTeam?: number;
+  /** Where AWS keys get an ECR login (WARREN_ECR_ENDPOINT); default: AWS's endpoint of the keys' region. */
+  readonly ecrEndpoint?: string;
   /** Where volumes live and their quota; default /var/lib/warren/volumes, 10 GiB; null: volumes are off. */
   readonly volumes?: VolumeSettings | null;
   /** Artifacts (WARREN_ARTIFACT*); default: /var/lib/warren/artifacts, 1 GiB each, 100 or 10 GiB per team. */
@@ -97,6 +100,7 @@ export function createApp(deps: AppDeps): express.Express {
     master: deps.master,
     maxUploadBytes: deps.maxUploadBytes ?? 256 * 1024 * 1024,
     maxActiveBuildsPerTeam: deps.maxActiveBuildsPerTeam ?? 5,
+    ecrLogin: ecrLogin(deps.ecrEndpoint),
   };
   const volumes = {
     db: deps.db,

@@ -23,6 +23,11 @@ export interface ApiConfig {
   readonly maxTemplateUploadBytes: number;
   /** WARREN_TEAM_MAX_BUILDS: template builds a team may have waiting or running at once (default 5). */
   readonly maxActiveBuildsPerTeam: number;
+  /**
+   * WARREN_ECR_ENDPOINT (default: AWS's endpoint of the keys' region): where `fromAWSRegistry`'s keys are exchanged
+   * for an ECR login (a VPC endpoint, `https://…`).
+   */
+  readonly ecrEndpoint: string | undefined;
   /** WARREN_CONSOLE_DIR, WARREN_CONSOLE_SANDBOX_URL: the web console (api/console.ts). */
   readonly console: ConsoleConfig;
   /**
@@ -111,6 +116,7 @@ export function loadApiConfig(
     internalToken,
     maxTemplateUploadBytes: positiveInt(env, "WARREN_TEMPLATE_UPLOAD_MAX_BYTES", 256 * 1024 * 1024),
     maxActiveBuildsPerTeam: positiveInt(env, "WARREN_TEAM_MAX_BUILDS", 5),
+    ecrEndpoint: httpUrl(env, "WARREN_ECR_ENDPOINT"),
     console: loadConsoleConfig(env),
     secretKeys: parseSecretKeys(env.WARREN_SECRETS_KEYS ?? ""),
     volumesDir: env.WARREN_VOLUMES_DIR === "" ? "" : absoluteDir(env, "WARREN_VOLUMES_DIR", "/var/lib/warren/volumes"),
@@ -124,4 +130,19 @@ export function loadApiConfig(
       urlKey: artifactUrlKey(env, internalToken),
     },
   };
+}
+
+function httpUrl(env: NodeJS.ProcessEnv, name: string): string | undefined {
+  const value = env[name];
+  if (!value) return undefined;
+  let url: URL | undefined;
+  try {
+    url = new URL(value);
+  } catch {
+    url = undefined;
+  }
+  if (!url || (url.protocol !== "https:" && url.protocol !== "http:")) {
+    throw new ConfigError(`${name} must be an http(s) URL, got '${value}'`);
+  }
+  return value;
 }

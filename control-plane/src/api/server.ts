@@ -55,6 +55,7 @@ export class ApiServer {
       secretKeys: config.secretKeys,
       maxUploadBytes: config.maxTemplateUploadBytes,
       maxActiveBuildsPerTeam: config.maxActiveBuildsPerTeam,
+      ...(config.ecrEndpoint ? { ecrEndpoint: config.ecrEndpoint } : {}),
       volumes: config.volumesDir
         ? { dir: config.volumesDir, quotaBytes: config.volumeQuotaMB * 2 ** 20, images: config.volumeImages }
         : null,

@@ -28,6 +28,7 @@ import {
   type TemplateRecord,
   templateByAlias,
 } from "../store/templates.js";
+import type { EcrLogin } from "./ecr-login.js";
 import { ApiError, badRequest } from "./errors.js";
 import { parseRequestBody } from "./openapi-requests.js";
 import { master, team } from "./sandboxes.js";
@@ -41,6 +42,8 @@ export interface TemplateRoutesDeps {
   readonly maxUploadBytes: number;
   /** Builds a team may have waiting or running at once (more: 429). */
   readonly maxActiveBuildsPerTeam: number;
+  /** `fromAWSRegistry`'s keys → an ECR login (ecr-login.ts). */
+  readonly ecrLogin: EcrLogin;
 }
 
 /** The envd version every built template reports (Warren's envd). */
@@ -207,16 +210,16 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
       if (error instanceof BuildSpecError) throw badRequest(error.message);
       throw error;
     }
-    if (spec.fromImageRegistry?.type === "aws") {
-      throw badRequest(
-        "fromImageRegistry type 'aws' is not supported: give the registry's username and password (type registry; for ECR, user AWS and the password of `aws ecr get-login-password`)",
-      );
+    if (spec.fromImageRegistry?.type === "aws" && !spec.fromImageRegistry.aws) {
+      throw badRequest("fromImageRegistry type 'aws' needs awsAccessKeyId, awsSecretAccessKey and awsRegion");
     }
     if (spec.fromImageRegistry?.type === "gcp" && spec.fromImageRegistry.password === undefined) {
       throw badRequest("fromImageRegistry type 'gcp' needs serviceAccountJson (a service account key as JSON text)");
     }
-    // The registry password goes to the master with the trigger; the stored steps never hold it.
-    const { fromImageRegistry: credentials, ...stored } = spec;
+    // The registry password goes to the master with the trigger; the stored steps never hold it. AWS keys are
+    // exchanged for an ECR login here, before anything is stored: keys ECR refuses fail the trigger (400).
+    const { fromImageRegistry: given, ...stored } = spec;
+    const credentials = given?.aws ? { type: given.type, ...(await deps.ecrLogin(given.aws)) } : given;
     const storedSpec = credentials ? { ...stored, fromImageRegistry: { type: credentials.type } } : stored;
     if (!(await storeBuildSpec(db, buildId, storedSpec as unknown as Record<string, unknown>))) {
       throw badRequest(`build '${buildId}' is not in waiting state`);

@@ -138,6 +138,19 @@ export class StoreSharedTemplates implements SharedTemplates {
     };
   }
 
+  async collect(id: string, current: string, graceMs: number): Promise<string[]> {
+    const published = Date.parse((await this.oci.readConfig(tagOf(current)))?.created ?? "");
+    if (!Number.isFinite(published) || Date.now() - published < graceMs) return [];
+    const stale = (await this.oci.listTags()).filter(
+      (tag) =>
+        tag.startsWith(tagOf(`${id}-`)) &&
+        tag !== tagOf(current) &&
+        /^[0-9a-f]{16}$/.test(tag.slice(tagOf(`${id}-`).length)),
+    );
+    if (stale.length > 0) await this.oci.remove(stale);
+    return stale.map((tag) => tag.slice(SHIPPED_TEMPLATE_TAG_PREFIX.length));
+  }
+
   private async connect(): Promise<void> {
     if (this.redis.status === "wait" || this.redis.status === "end") await this.redis.connect();
   }

@@ -38,4 +38,27 @@ describe("parseBuildSpec: registry credentials", () => {
       /must be registry, aws or gcp/,
     );
   });
+
+  it("keeps AWS keys and region for the api's ECR login, and names what is missing or malformed", () => {
+    const ref = "123456789012.dkr.ecr.eu-west-3.amazonaws.com/app:1";
+    const given = { type: "aws", awsAccessKeyId: "AKIA1", awsSecretAccessKey: "s", awsRegion: "eu-west-3" };
+    expect(parseBuildSpec({ fromImage: ref, fromImageRegistry: given }).fromImageRegistry).toEqual({
+      type: "aws",
+      aws: { accessKeyId: "AKIA1", secretAccessKey: "s", region: "eu-west-3" },
+    });
+    expect(parseBuildSpec({ fromImage: ref, fromImageRegistry: { type: "aws" } }).fromImageRegistry).toEqual({
+      type: "aws",
+    });
+    expect(() => parseBuildSpec({ fromImage: ref, fromImageRegistry: { ...given, awsSecretAccessKey: "" } })).toThrow(
+      /needs awsAccessKeyId and awsSecretAccessKey/,
+    );
+    for (const awsRegion of ["", "mars", "EU-WEST-3", "us-east-1; rm"]) {
+      expect(() => parseBuildSpec({ fromImage: ref, fromImageRegistry: { ...given, awsRegion } })).toThrow(
+        /awsRegion must be an AWS region such as us-east-1/,
+      );
+    }
+    expect(
+      parseBuildSpec({ fromImage: ref, fromImageRegistry: { ...given, awsRegion: "us-gov-west-1" } }).fromImageRegistry,
+    ).toMatchObject({ aws: { region: "us-gov-west-1" } });
+  });
 });

@@ -16,6 +16,33 @@ export interface RegistryCredentials {
   readonly type: "registry" | "aws" | "gcp";
   readonly username?: string;
   readonly password?: string;
+  /** `fromAWSRegistry`'s keys, exchanged by the api for an ECR login (api/ecr-login.ts); never stored. */
+  readonly aws?: AwsKeys;
+}
+
+export interface AwsKeys {
+  readonly accessKeyId: string;
+  readonly secretAccessKey: string;
+  readonly region: string;
+}
+
+const AWS_REGION = /^[a-z]{2}(-[a-z]+)+-\d{1,2}$/;
+
+/**
+ * `fromAWSRegistry`: the keys and region as the SDK sends them. ECR takes no keys as a registry login: they are
+ * exchanged for a token first (GetAuthorizationToken), which the api does at the trigger.
+ */
+function awsKeys(r: Record<string, unknown>): RegistryCredentials {
+  const { awsAccessKeyId: id, awsSecretAccessKey: secret, awsRegion: region } = r;
+  // A stored spec keeps only the type (the login went to the master with the trigger).
+  if (id === undefined && secret === undefined && region === undefined) return { type: "aws" };
+  if (typeof id !== "string" || id === "" || typeof secret !== "string" || secret === "") {
+    throw new BuildSpecError("fromImageRegistry type 'aws' needs awsAccessKeyId and awsSecretAccessKey");
+  }
+  if (typeof region !== "string" || !AWS_REGION.test(region)) {
+    throw new BuildSpecError(`fromImageRegistry.awsRegion must be an AWS region such as us-east-1, got '${region}'`);
+  }
+  return { type: "aws", aws: { accessKeyId: id, secretAccessKey: secret, region } };
 }
 
 /**
@@ -125,11 +152,13 @@ export function parseBuildSpec(raw: unknown): TemplateBuildSpec {
     registry =
       r.type === "gcp"
         ? gcpLogin(r.serviceAccountJson)
-        : {
-            type: r.type,
-            ...(typeof r.username === "string" ? { username: r.username } : {}),
-            ...(typeof r.password === "string" ? { password: r.password } : {}),
-          };
+        : r.type === "aws"
+          ? awsKeys(r)
+          : {
+              type: r.type,
+              ...(typeof r.username === "string" ? { username: r.username } : {}),
+              ...(typeof r.password === "string" ? { password: r.password } : {}),
+            };
   }
   return {
     ...(fromTemplate ? { fromTemplate } : {}),

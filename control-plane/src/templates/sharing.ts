@@ -22,6 +22,12 @@ export interface SharedTemplates {
    * another node holds it (`holder` then names it).
    */
   claim(name: string): Promise<TemplateBuildClaim | { readonly holder: string }>;
+  /**
+   * Removes the store's copies of template `id` other than `current` once `current` has been in the store for
+   * `graceMs` (nodes still running the previous recipe during an upgrade keep pulling theirs until then); resolves
+   * with the names removed.
+   */
+  collect(id: string, current: string, graceMs: number): Promise<string[]>;
 }
 
 export interface FetchedTemplate {

@@ -34,6 +34,11 @@ export interface TemplateStoreOptions {
   readonly shared?: SharedTemplates;
   /** How often a node waiting for another node's build looks again (default 2 s). */
   readonly sharedPollMs?: number;
+  /**
+   * How long the current recipe's copy must have been in the store before the copies of earlier recipes of the
+   * same template are removed (default a day: nodes not yet upgraded keep pulling theirs meanwhile).
+   */
+  readonly sharedGraceMs?: number;
 }
 
 /** Proves a freshly built template works: start a sandbox from it and wait for envd's /health. */
@@ -254,7 +259,9 @@ export class TemplateStore {
 
   /**
    * A template found built here (before sharing was on, or while the store was unreachable) is published once
-   * when the store lacks it, in the background, so nodes that join later pull it instead of building their own.
+   * when the store lacks it, in the background, so nodes that join later pull it instead of building their own;
+   * then the copies of its earlier recipes are collected (`sharedGraceMs` after this one was published). Once per
+   * template and process: at an agent's start, for the templates it prebuilds.
    */
   private offer(recipe: TemplateRecipe): void {
     const shared = this.options.shared;
@@ -263,15 +270,18 @@ export class TemplateStore {
     const name = this.sharedName(recipe.id);
     const log = this.options.log.child({ templateId: recipe.id, hash: this.hash(recipe.id) });
     void (async () => {
-      if (await shared.has(name)) return;
-      const claim = await shared.claim(name);
-      if (!isClaim(claim)) return;
-      try {
-        const image = this.ready(recipe.id);
-        if (image && !(await shared.has(name))) await this.publish(claim, image, log);
-      } finally {
-        await claim.release();
+      if (!(await shared.has(name))) {
+        const claim = await shared.claim(name);
+        if (!isClaim(claim)) return;
+        try {
+          const image = this.ready(recipe.id);
+          if (image && !(await shared.has(name))) await this.publish(claim, image, log);
+        } finally {
+          await claim.release();
+        }
       }
+      const removed = await shared.collect(recipe.id, name, this.options.sharedGraceMs ?? 24 * 3600_000);
+      if (removed.length > 0) log.info("earlier recipes' copies removed from the store", { removed });
     })().catch((error) => log.warn("template could not be offered to the store", { error: (error as Error).message }));
   }
 
