@@ -1,4 +1,3 @@
-import { ECRClient, GetAuthorizationTokenCommand } from "@aws-sdk/client-ecr";
 import type { AwsKeys } from "../store/template-spec.js";
 import { ApiError } from "./errors.js";
 
@@ -16,10 +15,12 @@ export type EcrLogin = (keys: AwsKeys) => Promise<RegistryLogin>;
  * token works for every ECR registry the keys may read in that region; it is made at the trigger, passed to the
  * master with it like any registry password, and never stored. `endpoint` (WARREN_ECR_ENDPOINT) replaces AWS's
  * regional endpoint: a VPC endpoint, or a loopback stand-in in tests. AWS refusing the keys answers 400 with AWS's
- * reason; ECR out of reach answers 502.
+ * reason; ECR out of reach answers 502. AWS's client is loaded on the first use (a quarter of a second): an api
+ * that never sees AWS keys never pays for it.
  */
 export function ecrLogin(endpoint?: string): EcrLogin {
   return async (keys) => {
+    const { ECRClient, GetAuthorizationTokenCommand } = await import("@aws-sdk/client-ecr");
     const client = new ECRClient({
       region: keys.region,
       credentials: { accessKeyId: keys.accessKeyId, secretAccessKey: keys.secretAccessKey },
