@@ -1,4 +1,4 @@
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import {
   chmodSync,
@@ -9,8 +9,10 @@ import {
   readlinkSync,
   rmSync,
   statSync,
+  truncateSync,
   writeFileSync,
 } from "node:fs";
+import { get } from "node:http";
 import { dirname } from "node:path";
 import { Readable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -130,6 +132,54 @@ describe("GET and POST /files over plain HTTP", () => {
     const binary = await fetch(filesUrl(envd, { path: `${dir}/binary` }));
     expect(binary.headers.get("content-type")).toBe("application/octet-stream");
   });
+
+  test("a file a process keeps truncating and rewriting downloads whole every time: Content-Length is what was read", async () => {
+    // `echo $i > n` in a loop (a counter, a log rotated in place): between envd taking the size and reading, the file
+    // may be empty. A Content-Length taken from the size then promised bytes that never came, and the client hung.
+    const file = `${abs}/counter`;
+    writeFileSync(file, "0\n");
+    const writer = spawn("sh", ["-c", `i=0; while :; do i=$((i+1)); echo $i > ${file}; done`], { stdio: "ignore" });
+    try {
+      for (let i = 0; i < 300; i++) {
+        const res = await fetch(filesUrl(envd, { path: `${dir}/counter` }), {
+          headers: { "Accept-Encoding": "identity" },
+          signal: AbortSignal.timeout(5000),
+        });
+        expect(res.status).toBe(200);
+        const body = await res.text();
+        expect(body).toMatch(/^(\d*\n?)$/);
+        expect(Number(res.headers.get("content-length"))).toBe(Buffer.byteLength(body));
+      }
+    } finally {
+      writer.kill("SIGKILL");
+    }
+  }, 60_000);
+
+  test("a large file that shrinks while it streams ends the connection instead of leaving the client waiting", async () => {
+    const file = `${abs}/big.bin`;
+    writeFileSync(file, randomBytes(8 << 20));
+    const outcome = await new Promise<{ promised: number; received: number; how: string }>((resolve) => {
+      const req = get(
+        filesUrl(envd, { path: `${dir}/big.bin` }),
+        { headers: { "Accept-Encoding": "identity" } },
+        (res) => {
+          const promised = Number(res.headers["content-length"]);
+          let received = 0;
+          res.once("data", () => truncateSync(file, 0));
+          res.on("data", (chunk: Buffer) => {
+            received += chunk.length;
+          });
+          res.on("aborted", () => resolve({ promised, received, how: "aborted" }));
+          res.on("error", () => resolve({ promised, received, how: "error" }));
+          res.on("end", () => resolve({ promised, received, how: "end" }));
+        },
+      );
+      req.on("error", () => resolve({ promised: -1, received: -1, how: "request error" }));
+    });
+    expect(outcome.promised).toBe(8 << 20);
+    expect(outcome.received).toBeLessThan(outcome.promised);
+    expect(outcome.how).not.toBe("end");
+  }, 30_000);
 
   test("an empty file is 200 with Content-Length: 0", async () => {
     writeFileSync(`${abs}/empty.txt`, "");

@@ -2,7 +2,7 @@ import type { Stats } from "node:fs";
 import { type FileHandle, open, stat } from "node:fs/promises";
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from "node:http";
 import { basename } from "node:path";
-import type { Readable } from "node:stream";
+import { type Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { promisify } from "node:util";
 import { createGzip, deflateRaw, constants as zlibConstants } from "node:zlib";
@@ -14,6 +14,8 @@ import { contentTypeByExtension, sniffContentType } from "./files-content-type.j
 import { negotiateEncoding, parseRange, type RangeRequest } from "./files-negotiation.js";
 import { sendJsonError } from "./respond.js";
 
+/** Files up to this size are read whole before the answer (its Content-Length is then what was read). */
+const READ_WHOLE_MAX_BYTES = 1 << 20;
 const READ_CHUNK_BYTES = 64 * 1024;
 const SNIFF_BYTES = 512;
 const COMPRESSION_SAMPLE_BYTES = 64 * 1024;
@@ -59,7 +61,7 @@ function rangeStillValid(req: IncomingMessage, lastModified: string): boolean {
 /**
  * GET /files (E2B-PROTOCOL.md §4.4): streams a file the user may read. Identity responses
  * carry Content-Length and honour Range; gzip is used when Accept-Encoding prefers it, no
- * Range is asked for and the content compresses. The file is never held in memory.
+ * Range is asked for and the content compresses. A file over READ_WHOLE_MAX_BYTES is never held in memory.
  */
 export async function serveDownload(
   req: IncomingMessage,
@@ -152,23 +154,57 @@ async function sendIdentity(
   const start = range.kind === "partial" ? range.start : 0;
   const end = range.kind === "partial" ? range.end : size - 1;
   const rangeHeaders = range.kind === "partial" ? { "Content-Range": `bytes ${start}-${end}/${size}` } : {};
-  res.writeHead(range.kind === "partial" ? 206 : 200, {
-    ...headers,
-    ...rangeHeaders,
-    "Accept-Ranges": "bytes",
-    "Content-Length": end - start + 1,
-  });
-  await send(res, handle.createReadStream({ start, end, highWaterMark: READ_CHUNK_BYTES }), false);
+  const status = range.kind === "partial" ? 206 : 200;
+  if (range.kind !== "partial" && size <= READ_WHOLE_MAX_BYTES) {
+    // Read before answering, so Content-Length is what was read: a file rewritten meanwhile (a counter or a log a
+    // process truncates and writes again) may have shrunk since its size was taken.
+    const whole = await readUpTo(handle, size);
+    res.writeHead(status, { ...headers, "Accept-Ranges": "bytes", "Content-Length": whole.length }).end(whole);
+    return;
+  }
+  res.writeHead(status, { ...headers, ...rangeHeaders, "Accept-Ranges": "bytes", "Content-Length": end - start + 1 });
+  await send(res, handle.createReadStream({ start, end, highWaterMark: READ_CHUNK_BYTES }), false, end - start + 1);
 }
 
-/** Pipes the file out; a client that goes away mid-download just ends it (the stream closes the fd). */
-async function send(res: ServerResponse, stream: Readable, gzip: boolean): Promise<void> {
+/** Up to `size` bytes from the start of the file: fewer when it shrank since its size was taken. */
+async function readUpTo(handle: FileHandle, size: number): Promise<Buffer> {
+  const buffer = Buffer.allocUnsafe(size);
+  let filled = 0;
+  while (filled < size) {
+    const { bytesRead } = await handle.read(buffer, filled, size - filled, filled);
+    if (bytesRead === 0) break;
+    filled += bytesRead;
+  }
+  return buffer.subarray(0, filled);
+}
+
+/**
+ * Pipes the file out; a client that goes away mid-download just ends it (the stream closes the fd). When the answer
+ * promised `length` bytes and the file ended sooner (it shrank while being read), the connection is closed: the
+ * client gets an error instead of waiting for bytes that never come.
+ */
+async function send(res: ServerResponse, stream: Readable, gzip: boolean, length?: number): Promise<void> {
   try {
     // Fastest level: inside a sandbox the CPU, not the link, is what a download waits on.
     if (gzip) await pipeline(stream, createGzip({ level: zlibConstants.Z_BEST_SPEED }), res);
-    else await pipeline(stream, res);
+    else if (length === undefined) await pipeline(stream, res);
+    else await pipeline(stream, promisedLength(length), res);
   } catch {
     stream.destroy();
     res.destroy();
   }
+}
+
+/** Passes bytes on, and fails at the end when fewer than `length` came (before the answer is ended). */
+function promisedLength(length: number): Transform {
+  let passed = 0;
+  return new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      passed += chunk.length;
+      done(null, chunk);
+    },
+    flush(done) {
+      done(passed < length ? new Error(`the file ended after ${passed} of ${length} bytes`) : null);
+    },
+  });
 }
