@@ -154,30 +154,17 @@ describe("templates from OCI images", () => {
     const sbx = await Sandbox.create("from-ecr", { timeoutMs: 120_000 });
     created.push(sbx);
     expect(await run(sbx, "cat /etc/greeting")).toBe("hello from the image");
-    // A wrong secret: the signature does not match, and the build is refused before anything is stored or pulled.
-    const badSecret = await Template.build(
-      Template()
-        .fromAWSRegistry(ref, { ...awsKeys, secretAccessKey: "not-the-secret" })
-        .runCmd("true"),
-      "ecr-refused",
-      { skipCache: true },
-    ).catch((e: unknown) => e as Error);
+    // Keys ECR refuses fail the build at its trigger, before anything is stored or pulled.
+    const refused = (keys: typeof awsKeys, name: string) =>
+      Template.build(Template().fromAWSRegistry(ref, keys).runCmd("true"), name, { skipCache: true }).catch(
+        (e: unknown) => e as Error,
+      );
+    const badSecret = await refused({ ...awsKeys, secretAccessKey: "not-the-secret" }, "ecr-refused");
     expect((badSecret as Error).message).toMatch(/ECR \(eu-west-3\) refused the AWS keys: InvalidSignatureException/);
     expect((badSecret as Error).message).not.toContain("not-the-secret");
-    const unknownKey = await Template.build(
-      Template()
-        .fromAWSRegistry(ref, { ...awsKeys, accessKeyId: "AKIAUNKNOWN000000000" })
-        .runCmd("true"),
-      "ecr-unknown",
-      { skipCache: true },
-    ).catch((e: unknown) => e as Error);
+    const unknownKey = await refused({ ...awsKeys, accessKeyId: "AKIAUNKNOWN000000000" }, "ecr-unknown");
     expect((unknownKey as Error).message).toMatch(/UnrecognizedClientException/);
-    const badRegion = await Template.build(
-      Template()
-        .fromAWSRegistry(ref, { ...awsKeys, region: "mars" })
-        .runCmd("true"),
-      "ecr-region",
-    ).catch((e: unknown) => e as Error);
+    const badRegion = await refused({ ...awsKeys, region: "mars" }, "ecr-region");
     expect((badRegion as Error).message).toMatch(/awsRegion must be an AWS region such as us-east-1, got 'mars'/);
     expect(ecr.logins).toBe(1);
   }, 240_000);
