@@ -21,8 +21,8 @@ import { BUILD_TIMEOUT_MS, purgeAgent, sdkSandbox, startTestAgent, testConfig, u
 const tmp = mkdtempSync(join("/var/lib/warren", "test-shipped-"));
 const storeUrl = `oci:${join(tmp, "store")}`;
 const prefix = `sts${randomBytes(3).toString("hex")}:`;
-const A = { instance: "sa", cidr: "10.251.0.0/24" };
-const B = { instance: "sb", cidr: "10.251.1.0/24" };
+const A = { instance: "sha", cidr: "10.251.0.0/24" };
+const B = { instance: "shb", cidr: "10.251.1.0/24" };
 const UID_BASE_B = 300_000;
 
 const sharedEnv = {

@@ -12,7 +12,7 @@ const cluster = new LocalCluster({
   dataDir,
   nodeAgents: 1,
   poolSize: 1,
-  instancePrefix: "s",
+  instancePrefix: "sc",
   nodeCidr: () => "10.218.0.0/22",
 });
 let opts: { apiKey: string; apiUrl: string; sandboxUrl: string };

@@ -15,7 +15,7 @@ const cluster = new LocalCluster({
   dataDir,
   nodeAgents: 1,
   poolSize: 1,
-  instancePrefix: "m",
+  instancePrefix: "sm",
   nodeCidr: () => "10.226.0.0/22",
 });
 let opts: { apiKey: string; apiUrl: string; sandboxUrl: string };

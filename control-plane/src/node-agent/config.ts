@@ -22,7 +22,7 @@ import type { SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_STATE_DIR | /var/lib/warren/agent-<instance> | sandbox records, mounts, crun state |
  * | WARREN_TEMPLATES_DIR | /var/lib/warren/templates | template cache, shared by agents on the host |
  * | WARREN_VOLUMES_DIR | /var/lib/warren/volumes | team volumes, `<dir>/<team>/<volume id>`: the same filesystem as the api's and every other node's (NFS or another shared filesystem with several nodes) |
- * | WARREN_INSTANCE | a | tag in netns/veth/cgroup/firewall names ([a-z0-9]{1,4}); one per agent on a host |
+ * | WARREN_INSTANCE | a | tag in netns/veth/cgroup/firewall names ([a-z0-9]{1,4}); one per agent on a host (claimed at start: a second agent under a name in use is refused) |
  * | WARREN_NET_CIDR | 10.201.0.0/16 | sandbox addresses, one /30 each |
  * | WARREN_POOL_SIZE | 2 | warm sandboxes kept per pooled template at least (the floor; demand grows a pool, pool-sizing.ts); 0: no warm pools |
  * | WARREN_POOL_MAX | 16 | warm sandboxes kept per pooled template at most, however high the demand (the ceiling; below WARREN_POOL_SIZE: WARREN_POOL_SIZE) |

@@ -2,11 +2,13 @@ import { createServer, type Server } from "node:http";
 import { join } from "node:path";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { RuntimeDriver } from "../runtime/driver.js";
+import type { HeldFileLock } from "../runtime/file-lock.js";
 import { sandboxLogCap } from "../runtime/log-cap.js";
 import { NamespaceDriver } from "../runtime/namespace/driver.js";
 import { TemplateStore } from "../templates/store.js";
 import { NodeAgent } from "./agent.js";
 import type { NodeAgentConfig } from "./config.js";
+import { claimInstance } from "./instance-claim.js";
 import type { Logger } from "./log.js";
 import { SandboxRelay } from "./relay.js";
 import { RoutePublisher } from "./routes.js";
@@ -38,6 +40,21 @@ export async function startNodeAgent(
   config: NodeAgentConfig,
   log: Logger,
   runtime?: RuntimeDriver,
+): Promise<RunningNodeAgent<RuntimeDriver>> {
+  const claim = await claimInstance(config.instance);
+  try {
+    return await startClaimed(config, log, runtime, claim);
+  } catch (error) {
+    await claim.release();
+    throw error;
+  }
+}
+
+async function startClaimed(
+  config: NodeAgentConfig,
+  log: Logger,
+  runtime: RuntimeDriver | undefined,
+  claim: HeldFileLock,
 ): Promise<RunningNodeAgent<RuntimeDriver>> {
   let driver = runtime;
   driver ??= new NamespaceDriver({
@@ -119,6 +136,7 @@ export async function startNodeAgent(
       clearTimeout(deadline);
       await agent.close(options);
       await shared?.close();
+      await claim.release();
     },
   };
 }

@@ -2,7 +2,7 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { withFileLock } from "./file-lock.js";
+import { tryFileLock, withFileLock } from "./file-lock.js";
 
 describe("template build lock", () => {
   it("runs jobs holding the same lock one at a time, and releases it after a failure", async () => {
@@ -17,5 +17,18 @@ describe("template build lock", () => {
     await Promise.all([withFileLock(path, job("a")), withFileLock(path, job("b"))]);
     expect(events.length).toBe(4);
     expect(events[1]).toBe(`${events[0]!.split(" ")[0]} end`);
+  });
+});
+
+describe("tryFileLock", () => {
+  it("takes a free lock, refuses a held one without waiting, and takes it again once released", async () => {
+    const path = join(mkdtempSync(join(tmpdir(), "lock-")), "t.lock");
+    const first = await tryFileLock(path);
+    expect(first).toBeDefined();
+    expect(await tryFileLock(path)).toBeUndefined();
+    await first?.release();
+    const again = await tryFileLock(path);
+    expect(again).toBeDefined();
+    await again?.release();
   });
 });
