@@ -10,7 +10,7 @@ describe("instance claims", () => {
     const dir = mkdtempSync(join(tmpdir(), "claims-"));
     const first = await claimInstance("sa", dir);
     expect(readFileSync(join(dir, "sa.pid"), "utf8").trim()).toBe(String(process.pid));
-    const refused = await claimInstance("sa", dir).catch((error: unknown) => error);
+    const refused = await claimInstance("sa", dir, 200).catch((error: unknown) => error);
     expect(refused).toBeInstanceOf(ConfigError);
     expect(String(refused)).toMatch(
       new RegExp(`another node agent on this host \\(pid ${process.pid}\\) runs instance 'sa'`),

@@ -26,7 +26,13 @@ describe("tryFileLock", () => {
     const first = await tryFileLock(path);
     expect(first).toBeDefined();
     expect(await tryFileLock(path)).toBeUndefined();
+    // Waiting: taken once the holder lets go.
+    const waiting = tryFileLock(path, 5_000);
+    await new Promise((resolve) => setTimeout(resolve, 200));
     await first?.release();
+    const taken = await waiting;
+    expect(taken).toBeDefined();
+    await taken?.release();
     const again = await tryFileLock(path);
     expect(again).toBeDefined();
     await again?.release();

@@ -8,7 +8,7 @@ import { dirname } from "node:path";
  * exits and the kernel drops the lock, so a crash never leaves a stale lock behind.
  */
 export async function withFileLock<T>(path: string, job: () => Promise<T>): Promise<T> {
-  const held = await lock(path, true);
+  const held = await lock(path, undefined);
   if (!held) throw new Error(`flock ${path} gave up waiting`);
   try {
     return await job();
@@ -22,24 +22,31 @@ export interface HeldFileLock {
   release(): Promise<void>;
 }
 
-/** Takes the exclusive flock on `path` if no one holds it; undefined when someone does. Same crash safety. */
-export function tryFileLock(path: string): Promise<HeldFileLock | undefined> {
-  return lock(path, false);
+/**
+ * Takes the exclusive flock on `path` if it is free within `waitMs` (0: free now); undefined when someone holds it
+ * still. Same crash safety.
+ */
+export function tryFileLock(path: string, waitMs = 0): Promise<HeldFileLock | undefined> {
+  return lock(path, waitMs);
 }
 
-// flock(1) exits 1 when -n finds the lock held.
+// flock(1) exits 1 when -n finds the lock held, or -w waited in vain.
 const FLOCK_BUSY = 1;
 
-async function lock(path: string, wait: boolean): Promise<HeldFileLock | undefined> {
+/** `waitMs` undefined: wait as long as it takes. */
+async function lock(path: string, waitMs: number | undefined): Promise<HeldFileLock | undefined> {
   await mkdir(dirname(path), { recursive: true });
-  const holder = spawn("flock", [wait ? "-x" : "-xn", path, "-c", "echo locked; exec cat >/dev/null"], {
+  const wait = waitMs === undefined ? [] : waitMs > 0 ? ["-w", String(waitMs / 1000)] : ["-n"];
+  const holder = spawn("flock", ["-x", ...wait, path, "-c", "echo locked; exec cat >/dev/null"], {
     stdio: ["pipe", "pipe", "inherit"],
   });
   const taken = await new Promise<boolean>((resolve, reject) => {
     holder.stdout.setEncoding("utf8").once("data", () => resolve(true));
     holder.once("error", reject);
     holder.once("exit", (code) =>
-      !wait && code === FLOCK_BUSY ? resolve(false) : reject(new Error(`flock ${path} exited with ${code}`)),
+      waitMs !== undefined && code === FLOCK_BUSY
+        ? resolve(false)
+        : reject(new Error(`flock ${path} exited with ${code}`)),
     );
   });
   if (!taken) return undefined;
