@@ -1,18 +1,45 @@
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
-import { chmodSync, chownSync, existsSync, mkdirSync, openSync, readdirSync, statSync } from "node:fs";
+import { randomInt } from "node:crypto";
+import { chmodSync, chownSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { createServer } from "node:net";
 import { dirname, join } from "node:path";
 
-/** A free TCP port on loopback (the kernel picks it; tiny race accepted for local clusters and tests). */
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
+/** Ports freePort picks from start here; the range ends where the kernel's ephemeral range begins. */
+const FREE_PORT_FLOOR = 20_000;
+
+/** The first port of the kernel's ephemeral range (what `listen(0)` and outgoing connections take). */
+function ephemeralLow(): number {
+  try {
+    const low = Number(readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0]);
+    return Number.isInteger(low) && low > FREE_PORT_FLOOR + 1000 ? low : 32_768;
+  } catch {
+    return 32_768;
+  }
+}
+
+function canListen(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
     const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      server.close(() => resolve(typeof address === "object" && address ? address.port : 0));
-    });
+    server.once("error", () => resolve(false));
+    // All IPv4 addresses: a port someone holds on any of them (loopback included) is not free.
+    server.listen(port, "0.0.0.0", () => server.close(() => resolve(true)));
   });
+}
+
+/**
+ * A free TCP port for a service a test or local cluster starts later, picked at random below the kernel's ephemeral
+ * range. A port the kernel picked (`listen(0)`) was from that range, where any process binding port 0 or opening a
+ * connection may be handed it again before our service binds it: a cluster that takes a minute to start (the
+ * console test's proxy) once found its port answered by another test's server, and every request of its own failed.
+ * Only another freePort caller can pick this one, one chance in thousands.
+ */
+export async function freePort(): Promise<number> {
+  const span = ephemeralLow() - FREE_PORT_FLOOR;
+  for (let attempt = 0; attempt < 100; attempt++) {
+    const port = FREE_PORT_FLOOR + randomInt(span);
+    if (await canListen(port)) return port;
+  }
+  throw new Error(`no free port found between ${FREE_PORT_FLOOR} and ${FREE_PORT_FLOOR + span}`);
 }
 
 /** Thrown by a probe to stop waiting at once (e.g. the process being waited for has exited). */
