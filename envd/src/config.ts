@@ -54,6 +54,11 @@ export interface EnvdConfig {
    */
   readonly execLauncher: string;
   /**
+   * ENVD_SPAWNER (1; 0 = off): pipe processes are forked by the launcher running as envd's spawner
+   * (`warren-exec --serve`, process/spawner.ts) instead of by envd, whose fork copies its page tables (~3 ms).
+   */
+  readonly spawner: boolean;
+  /**
    * `--workload-fd N`: an inherited descriptor of the sandbox's workload cgroup (process/workload.ts), which every
    * process envd starts joins. Unset: processes stay in envd's cgroup.
    */
@@ -69,7 +74,7 @@ export type WarmupMode = "now" | "after-init" | "off";
 
 export const USAGE = `usage: warren-envd [--port 49983] [--host 127.0.0.1] [--default-user root] [--default-workdir DIR] [--expose-loopback] [--process-limit N] [--workload-fd N] [--workload-oom-fd N] [--warm-up now|after-init|off]
 environment: ENVD_ACCESS_TOKEN, ENVD_OUTPUT_BUFFER_BYTES (1048576), ENVD_FINISHED_RETENTION_MS (60000), ENVD_WARMUP (1; 0 = off),
-ENVD_EXEC_LAUNCHER (warren-exec beside envd)`;
+ENVD_EXEC_LAUNCHER (warren-exec beside envd), ENVD_SPAWNER (1; 0 = envd forks commands itself)`;
 
 export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): EnvdConfig {
   let parsed: ReturnType<typeof parseFlags>;
@@ -99,6 +104,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
     exposeLoopback: values["expose-loopback"] === true,
     // Beside this module: dist/warren-exec for the bundle (dist/envd.mjs) and for tsc's output alike.
     execLauncher: env.ENVD_EXEC_LAUNCHER || fileURLToPath(new URL("./warren-exec", import.meta.url)),
+    spawner: env.ENVD_SPAWNER !== "0",
     processLimit:
       values["process-limit"] === undefined
         ? undefined

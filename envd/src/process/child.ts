@@ -1,12 +1,15 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { once } from "node:events";
 import { writeFileSync } from "node:fs";
+import type { Socket } from "node:net";
+import type { Writable } from "node:stream";
 import { type IPty, spawn as spawnPty } from "@lydell/node-pty";
 import { failedPrecondition, invalidArgument, resourceExhausted } from "../errors.js";
 import type { Logger } from "../log.js";
 import { type ProcessExit, processExit } from "./exit-status.js";
 import type { OutputStream } from "./output-buffer.js";
 import type { SpawnPlan } from "./spawn-plan.js";
+import type { SpawnedProcess, Spawner } from "./spawner.js";
 
 // Input a process has not read yet that envd holds before it refuses more.
 const MAX_PENDING_STDIN_BYTES = 16 * 1024 * 1024;
@@ -38,9 +41,21 @@ export interface ChildHandle {
   resume(): void;
 }
 
-/** Starts the plan's process: detached into its own session, with pipes or a pty. */
-export async function spawnChild(plan: SpawnPlan, log: Logger): Promise<ChildHandle> {
-  return plan.pty ? PtyChild.spawn(plan, plan.pty, log) : PipeChild.spawn(plan, log);
+/**
+ * Starts the plan's process: detached into its own session, with pipes or a pty. Pipe processes are forked by the
+ * spawner when there is one (spawner.ts), else by envd itself.
+ */
+export async function spawnChild(plan: SpawnPlan, log: Logger, spawner?: Spawner): Promise<ChildHandle> {
+  if (plan.pty) return PtyChild.spawn(plan, plan.pty, log);
+  const spawned = spawner?.spawn({ argv: [plan.file, ...plan.args], env: plan.env, cwd: plan.cwd, stdin: plan.stdin });
+  if (spawned === undefined) return PipeChild.spawn(plan, log);
+  try {
+    return new SpawnedChild(await spawned, log);
+  } catch (error) {
+    // The spawner ended meanwhile: this process was not started; envd starts it itself.
+    log.warn("the command spawner did not start a process; envd forks it", { error: (error as Error).message });
+    return PipeChild.spawn(plan, log);
+  }
 }
 
 /** Holds events until a listener attaches, so nothing from a fast process is lost. */
@@ -136,20 +151,7 @@ class PipeChild implements ChildHandle {
   }
 
   writeStdin(data: Uint8Array): Promise<void> {
-    const stdin = this.child.stdin;
-    if (!stdin || !this.stdinOpen) {
-      return Promise.reject(failedPrecondition(`stdin not enabled or closed for process with pid ${this.pid}`));
-    }
-    if (stdin.writableLength > MAX_PENDING_STDIN_BYTES) {
-      return Promise.reject(
-        resourceExhausted(`process with pid ${this.pid} is not reading stdin; ${stdin.writableLength} bytes wait`),
-      );
-    }
-    return new Promise((resolve, reject) => {
-      stdin.write(data, (error) =>
-        error ? reject(failedPrecondition(`writing stdin of pid ${this.pid} failed: ${error.message}`)) : resolve(),
-      );
-    });
+    return writeToStdin(this.child.stdin ?? undefined, this.stdinOpen, this.pid, data);
   }
 
   closeStdin(): void {
@@ -176,6 +178,71 @@ class PipeChild implements ChildHandle {
   resume(): void {
     this.child.stdout?.resume();
     this.child.stderr?.resume();
+  }
+}
+
+/** A pipe process the spawner forked: the same as PipeChild, with its pipes and its end told by the spawner. */
+class SpawnedChild implements ChildHandle {
+  readonly hasPty = false;
+  readonly pid: number;
+  private readonly relay = new EventRelay();
+  private leaderAlive = true;
+
+  constructor(
+    private readonly process: SpawnedProcess,
+    log: Logger,
+  ) {
+    this.pid = process.pid;
+    process.stdin?.on("error", (error) => log.warn("stdin write failed", { pid: this.pid, error: error.message }));
+    const closed = (stream: Socket) => new Promise<void>((resolve) => stream.once("close", () => resolve()));
+    // As Node's 'close': once the process ended and its output was read to the end.
+    const outputDone = Promise.all([closed(process.stdout), closed(process.stderr)]);
+    void process.exited.then((exit) => {
+      this.leaderAlive = false;
+      process.stdin?.destroy();
+      void outputDone.then(() => this.relay.exit(processExit(exit.code, exit.signal)));
+    });
+  }
+
+  get stdinOpen(): boolean {
+    const stdin = this.process.stdin;
+    return stdin?.writable === true && !stdin.destroyed;
+  }
+
+  attach(events: ChildEvents): void {
+    this.process.stdout.on("data", (data: Buffer) => this.relay.output("stdout", data));
+    this.process.stderr.on("data", (data: Buffer) => this.relay.output("stderr", data));
+    this.relay.attach(events);
+  }
+
+  writeStdin(data: Uint8Array): Promise<void> {
+    return writeToStdin(this.process.stdin, this.stdinOpen, this.pid, data);
+  }
+
+  closeStdin(): void {
+    this.process.stdin?.end();
+  }
+
+  writePty(): void {
+    throw failedPrecondition(`process with pid ${this.pid} has no pty`);
+  }
+
+  resize(): void {
+    throw failedPrecondition(`tty not assigned to process with pid ${this.pid}`);
+  }
+
+  signalGroup(signal: NodeJS.Signals): void {
+    signalGroup(this.pid, signal, this.leaderAlive);
+  }
+
+  pause(): void {
+    this.process.stdout.pause();
+    this.process.stderr.pause();
+  }
+
+  resume(): void {
+    this.process.stdout.resume();
+    this.process.stderr.resume();
   }
 }
 
@@ -274,6 +341,23 @@ class PtyChild implements ChildHandle {
  * process right after it starts and inherited by everything it forks. Raising a score needs no privilege; envd (and
  * the sandbox's init) keep theirs, so a memory bomb in a sandbox kills the bomb, not the daemon that can stop it.
  */
+/** Writes to a process's stdin pipe, resolving once the kernel has the bytes. */
+function writeToStdin(stdin: Writable | undefined, open: boolean, pid: number, data: Uint8Array): Promise<void> {
+  if (!stdin || !open) {
+    return Promise.reject(failedPrecondition(`stdin not enabled or closed for process with pid ${pid}`));
+  }
+  if (stdin.writableLength > MAX_PENDING_STDIN_BYTES) {
+    return Promise.reject(
+      resourceExhausted(`process with pid ${pid} is not reading stdin; ${stdin.writableLength} bytes wait`),
+    );
+  }
+  return new Promise((resolve, reject) => {
+    stdin.write(data, (error) =>
+      error ? reject(failedPrecondition(`writing stdin of pid ${pid} failed: ${error.message}`)) : resolve(),
+    );
+  });
+}
+
 function yieldToOomKiller(pid: number): void {
   try {
     writeFileSync(`/proc/${pid}/oom_score_adj`, "1000");

@@ -7,6 +7,7 @@ import type { ProcessExit } from "./exit-status.js";
 import { OutputBuffer, type OutputStream } from "./output-buffer.js";
 import type { SecretMask } from "./secret-mask.js";
 import type { PtySize, SpawnPlan } from "./spawn-plan.js";
+import type { Spawner } from "./spawner.js";
 import { RESUME_BELOW_BYTES, Subscription, type SubscriptionOwner } from "./subscription.js";
 
 // E2B's chunk limits for data events.
@@ -26,6 +27,8 @@ export interface ProcessOptions {
   readonly onSpawn?: (pid: number) => void;
   /** The OOM kills in the sandbox's workload so far (WorkloadCgroup.oomKills); undefined when unknown. */
   readonly oomKills?: () => number | undefined;
+  /** Forks pipe processes instead of envd (spawner.ts). */
+  readonly spawner?: Spawner;
 }
 
 /**
@@ -70,7 +73,7 @@ export class ManagedProcess implements ChildEvents, SubscriptionOwner {
 
   static async start(plan: SpawnPlan, options: ProcessOptions): Promise<ManagedProcess> {
     const oomKillsBefore = options.oomKills?.();
-    const child = await spawnChild(plan, options.log);
+    const child = await spawnChild(plan, options.log, options.spawner);
     options.onSpawn?.(child.pid);
     return new ManagedProcess(child, plan, options, oomKillsBefore);
   }

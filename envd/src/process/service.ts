@@ -12,6 +12,7 @@ import { ManagedProcess } from "./managed-process.js";
 import { ProcessRegistry } from "./registry.js";
 import { SECRET_ENV_HEADER, SecretMask, secretEnvFromHeader } from "./secret-mask.js";
 import { PRLIMIT, planSpawn, ptySize } from "./spawn-plan.js";
+import { Spawner } from "./spawner.js";
 import type { Subscription } from "./subscription.js";
 
 /** Request header (Warren extra): replay held output from this byte offset before live output. */
@@ -39,6 +40,8 @@ export function createProcessService(
   const envdPath = ctx.config.processPath;
   const execLauncher = usableLauncher(ctx);
   const processLimit = usableProcessLimit(ctx, execLauncher);
+  // The launcher is also the spawner (`warren-exec --serve`): commands are forked by it, not by envd.
+  const spawner = execLauncher && ctx.config.spawner ? Spawner.start(execLauncher, ctx.log) : undefined;
   const workload = new WorkloadCgroup(
     { procsFd: ctx.config.workloadFd, oomControlFd: ctx.config.workloadOomFd },
     ctx.log,
@@ -136,6 +139,7 @@ export function createProcessService(
       mask: new SecretMask(Object.values(secretEnv)),
       onSpawn: (pid) => workload.join(pid),
       oomKills: () => workload.oomKills(),
+      ...(spawner ? { spawner } : {}),
     });
     try {
       registry.add(started);
@@ -199,6 +203,7 @@ export function createProcessService(
       const shuttingDown = new EnvdError(Code.Unavailable, "envd is shutting down");
       for (const p of registry.all()) p.abandon(shuttingDown);
       registry.close();
+      spawner?.close();
     },
   };
 }

@@ -1,0 +1,197 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { closeSync, constants, openSync } from "node:fs";
+import { Socket } from "node:net";
+import { constants as osConstants } from "node:os";
+import type { Logger } from "../log.js";
+
+/** What the spawner is asked to start: a SpawnPlan's argv, environment, directory and stdin. */
+export interface SpawnRequest {
+  /** argv[0] is the file; when it is the launcher itself, the spawner's child applies its options in-process. */
+  readonly argv: readonly string[];
+  readonly env: Readonly<Record<string, string>>;
+  readonly cwd: string;
+  readonly stdin: boolean;
+}
+
+/** A command the spawner started: its pipes (envd's own ends) and its end. */
+export interface SpawnedProcess {
+  readonly pid: number;
+  readonly stdin: Socket | undefined;
+  readonly stdout: Socket;
+  readonly stderr: Socket;
+  /** Its wait status decoded; `undefined` fields when the spawner died before telling (the exit is unknown). */
+  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+}
+
+interface PendingSpawn {
+  resolve(process: SpawnedProcess): void;
+  reject(error: Error): void;
+}
+
+const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(
+  Object.entries(osConstants.signals).map(([name, number]) => [number, name as NodeJS.Signals]),
+);
+
+/** A wait status (`waitpid`) as Node reports a child's end: an exit code, or the signal that ended it. */
+export function decodeWaitStatus(status: number): { code: number | null; signal: NodeJS.Signals | null } {
+  const signal = status & 0x7f;
+  if (signal === 0) return { code: (status >> 8) & 0xff, signal: null };
+  return { code: null, signal: SIGNAL_NAMES.get(signal) ?? null };
+}
+
+/**
+ * envd's side of `warren-exec --serve` (native/warren-exec.c): one small process that forks every command, since a
+ * fork from envd itself copies envd's page tables (~3 ms per command here, most of what envd added to a command's
+ * round trip). Requests and replies are the framed fields and lines that file documents; a started command's pipes
+ * are opened through `/proc/<spawner>/fd`, then the spawner closes its copies. The spawner is envd's child in envd's
+ * cgroup; the commands it forks join the workload cgroup as before (ProcessOptions.onSpawn).
+ *
+ * When the spawner is gone (it died, or could not start), `spawn` answers undefined and envd forks commands itself;
+ * commands it had started run on, and end with an unknown exit once their output closes.
+ */
+export class Spawner {
+  private child: ChildProcess | undefined;
+  private nextId = 1;
+  private readonly pending = new Map<string, PendingSpawn>();
+  private readonly exits = new Map<number, (exit: { code: number | null; signal: NodeJS.Signals | null }) => void>();
+  private buffered = "";
+
+  private constructor(
+    private readonly launcher: string,
+    private readonly log: Logger,
+  ) {}
+
+  /** Starts the spawner beside envd (when it cannot run, it is logged and `spawn` answers undefined). */
+  static start(launcher: string, log: Logger): Spawner {
+    const spawner = new Spawner(launcher, log);
+    spawner.launch();
+    return spawner;
+  }
+
+  get available(): boolean {
+    return this.child?.pid !== undefined && this.child.exitCode === null && this.child.signalCode === null;
+  }
+
+  /** Starts `request`'s process; undefined when the spawner is not there (envd then forks it itself). */
+  spawn(request: SpawnRequest): Promise<SpawnedProcess> | undefined {
+    const child = this.child;
+    if (!this.available || !child?.stdin?.writable) return undefined;
+    const id = String(this.nextId++);
+    const fields = [
+      "spawn",
+      id,
+      request.stdin ? "pipe" : "null",
+      request.argv[0] === this.launcher ? "launch" : "exec",
+      request.cwd,
+      String(request.argv.length),
+      ...request.argv,
+      String(Object.keys(request.env).length),
+      ...Object.entries(request.env).map(([name, value]) => `${name}=${value}`),
+    ];
+    return new Promise<SpawnedProcess>((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      child.stdin?.write(frame(fields));
+    });
+  }
+
+  close(): void {
+    this.child?.stdin?.end();
+  }
+
+  private launch(): void {
+    const child = spawn(this.launcher, ["--serve"], { stdio: ["pipe", "pipe", "inherit"] });
+    this.child = child;
+    child.on("error", (error) => this.log.warn("the command spawner failed", { error: error.message }));
+    child.stdin?.on("error", () => undefined);
+    child.stdout?.setEncoding("latin1").on("data", (text: string) => this.read(text));
+    child.once("exit", (code, signal) => {
+      if (this.child === child) this.child = undefined;
+      this.log.warn("the command spawner ended; envd forks commands itself", { code, signal });
+      const gone = new Error("the command spawner ended");
+      for (const pending of this.pending.values()) pending.reject(gone);
+      this.pending.clear();
+      for (const exit of this.exits.values()) exit({ code: null, signal: null });
+      this.exits.clear();
+    });
+  }
+
+  private read(text: string): void {
+    this.buffered += text;
+    for (let newline = this.buffered.indexOf("\n"); newline >= 0; newline = this.buffered.indexOf("\n")) {
+      const line = this.buffered.slice(0, newline);
+      this.buffered = this.buffered.slice(newline + 1);
+      this.onLine(line.split(" "));
+    }
+  }
+
+  private onLine([kind, ...rest]: string[]): void {
+    if (kind === "X") {
+      const [pid, status] = rest.map(Number) as [number, number];
+      const exit = this.exits.get(pid);
+      this.exits.delete(pid);
+      exit?.(decodeWaitStatus(status));
+      return;
+    }
+    const [id, ...numbers] = rest;
+    const pending = this.pending.get(id ?? "");
+    if (!pending || id === undefined) return;
+    this.pending.delete(id);
+    if (kind === "E") {
+      const errno = Number(numbers[0]);
+      const name = Object.entries(osConstants.errno).find(([, n]) => n === errno)?.[0] ?? `errno ${errno}`;
+      pending.reject(Object.assign(new Error(`the command spawner could not start it: ${name}`), { code: name }));
+      return;
+    }
+    const [pid, stdinFd, stdoutFd, stderrFd] = numbers.map(Number) as [number, number, number, number];
+    try {
+      pending.resolve(this.adopt(id, pid, stdinFd, stdoutFd, stderrFd));
+    } catch (error) {
+      pending.reject(error as Error);
+    }
+  }
+
+  /** Opens envd's own ends of the command's pipes, then lets the spawner close its copies. */
+  private adopt(id: string, pid: number, stdinFd: number, stdoutFd: number, stderrFd: number): SpawnedProcess {
+    const spawnerPid = this.child?.pid;
+    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+      this.exits.set(pid, resolve),
+    );
+    try {
+      const path = (fd: number) => `/proc/${spawnerPid}/fd/${fd}`;
+      // O_NONBLOCK: opening a pipe's read end through /proc is a FIFO open, which would wait for a writer the
+      // command may already have closed; the write end of a command that already ended has no reader (ENXIO).
+      const stdout = readEnd(openSync(path(stdoutFd), constants.O_RDONLY | constants.O_NONBLOCK));
+      const stderr = readEnd(openSync(path(stderrFd), constants.O_RDONLY | constants.O_NONBLOCK));
+      let stdin: Socket | undefined;
+      if (stdinFd >= 0) {
+        try {
+          const fd = openSync(path(stdinFd), constants.O_WRONLY | constants.O_NONBLOCK);
+          stdin = new Socket({ fd, readable: false, writable: true });
+        } catch (error) {
+          if ((error as NodeJS.ErrnoException).code !== "ENXIO") throw error;
+          stdin = undefined;
+        }
+      }
+      return { pid, stdin, stdout, stderr, exited };
+    } finally {
+      this.child?.stdin?.write(frame(["close", id]));
+    }
+  }
+}
+
+function readEnd(fd: number): Socket {
+  try {
+    return new Socket({ fd, readable: true, writable: false });
+  } catch (error) {
+    closeSync(fd);
+    throw error;
+  }
+}
+
+/** One request: a 32-bit little-endian length, then NUL-terminated fields. */
+function frame(fields: readonly string[]): Buffer {
+  const body = Buffer.from(`${fields.join("\0")}\0`, "utf8");
+  const head = Buffer.alloc(4);
+  head.writeUInt32LE(body.length);
+  return Buffer.concat([head, body]);
+}

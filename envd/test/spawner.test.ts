@@ -1,0 +1,110 @@
+// envd's command spawner (`warren-exec --serve`, src/process/spawner.ts): commands are forked by it, not by envd,
+// and behave exactly as when envd forks them itself (ENVD_SPAWNER=0), through the official e2b SDK.
+import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { CommandExitError, type Sandbox } from "e2b";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { decodeWaitStatus } from "../src/process/spawner.js";
+import { sdkSandbox, startTestEnvd, type TestEnvd } from "./harness.js";
+
+const cmdline = (pid: number) => readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter(Boolean).join(" ");
+const parentOf = (pid: number) => Number(/^PPid:\s+(\d+)$/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1]);
+
+describe.each([
+  { name: "the spawner", env: {} },
+  { name: "envd itself (ENVD_SPAWNER=0)", env: { ENVD_SPAWNER: "0" } },
+])("commands forked by $name", ({ env }) => {
+  let envd: TestEnvd;
+  let sandbox: Sandbox;
+
+  beforeAll(async () => {
+    envd = await startTestEnvd({ env });
+    sandbox = sdkSandbox(envd);
+  });
+
+  afterAll(async () => {
+    await envd?.stop();
+  });
+
+  it("have the parent this mode gives them, their own session, the top OOM score and the user's identity", async () => {
+    const handle = await sandbox.commands.run("sleep 30", { background: true });
+    try {
+      const parent = parentOf(handle.pid);
+      if (env.ENVD_SPAWNER === "0") {
+        expect(parent).toBe(envd.child.pid);
+      } else {
+        expect(cmdline(parent)).toMatch(/warren-exec --serve$/);
+        expect(parentOf(parent)).toBe(envd.child.pid);
+      }
+      const stat = readFileSync(`/proc/${handle.pid}/stat`, "utf8").split(") ")[1]?.split(" ") ?? [];
+      // Fields after the command: state, ppid, pgrp, session: the command leads both.
+      expect([Number(stat[2]), Number(stat[3])]).toEqual([handle.pid, handle.pid]);
+      expect(readFileSync(`/proc/${handle.pid}/oom_score_adj`, "utf8").trim()).toBe("1000");
+      const uid = execFileSync("id", ["-u", "user"], { encoding: "utf8" }).trim();
+      expect(/^Uid:\s+(\d+)\s/m.exec(readFileSync(`/proc/${handle.pid}/status`, "utf8"))?.[1]).toBe(uid);
+    } finally {
+      await handle.kill();
+    }
+  });
+
+  it("pass output, stdin, exit codes, signals, cwd and environment through", async () => {
+    const out = await sandbox.commands.run("pwd; echo $MINE; echo err >&2", { cwd: "/tmp", envs: { MINE: "x y" } });
+    expect([out.stdout, out.stderr, out.exitCode]).toEqual(["/tmp\nx y\n", "err\n", 0]);
+    const failed = await sandbox.commands.run("exit 3").catch((error: unknown) => error);
+    expect(failed).toBeInstanceOf(CommandExitError);
+    expect((failed as CommandExitError).exitCode).toBe(3);
+    const killed = await sandbox.commands.run("kill -TERM $$").catch((error: unknown) => error);
+    expect((failed as CommandExitError).error).toBe("exit status 3");
+    expect((killed as CommandExitError).error).toBe("signal: terminated");
+    const cat = await sandbox.commands.run("cat", { background: true, stdin: true });
+    await sandbox.commands.sendStdin(cat.pid, "hello\n");
+    await sandbox.commands.closeStdin(cat.pid);
+    expect((await cat.wait()).stdout).toBe("hello\n");
+    // Output larger than a pipe holds, from a command that exits at once: nothing lost.
+    const big = await sandbox.commands.run("head -c 300000 /dev/zero | tr '\\0' a");
+    expect(big.stdout.length).toBe(300_000);
+    // A command that is not there: 127 from the shell, as before.
+    const missing = await sandbox.commands.run("no-such-command-here").catch((error: unknown) => error);
+    expect((missing as CommandExitError).exitCode).toBe(127);
+  });
+
+  it("start back to back and concurrently, every one reported once", async () => {
+    const results = await Promise.all(
+      Array.from({ length: 40 }, (_, i) => sandbox.commands.run(`echo ${i}`).then((r) => r.stdout.trim())),
+    );
+    expect(results).toEqual(Array.from({ length: 40 }, (_, i) => String(i)));
+  });
+});
+
+describe("the spawner's wait status", () => {
+  it("decodes exits and signals as Node reports them", () => {
+    expect(decodeWaitStatus(0)).toEqual({ code: 0, signal: null });
+    expect(decodeWaitStatus(3 << 8)).toEqual({ code: 3, signal: null });
+    expect(decodeWaitStatus(9)).toEqual({ code: null, signal: "SIGKILL" });
+    expect(decodeWaitStatus(15 | 0x80)).toEqual({ code: null, signal: "SIGTERM" });
+  });
+});
+
+describe("when the spawner dies", () => {
+  it("envd forks commands itself from then on", async () => {
+    const envd = await startTestEnvd();
+    try {
+      const sandbox = sdkSandbox(envd);
+      const first = await sandbox.commands.run("sleep 30", { background: true });
+      const spawnerPid = parentOf(first.pid);
+      expect(cmdline(spawnerPid)).toMatch(/warren-exec --serve$/);
+      process.kill(spawnerPid, "SIGKILL");
+      await first.kill();
+      const deadline = Date.now() + 5_000;
+      while (!envd.logs().includes("the command spawner ended") && Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, 25));
+      }
+      expect((await sandbox.commands.run("echo still")).stdout).toBe("still\n");
+      const next = await sandbox.commands.run("sleep 30", { background: true });
+      expect(parentOf(next.pid)).toBe(envd.child.pid);
+      await next.kill();
+    } finally {
+      await envd.stop();
+    }
+  });
+});
