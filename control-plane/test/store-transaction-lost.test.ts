@@ -30,3 +30,42 @@ describe("a transaction whose server goes away", () => {
     }
   });
 });
+
+describe("a transaction with a lock timeout", () => {
+  const db = createDb({ url: DATABASE_URL, schema: "public", max: 2 });
+  afterAll(() => db.end());
+
+  it("has it from its first statement, gives up on a held row lock after it, and leaves the next transaction without it", async () => {
+    const shown = await withTransaction(
+      db,
+      async (tx) => (await tx.query<{ lock_timeout: string }>("SHOW lock_timeout")).rows[0]?.lock_timeout,
+      { lockTimeoutMs: 250 },
+    );
+    expect(shown).toBe("250ms");
+    // A row held by another transaction: the waiter fails after about its timeout with PostgreSQL's lock_not_available.
+    await db.query("CREATE TABLE IF NOT EXISTS warren_lock_probe (id int PRIMARY KEY)");
+    await db.query("INSERT INTO warren_lock_probe VALUES (1) ON CONFLICT DO NOTHING");
+    try {
+      const outcome = await withTransaction(db, async (holder) => {
+        await holder.query("SELECT * FROM warren_lock_probe WHERE id = 1 FOR UPDATE");
+        const started = Date.now();
+        const error = await withTransaction(
+          db,
+          (waiter) => waiter.query("SELECT * FROM warren_lock_probe WHERE id = 1 FOR UPDATE"),
+          { lockTimeoutMs: 200 },
+        ).catch((caught: { code?: string }) => caught);
+        return { code: (error as { code?: string }).code, waitedMs: Date.now() - started };
+      });
+      expect(outcome.code).toBe("55P03");
+      expect(outcome.waitedMs).toBeGreaterThanOrEqual(150);
+      const after = await withTransaction(
+        db,
+        async (tx) => (await tx.query<{ lock_timeout: string }>("SHOW lock_timeout")).rows[0]?.lock_timeout,
+      );
+      expect(after).toBe("0");
+      await expect(withTransaction(db, async () => 1, { lockTimeoutMs: 1.5 })).rejects.toThrow(/whole milliseconds/);
+    } finally {
+      await db.query("DROP TABLE IF EXISTS warren_lock_probe");
+    }
+  });
+});

@@ -105,33 +105,36 @@ export class Durability {
   private async makeDurable(sandboxId: string): Promise<void> {
     const { db, registry, nodeAgent, log } = this.deps;
     const startedAt = performance.now();
-    const captured = await withTransaction(db, async (tx) => {
-      await tx.query("SET LOCAL lock_timeout = '5s'");
-      const row = await lockSandbox(tx, sandboxId);
-      if (!row || row.state !== "paused" || !row.nodeId) return undefined;
-      const node = (await registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
-      if (!node) return undefined;
-      const snapshotId = `d${randomBytes(10).toString("hex")}`;
-      const made = await nodeAgent(node.nodeId, node.addr).snapshot(sandboxId, snapshotId);
-      const { row: snapshot } = await insertSnapshot(tx, {
-        id: snapshotId,
-        teamId: row.teamId,
-        name: null,
-        kind: "durable",
-        sourceSandboxId: row.id,
-        nodeId: node.nodeId,
-        templateId: made.templateId,
-        driver: made.driver,
-        memory: made.memory,
-        sizeBytes: made.sizeBytes,
-        cpuCount: row.cpuCount,
-        memoryMB: row.memoryMB,
-        diskSizeMB: row.diskSizeMB,
-        envVars: row.envVars,
-        metadata: row.metadata,
-      });
-      return { snapshot, pausedAt: row.pausedAt, previous: await packBaseFor(tx, sandboxId) };
-    });
+    const captured = await withTransaction(
+      db,
+      async (tx) => {
+        const row = await lockSandbox(tx, sandboxId);
+        if (!row || row.state !== "paused" || !row.nodeId) return undefined;
+        const node = (await registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
+        if (!node) return undefined;
+        const snapshotId = `d${randomBytes(10).toString("hex")}`;
+        const made = await nodeAgent(node.nodeId, node.addr).snapshot(sandboxId, snapshotId);
+        const { row: snapshot } = await insertSnapshot(tx, {
+          id: snapshotId,
+          teamId: row.teamId,
+          name: null,
+          kind: "durable",
+          sourceSandboxId: row.id,
+          nodeId: node.nodeId,
+          templateId: made.templateId,
+          driver: made.driver,
+          memory: made.memory,
+          sizeBytes: made.sizeBytes,
+          cpuCount: row.cpuCount,
+          memoryMB: row.memoryMB,
+          diskSizeMB: row.diskSizeMB,
+          envVars: row.envVars,
+          metadata: row.metadata,
+        });
+        return { snapshot, pausedAt: row.pausedAt, previous: await packBaseFor(tx, sandboxId) };
+      },
+      { lockTimeoutMs: 5_000 },
+    );
     if (!captured) return;
     const { snapshot, pausedAt, previous } = captured;
     // The sandbox's last durable copy (kept in the store a while after it resumed), else its template's ready

@@ -13,13 +13,16 @@ export async function transition<T>(
   teamId: string | undefined,
   fn: (tx: DbClient, row: SandboxRow) => Promise<T>,
 ): Promise<T> {
-  return withTransaction(db, async (tx) => {
-    await tx.query("SET LOCAL lock_timeout = '30s'");
-    const row = await lockSandbox(tx, sandboxId);
-    if (!row || (teamId !== undefined && row.teamId !== teamId)) throw notFound(sandboxId);
-    if (row.state === "killed" || row.state === "failed") throw notFound(sandboxId);
-    return fn(tx, row);
-  });
+  return withTransaction(
+    db,
+    async (tx) => {
+      const row = await lockSandbox(tx, sandboxId);
+      if (!row || (teamId !== undefined && row.teamId !== teamId)) throw notFound(sandboxId);
+      if (row.state === "killed" || row.state === "failed") throw notFound(sandboxId);
+      return fn(tx, row);
+    },
+    { lockTimeoutMs: 30_000 },
+  );
 }
 
 export async function setState(

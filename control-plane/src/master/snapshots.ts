@@ -171,62 +171,66 @@ export class SnapshotService {
     filesOnly = false,
   ): Promise<{ row: SnapshotRow; replaced: SnapshotRow | undefined; source: SandboxRow }> {
     const { db, registry, nodeAgent, log } = this.deps;
-    return withTransaction(db, async (tx) => {
-      await tx.query("SET LOCAL lock_timeout = '30s'");
-      const source = await lockSandbox(tx, sandboxId);
-      if (!source || source.teamId !== team.id || source.state === "killed" || source.state === "failed") {
-        throw notFound(sandboxId);
-      }
-      if (source.state !== "running" && source.state !== "paused") {
-        throw new MasterError("busy", `sandbox ${sandboxId} is ${source.state}; retry shortly`);
-      }
-      const node = (await registry.liveNodes()).find((n) => n.nodeId === source.nodeId);
-      if (!node) throw new MasterError("unavailable", `the node of sandbox ${sandboxId} is not reachable; retry later`);
-      const snapshotId = `${kind === "fork" ? "f" : "s"}${randomBytes(10).toString("hex")}`;
-      const startedAt = performance.now();
-      let made: Awaited<ReturnType<ReturnType<NodeAgentConnector>["snapshot"]>>;
-      try {
-        made = await nodeAgent(node.nodeId, node.addr).snapshot(
+    return withTransaction(
+      db,
+      async (tx) => {
+        const source = await lockSandbox(tx, sandboxId);
+        if (!source || source.teamId !== team.id || source.state === "killed" || source.state === "failed") {
+          throw notFound(sandboxId);
+        }
+        if (source.state !== "running" && source.state !== "paused") {
+          throw new MasterError("busy", `sandbox ${sandboxId} is ${source.state}; retry shortly`);
+        }
+        const node = (await registry.liveNodes()).find((n) => n.nodeId === source.nodeId);
+        if (!node)
+          throw new MasterError("unavailable", `the node of sandbox ${sandboxId} is not reachable; retry later`);
+        const snapshotId = `${kind === "fork" ? "f" : "s"}${randomBytes(10).toString("hex")}`;
+        const startedAt = performance.now();
+        let made: Awaited<ReturnType<ReturnType<NodeAgentConnector>["snapshot"]>>;
+        try {
+          made = await nodeAgent(node.nodeId, node.addr).snapshot(
+            sandboxId,
+            snapshotId,
+            filesOnly ? { filesOnly } : undefined,
+          );
+        } catch (error) {
+          if (error instanceof NodeAgentError && error.kind === "not_found") throw notFound(sandboxId);
+          throw new MasterError("unavailable", `snapshot of sandbox ${sandboxId} failed: ${(error as Error).message}`);
+        }
+        const { row, replaced } = await insertSnapshot(tx, {
+          id: snapshotId,
+          teamId: team.id,
+          name: name ?? null,
+          kind,
+          sourceSandboxId: sandboxId,
+          nodeId: node.nodeId,
+          templateId: source.templateId,
+          driver: made.driver,
+          memory: made.memory,
+          sizeBytes: made.sizeBytes,
+          cpuCount: source.cpuCount,
+          memoryMB: source.memoryMB,
+          diskSizeMB: source.diskSizeMB,
+          envVars: source.envVars,
+          metadata: source.metadata,
+        });
+        await appendEvent(tx, {
+          sandboxId,
+          teamId: team.id,
+          type: kind === "fork" ? "sandbox.forked" : "sandbox.snapshotted",
+          data: { snapshotId, name: name ?? null, memory: made.memory, sizeBytes: made.sizeBytes },
+        });
+        log.info("sandbox snapshotted", {
           sandboxId,
           snapshotId,
-          filesOnly ? { filesOnly } : undefined,
-        );
-      } catch (error) {
-        if (error instanceof NodeAgentError && error.kind === "not_found") throw notFound(sandboxId);
-        throw new MasterError("unavailable", `snapshot of sandbox ${sandboxId} failed: ${(error as Error).message}`);
-      }
-      const { row, replaced } = await insertSnapshot(tx, {
-        id: snapshotId,
-        teamId: team.id,
-        name: name ?? null,
-        kind,
-        sourceSandboxId: sandboxId,
-        nodeId: node.nodeId,
-        templateId: source.templateId,
-        driver: made.driver,
-        memory: made.memory,
-        sizeBytes: made.sizeBytes,
-        cpuCount: source.cpuCount,
-        memoryMB: source.memoryMB,
-        diskSizeMB: source.diskSizeMB,
-        envVars: source.envVars,
-        metadata: source.metadata,
-      });
-      await appendEvent(tx, {
-        sandboxId,
-        teamId: team.id,
-        type: kind === "fork" ? "sandbox.forked" : "sandbox.snapshotted",
-        data: { snapshotId, name: name ?? null, memory: made.memory, sizeBytes: made.sizeBytes },
-      });
-      log.info("sandbox snapshotted", {
-        sandboxId,
-        snapshotId,
-        kind,
-        memory: made.memory,
-        ms: Math.round(performance.now() - startedAt),
-      });
-      return { row, replaced, source };
-    });
+          kind,
+          memory: made.memory,
+          ms: Math.round(performance.now() - startedAt),
+        });
+        return { row, replaced, source };
+      },
+      { lockTimeoutMs: 30_000 },
+    );
   }
 
   /**

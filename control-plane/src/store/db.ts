@@ -38,7 +38,16 @@ export function createDb(options: DbOptions): Db {
   return pool;
 }
 
-export async function withTransaction<T>(db: Db, fn: (client: DbClient) => Promise<T>): Promise<T> {
+/** How long a statement of the transaction waits for a row lock before it fails (PostgreSQL's `lock_timeout`). */
+export interface TransactionOptions {
+  readonly lockTimeoutMs?: number;
+}
+
+export async function withTransaction<T>(
+  db: Db,
+  fn: (client: DbClient) => Promise<T>,
+  options: TransactionOptions = {},
+): Promise<T> {
   const client = await db.connect();
   // A checked-out client has no listener of the pool's: a server that goes away (a PostgreSQL restart) while the
   // transaction awaits other work (a node agent's answer) would emit an unhandled 'error' and end the process. The
@@ -49,7 +58,12 @@ export async function withTransaction<T>(db: Db, fn: (client: DbClient) => Promi
   };
   client.on("error", onError);
   try {
-    await client.query("BEGIN");
+    // One round trip: the simple query protocol takes both statements at once (every sandbox transition starts so).
+    const lockTimeout = options.lockTimeoutMs;
+    if (lockTimeout !== undefined && !(Number.isInteger(lockTimeout) && lockTimeout >= 0)) {
+      throw new Error(`lock timeout must be whole milliseconds, got ${lockTimeout}`);
+    }
+    await client.query(lockTimeout === undefined ? "BEGIN" : `BEGIN; SET LOCAL lock_timeout = ${lockTimeout}`);
     const result = await fn(client);
     await client.query("COMMIT");
     return result;
