@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { rm } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -49,6 +49,8 @@ export interface ClusterOptions {
   readonly readyTemplates?: readonly string[];
   /** Prints progress lines. */
   readonly onProgress?: (line: string) => void;
+  /** How long `stop` lets each process end after SIGTERM before SIGKILL (default 30 s). */
+  readonly stopGraceMs?: number;
   /**
    * Route every proxy→sandbox connection through the node agents' relay (PROXY_RELAY=always, a fresh shared
    * WARREN_RELAY_TOKEN / PROXY_RELAY_TOKEN), as a proxy on another node must.
@@ -275,8 +277,28 @@ export class LocalCluster {
    * then unmounts the volumes' filesystems (their images stay: the next start mounts them again on first use).
    */
   async stop(): Promise<void> {
-    for (const child of [...this.processes].reverse()) await child.stop("SIGTERM", 30_000);
+    for (const child of [...this.processes].reverse()) {
+      const wasRunning = child.child.exitCode === null && child.child.signalCode === null;
+      await child.stop("SIGTERM", this.options.stopGraceMs ?? 30_000);
+      const index = this.nodeAgentChildren.indexOf(child);
+      if (index >= 0 && wasRunning && child.child.signalCode === "SIGKILL") await this.sweepNodeAgent(index);
+    }
     await unmountUnder(join(this.dataDir, "volumes"));
+  }
+
+  /**
+   * A node agent that overran its stop's grace was SIGKILLed with sandboxes still up (a machine stalled for minutes
+   * left a test's sandbox disk mounted under its data folder). Started once more it re-adopts them, and stopped
+   * with a longer grace it kills them (`WARREN_KILL_ON_STOP`).
+   */
+  private async sweepNodeAgent(index: number): Promise<void> {
+    const agent = this.startNodeAgent(index);
+    const deadline = Date.now() + 120_000;
+    while (Date.now() < deadline && agent.child.exitCode === null && agent.child.signalCode === null) {
+      if (readFileSync(agent.logFile, "utf8").includes("node agent listening")) break;
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+    await agent.stop("SIGTERM", 120_000);
   }
 
   /** Fault injection: SIGKILL node agent `index` (its sandboxes keep running, as after a crash). */
