@@ -2,9 +2,9 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { once } from "node:events";
 import { writeFileSync } from "node:fs";
 import type { Socket } from "node:net";
-import type { Writable } from "node:stream";
+import type { Readable, Writable } from "node:stream";
 import { type IPty, spawn as spawnPty } from "@lydell/node-pty";
-import { failedPrecondition, invalidArgument, resourceExhausted } from "../errors.js";
+import { failedPrecondition, invalidArgument, resourceExhausted, unavailable } from "../errors.js";
 import type { Logger } from "../log.js";
 import { type ProcessExit, processExit } from "./exit-status.js";
 import type { OutputStream } from "./output-buffer.js";
@@ -50,11 +50,10 @@ export async function spawnChild(plan: SpawnPlan, log: Logger, spawner?: Spawner
   const spawned = spawner?.spawn({ argv: [plan.file, ...plan.args], env: plan.env, cwd: plan.cwd, stdin: plan.stdin });
   if (spawned === undefined) return PipeChild.spawn(plan, log);
   try {
-    return new SpawnedChild(await spawned, log);
+    return new PipeChild(spawnedPipes(await spawned), log);
   } catch (error) {
-    // The spawner ended meanwhile: this process was not started; envd starts it itself.
-    log.warn("the command spawner did not start a process; envd forks it", { error: (error as Error).message });
-    return PipeChild.spawn(plan, log);
+    // Not started again by envd: the spawner may have forked it before it failed, and a command must not run twice.
+    throw unavailable(`failed to start command '${plan.command}': ${(error as Error).message}; retry`);
   }
 }
 
@@ -96,22 +95,63 @@ function signalGroup(pid: number, signal: NodeJS.Signals, leaderAlive: boolean):
   }
 }
 
+/** A pipe process however it was forked: its pid, envd's ends of its pipes, and when it ended. */
+interface ProcessPipes {
+  readonly pid: number;
+  readonly stdin: Writable | undefined;
+  readonly stdout: Readable;
+  readonly stderr: Readable;
+  /** When the process itself ended (its output may still be unread). */
+  readonly exited: Promise<unknown>;
+  /** As Node's 'close': once the process ended and its output was read to the end. */
+  readonly closed: Promise<ProcessExit>;
+}
+
+/** The pipes of a process envd forked itself (Node's ChildProcess). */
+function nodePipes(child: ChildProcess & { pid: number }, log: Logger): ProcessPipes {
+  child.on("error", (error) => log.warn("process error", { pid: child.pid, error: error.message }));
+  return {
+    pid: child.pid,
+    stdin: child.stdin ?? undefined,
+    stdout: child.stdout as Readable,
+    stderr: child.stderr as Readable,
+    // Not events.once: it rejects on 'error', which a live process can emit (a failed kill), and nobody awaits that.
+    exited: new Promise((resolve) => child.once("exit", resolve)),
+    closed: new Promise((resolve) => child.once("close", (code, signal) => resolve(processExit(code, signal)))),
+  };
+}
+
+/** The pipes of a process the spawner forked (spawner.ts): its end comes from the spawner. */
+function spawnedPipes(spawned: SpawnedProcess): ProcessPipes {
+  const closed = (stream: Socket) => new Promise<void>((resolve) => stream.once("close", () => resolve()));
+  const outputDone = Promise.all([closed(spawned.stdout), closed(spawned.stderr)]);
+  return {
+    pid: spawned.pid,
+    stdin: spawned.stdin,
+    stdout: spawned.stdout,
+    stderr: spawned.stderr,
+    exited: spawned.exited,
+    closed: Promise.all([spawned.exited, outputDone]).then(([exit]) => processExit(exit.code, exit.signal)),
+  };
+}
+
 class PipeChild implements ChildHandle {
   readonly hasPty = false;
+  readonly pid: number;
   private readonly relay = new EventRelay();
   private leaderAlive = true;
 
-  private constructor(
-    private readonly child: ChildProcess & { pid: number },
+  constructor(
+    private readonly pipes: ProcessPipes,
     log: Logger,
   ) {
-    child.stdin?.on("error", (error) => log.warn("stdin write failed", { pid: child.pid, error: error.message }));
-    child.on("error", (error) => log.warn("process error", { pid: child.pid, error: error.message }));
-    child.once("exit", () => {
+    this.pid = pipes.pid;
+    pipes.stdin?.on("error", (error) => log.warn("stdin write failed", { pid: this.pid, error: error.message }));
+    void pipes.exited.then(() => {
       this.leaderAlive = false;
-      child.stdin?.destroy();
+      pipes.stdin?.destroy();
     });
-    child.once("close", (code, signal) => this.relay.exit(processExit(code, signal)));
+    void pipes.closed.then((exit) => this.relay.exit(exit));
   }
 
   static async spawn(plan: SpawnPlan, log: Logger): Promise<PipeChild> {
@@ -131,96 +171,40 @@ class PipeChild implements ChildHandle {
       throw invalidArgument(`failed to start command '${plan.command}': ${error.message}`);
     }
     yieldToOomKiller(child.pid);
-    return new PipeChild(child as ChildProcess & { pid: number }, log);
-  }
-
-  get pid(): number {
-    return this.child.pid;
+    return new PipeChild(nodePipes(child as ChildProcess & { pid: number }, log), log);
   }
 
   get stdinOpen(): boolean {
-    const stdin = this.child.stdin;
+    const stdin = this.pipes.stdin;
     return stdin?.writable === true && !stdin.destroyed;
   }
 
   attach(events: ChildEvents): void {
     // Unread pipes buffer in the kernel until these listeners attach.
-    this.child.stdout?.on("data", (data: Buffer) => this.relay.output("stdout", data));
-    this.child.stderr?.on("data", (data: Buffer) => this.relay.output("stderr", data));
+    this.pipes.stdout.on("data", (data: Buffer) => this.relay.output("stdout", data));
+    this.pipes.stderr.on("data", (data: Buffer) => this.relay.output("stderr", data));
     this.relay.attach(events);
   }
 
   writeStdin(data: Uint8Array): Promise<void> {
-    return writeToStdin(this.child.stdin ?? undefined, this.stdinOpen, this.pid, data);
-  }
-
-  closeStdin(): void {
-    this.child.stdin?.end();
-  }
-
-  writePty(): void {
-    throw failedPrecondition(`process with pid ${this.pid} has no pty`);
-  }
-
-  resize(): void {
-    throw failedPrecondition(`tty not assigned to process with pid ${this.pid}`);
-  }
-
-  signalGroup(signal: NodeJS.Signals): void {
-    signalGroup(this.pid, signal, this.leaderAlive);
-  }
-
-  pause(): void {
-    this.child.stdout?.pause();
-    this.child.stderr?.pause();
-  }
-
-  resume(): void {
-    this.child.stdout?.resume();
-    this.child.stderr?.resume();
-  }
-}
-
-/** A pipe process the spawner forked: the same as PipeChild, with its pipes and its end told by the spawner. */
-class SpawnedChild implements ChildHandle {
-  readonly hasPty = false;
-  readonly pid: number;
-  private readonly relay = new EventRelay();
-  private leaderAlive = true;
-
-  constructor(
-    private readonly process: SpawnedProcess,
-    log: Logger,
-  ) {
-    this.pid = process.pid;
-    process.stdin?.on("error", (error) => log.warn("stdin write failed", { pid: this.pid, error: error.message }));
-    const closed = (stream: Socket) => new Promise<void>((resolve) => stream.once("close", () => resolve()));
-    // As Node's 'close': once the process ended and its output was read to the end.
-    const outputDone = Promise.all([closed(process.stdout), closed(process.stderr)]);
-    void process.exited.then((exit) => {
-      this.leaderAlive = false;
-      process.stdin?.destroy();
-      void outputDone.then(() => this.relay.exit(processExit(exit.code, exit.signal)));
+    const stdin = this.pipes.stdin;
+    if (!stdin || !this.stdinOpen) {
+      return Promise.reject(failedPrecondition(`stdin not enabled or closed for process with pid ${this.pid}`));
+    }
+    if (stdin.writableLength > MAX_PENDING_STDIN_BYTES) {
+      return Promise.reject(
+        resourceExhausted(`process with pid ${this.pid} is not reading stdin; ${stdin.writableLength} bytes wait`),
+      );
+    }
+    return new Promise((resolve, reject) => {
+      stdin.write(data, (error) =>
+        error ? reject(failedPrecondition(`writing stdin of pid ${this.pid} failed: ${error.message}`)) : resolve(),
+      );
     });
   }
 
-  get stdinOpen(): boolean {
-    const stdin = this.process.stdin;
-    return stdin?.writable === true && !stdin.destroyed;
-  }
-
-  attach(events: ChildEvents): void {
-    this.process.stdout.on("data", (data: Buffer) => this.relay.output("stdout", data));
-    this.process.stderr.on("data", (data: Buffer) => this.relay.output("stderr", data));
-    this.relay.attach(events);
-  }
-
-  writeStdin(data: Uint8Array): Promise<void> {
-    return writeToStdin(this.process.stdin, this.stdinOpen, this.pid, data);
-  }
-
   closeStdin(): void {
-    this.process.stdin?.end();
+    this.pipes.stdin?.end();
   }
 
   writePty(): void {
@@ -236,13 +220,13 @@ class SpawnedChild implements ChildHandle {
   }
 
   pause(): void {
-    this.process.stdout.pause();
-    this.process.stderr.pause();
+    this.pipes.stdout.pause();
+    this.pipes.stderr.pause();
   }
 
   resume(): void {
-    this.process.stdout.resume();
-    this.process.stderr.resume();
+    this.pipes.stdout.resume();
+    this.pipes.stderr.resume();
   }
 }
 
@@ -341,23 +325,6 @@ class PtyChild implements ChildHandle {
  * process right after it starts and inherited by everything it forks. Raising a score needs no privilege; envd (and
  * the sandbox's init) keep theirs, so a memory bomb in a sandbox kills the bomb, not the daemon that can stop it.
  */
-/** Writes to a process's stdin pipe, resolving once the kernel has the bytes. */
-function writeToStdin(stdin: Writable | undefined, open: boolean, pid: number, data: Uint8Array): Promise<void> {
-  if (!stdin || !open) {
-    return Promise.reject(failedPrecondition(`stdin not enabled or closed for process with pid ${pid}`));
-  }
-  if (stdin.writableLength > MAX_PENDING_STDIN_BYTES) {
-    return Promise.reject(
-      resourceExhausted(`process with pid ${pid} is not reading stdin; ${stdin.writableLength} bytes wait`),
-    );
-  }
-  return new Promise((resolve, reject) => {
-    stdin.write(data, (error) =>
-      error ? reject(failedPrecondition(`writing stdin of pid ${pid} failed: ${error.message}`)) : resolve(),
-    );
-  });
-}
-
 function yieldToOomKiller(pid: number): void {
   try {
     writeFileSync(`/proc/${pid}/oom_score_adj`, "1000");

@@ -19,7 +19,7 @@ export interface SpawnedProcess {
   readonly stdin: Socket | undefined;
   readonly stdout: Socket;
   readonly stderr: Socket;
-  /** Its wait status decoded; `undefined` fields when the spawner died before telling (the exit is unknown). */
+  /** Its wait status decoded; both null when the spawner died before telling (an unknown exit: "exit status -1"). */
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
 
@@ -47,7 +47,8 @@ export function decodeWaitStatus(status: number): { code: number | null; signal:
  * cgroup; the commands it forks join the workload cgroup as before (ProcessOptions.onSpawn).
  *
  * When the spawner is gone (it died, or could not start), `spawn` answers undefined and envd forks commands itself;
- * commands it had started run on, and end with an unknown exit once their output closes.
+ * commands it had started run on, and end with an unknown exit once their output closes. A start the spawner did not
+ * answer before it died fails (it may have forked the command already: starting it again could run it twice).
  */
 export class Spawner {
   private child: ChildProcess | undefined;
@@ -156,12 +157,15 @@ export class Spawner {
     const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
       this.exits.set(pid, resolve),
     );
+    const opened: Socket[] = [];
     try {
       const path = (fd: number) => `/proc/${spawnerPid}/fd/${fd}`;
       // O_NONBLOCK: opening a pipe's read end through /proc is a FIFO open, which would wait for a writer the
       // command may already have closed; the write end of a command that already ended has no reader (ENXIO).
       const stdout = readEnd(openSync(path(stdoutFd), constants.O_RDONLY | constants.O_NONBLOCK));
+      opened.push(stdout);
       const stderr = readEnd(openSync(path(stderrFd), constants.O_RDONLY | constants.O_NONBLOCK));
+      opened.push(stderr);
       let stdin: Socket | undefined;
       if (stdinFd >= 0) {
         try {
@@ -173,6 +177,16 @@ export class Spawner {
         }
       }
       return { pid, stdin, stdout, stderr, exited };
+    } catch (error) {
+      // A command nobody can read or end would run on unseen: it goes, with the pipe ends already opened.
+      for (const socket of opened) socket.destroy();
+      this.exits.delete(pid);
+      try {
+        process.kill(-pid, "SIGKILL");
+      } catch {
+        // Already gone.
+      }
+      throw error;
     } finally {
       this.child?.stdin?.write(frame(["close", id]));
     }
