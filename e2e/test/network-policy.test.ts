@@ -333,7 +333,15 @@ describe("sandbox logs", () => {
           }
         ).logs;
       };
-      const all = await get("");
+      // A sandbox's log still grows a little after its first command (lines and events written on their own
+      // schedule): the newest-entry and cursor checks below need a log that has stopped growing.
+      let all = await get("");
+      for (const deadline = Date.now() + 10_000; Date.now() < deadline; ) {
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        const again = await get("");
+        if (again.length === all.length) break;
+        all = again;
+      }
       expect(all.some((e) => e.fields.source === "lifecycle" && e.fields.type === "sandbox.started")).toBe(true);
       const started = all.find((e) => e.fields.source === "envd" && e.message === "process started");
       expect(started).toBeDefined();
