@@ -292,6 +292,15 @@ describe("shipped templates shared through the store", () => {
         const g = node("g", 100_000, gLines, { cache: "c", url });
         await g.ensure("base", noCheck);
         const built = await g.ensure("tiny", noCheck);
+        // Offering runs in the background (at an agent's start): a node that joins later finds both in the
+        // registry. One started before G's offer took its claim would build its own copy instead (CI saw it once).
+        await until("node G's templates published", BUILD_TIMEOUT_MS / 2, () => {
+          const failed = gLines.find((line) => line.includes("could not be"));
+          if (failed) throw new Error(`node G could not offer its templates: ${failed}`);
+          return ["base", "tiny"].every((id) => messages(gLines, id).includes("template published to the store"))
+            ? true
+            : undefined;
+        });
         const hLines: string[] = [];
         const h = node("h", 500_000, hLines, { url });
         const pulled = await h.ensure("tiny", noCheck);
