@@ -17,7 +17,7 @@ const TEMPLATES = (process.env.BENCH_TEMPLATES ?? "base,code-interpreter-v1").sp
 const HOST_CACHE = process.env.WARREN_TEMPLATES_DIR ?? "/var/lib/warren/templates";
 const tmp = mkdtempSync(join("/var/lib/warren", "bench-shipped-"));
 const prefix = `bsh${randomBytes(3).toString("hex")}:`;
-const log = createLogger("bench", { level: "error" });
+const log = createLogger("bench", { level: "warn" });
 const opened = [];
 const noCheck = async () => undefined;
 
@@ -66,14 +66,14 @@ async function measure(label, url) {
   // The publisher is this host's cache (uid base 100000); the puller a fresh cache with another uid base.
   const publisher = node(`${label}-pub`, 100_000, HOST_CACHE, url);
   for (const id of TEMPLATES) {
-    const template = publisher.templates.ready(id);
-    if (!template) throw new Error(`template '${id}' is not built in ${HOST_CACHE}`);
-    const claim = await publisher.shared.claim(publisher.templates.sharedName(id));
-    if (!("publish" in claim)) throw new Error(`the claim on ${id} is held by ${claim.holder}`);
+    if (!publisher.templates.ready(id)) throw new Error(`template '${id}' is not built in ${HOST_CACHE}`);
     const started = performance.now();
-    const published = await claim.publish(template.rootfs, 100_000);
-    await claim.release();
-    console.log(`${label}: publish ${id} (${Math.round(published.bytes / 2 ** 20)} MiB): ${seconds(started)} s`);
+    // As an agent offers what it has: a child built here goes as its difference over its parent's copy.
+    await publisher.templates.offer(id);
+    const record = (await publisher.templates.manifest(id)).published?.at(-1);
+    if (record?.store !== publisher.shared.description) throw new Error(`publishing '${id}' failed (logged above)`);
+    const layered = record.layeredOn ? `, over ${record.layeredOn.split("-")[0]}` : "";
+    console.log(`${label}: publish ${id} (${Math.round(record.bytes / 2 ** 20)} MiB${layered}): ${seconds(started)} s`);
   }
   const puller = node(`${label}-pull`, 300_000, join(tmp, `${label}-pull-templates`), url);
   for (const id of TEMPLATES) {

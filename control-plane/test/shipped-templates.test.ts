@@ -51,6 +51,17 @@ const RECIPES = {
   base: TEMPLATE_RECIPES.base as TemplateRecipe,
   tiny: stamped("tiny"),
   orphan: stamped("orphan"),
+  // Removes a file of its parent's, turns a file into a directory, changes a parent file's owner.
+  layered: {
+    ...stamped("layered"),
+    steps: [
+      ...stamped("layered").steps,
+      {
+        name: "change the parent's files",
+        run: "set -e\nrm /etc/motd\nrm /etc/issue.net\nmkdir /etc/issue.net\necho in > /etc/issue.net/inner\nchown 1000 /etc/hostname\n",
+      },
+    ],
+  },
 };
 
 const redis = new Redis({ keyPrefix: prefix, lazyConnect: true });
@@ -85,6 +96,17 @@ function node(
 }
 
 const noCheck = async () => undefined;
+
+/** The layer file of a tag in the layout store. */
+function blobOf(tag: string): string {
+  const store = join(tmp, "store");
+  const index = JSON.parse(readFileSync(join(store, "index.json"), "utf8"));
+  const entry = index.manifests.find(
+    (m: { annotations: Record<string, string> }) => m.annotations["org.opencontainers.image.ref.name"] === tag,
+  );
+  const manifest = JSON.parse(readFileSync(join(store, "blobs", entry.digest.replace(":", "/")), "utf8"));
+  return join(store, "blobs", manifest.layers[0].digest.replace(":", "/"));
+}
 const messages = (lines: readonly string[], templateId: string) =>
   lines
     .map((line) => JSON.parse(line) as { msg: string; templateId?: string })
@@ -201,9 +223,12 @@ describe("shipped templates shared through the store", () => {
       const manifest = JSON.parse(readFileSync(join(store, "blobs", entry.digest.replace(":", "/")), "utf8"));
       const layer = join(store, "blobs", manifest.layers[0].digest.replace(":", "/"));
       const original = readFileSync(layer);
-      // One byte of a file's content inside the tar (past the first header): tar still unpacks it.
+      // One byte of the stamp's content (node C has `tiny`): tar still unpacks it.
+      const cTiny = readdirSync(join(tmp, "c-templates")).find((n) => n.startsWith("tiny-")) as string;
+      const stamp = readFileSync(join(tmp, "c-templates", cTiny, "rootfs", "stamp"));
       const changed = Buffer.from(original);
-      const at = original.indexOf(Buffer.from("Package: ")) + 10;
+      const at = original.indexOf(stamp);
+      expect(at).toBeGreaterThan(0);
       changed[at] = (changed[at] as number) ^ 1;
       writeFileSync(layer, changed);
       try {
@@ -215,6 +240,74 @@ describe("shipped templates shared through the store", () => {
       } finally {
         writeFileSync(layer, original);
       }
+    },
+    BUILD_TIMEOUT_MS,
+  );
+
+  it(
+    "a child template is published as what its steps changed over the store's parent; nodes put it over their parent",
+    async () => {
+      // Node L (empty cache) pulls `base` and builds `layered` on it: published as a difference over `base`.
+      const lLines: string[] = [];
+      const l = node("l", 100_000, lLines);
+      const built = await l.ensure("layered", noCheck);
+      const published = lLines
+        .map((line) => JSON.parse(line))
+        .find((e) => e.msg === "template published to the store" && e.templateId === "layered");
+      expect(published).toMatchObject({ templateId: "layered", layeredOn: l.sharedName("base") });
+      const baseBytes = statSync(blobOf(`template.${l.sharedName("base")}`)).size;
+      const layerBytes = statSync(blobOf(`template.${l.sharedName("layered")}`)).size;
+      expect(layerBytes).toBeLessThan(baseBytes / 20);
+
+      // Node M (another uid base) pulls `base`, then only the difference, and puts it over its own `base`.
+      const mLines: string[] = [];
+      const m = node("m", 600_000, mLines);
+      const pulled = await m.ensure("layered", noCheck);
+      expect(messages(mLines, "layered")).not.toContain("template built");
+      const pull = mLines
+        .map((line) => JSON.parse(line))
+        .find((e) => e.msg === "template pulled from the store" && e.templateId === "layered");
+      expect(pull).toMatchObject({ templateId: "layered", layeredOn: m.sharedName("base") });
+      const sameTree = (root: string, base: number) => {
+        expect(readFileSync(join(root, "stamp"), "utf8")).toBe(readFileSync(join(built.rootfs, "stamp"), "utf8"));
+        expect(existsSync(join(root, "etc/motd"))).toBe(false);
+        expect(statSync(join(root, "etc/issue.net")).isDirectory()).toBe(true);
+        expect(readFileSync(join(root, "etc/issue.net/inner"), "utf8")).toBe("in\n");
+        expect(statSync(join(root, "etc/hostname")).uid).toBe(base + 1000);
+        expect(statSync(join(root, "etc/hostname")).gid).toBe(base);
+        expect(statSync(join(root, "opt/suid-true")).uid).toBe(base + 1000);
+        expect(statSync(join(root, "opt/suid-true")).mode & 0o7777).toBe(0o4755);
+        expect(statSync(join(root, "usr/bin/sudo")).uid).toBe(base);
+        expect(statSync(join(root, "usr/bin/sudo")).mode & 0o4000).toBe(0o4000);
+        expect(readFileSync(join(root, "var/lib/dpkg/status"))).toEqual(
+          readFileSync(join(built.rootfs, "var/lib/dpkg/status")),
+        );
+        expect(readdirSync(join(root, "etc")).sort()).toEqual(readdirSync(join(built.rootfs, "etc")).sort());
+      };
+      sameTree(pulled.rootfs, 600_000);
+      sameTree(built.rootfs, 100_000);
+
+      // Node N's `base` is not the copy `layered` was made over (say it built its own before the cluster shared
+      // templates): it unpacks the store's `base` under it instead of using its own.
+      const mBase = readdirSync(join(tmp, "m-templates")).find((n) => n.startsWith("base-")) as string;
+      const manifestFile = join(tmp, "m-templates", mBase, "manifest.json");
+      const manifest = JSON.parse(readFileSync(manifestFile, "utf8"));
+      writeFileSync(manifestFile, JSON.stringify({ ...manifest, pulledFrom: { ...manifest.pulledFrom, digest: "x" } }));
+      rmSync(
+        join(tmp, "m-templates", readdirSync(join(tmp, "m-templates")).find((n) => n.startsWith("layered-")) as string),
+        {
+          recursive: true,
+        },
+      );
+      const nLines: string[] = [];
+      const n = node("n", 600_000, nLines, { cache: "m" });
+      const again = await n.ensure("layered", noCheck);
+      expect(messages(nLines, "layered")).toContain(
+        "this node's copy of the parent is not the one the template was layered on; unpacking that one",
+      );
+      expect(messages(nLines, "layered")).not.toContain("template built");
+      sameTree(again.rootfs, 600_000);
+      expect(readdirSync(join(tmp, "m-templates")).filter((name) => name.includes(".tmp-"))).toEqual([]);
     },
     BUILD_TIMEOUT_MS,
   );

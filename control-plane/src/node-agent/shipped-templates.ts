@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto";
-import { mkdir } from "node:fs/promises";
+import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import {
   CLAIM_RELEASE_SCRIPT,
   CLAIM_RENEW_SCRIPT,
@@ -16,6 +17,14 @@ import { OciStore, type OciStoreConfig } from "./oci-store.js";
 export const SHIPPED_TEMPLATE_TAG_PREFIX = "template.";
 const NAME_LABEL = "dev.warren.template";
 const UID_BASE_LABEL = "dev.warren.template.uid-base";
+/** A copy published as a difference over its parent: the parent's name and digest in the store. */
+const PARENT_LABEL = "dev.warren.template.parent";
+const PARENT_DIGEST_LABEL = "dev.warren.template.parent-digest";
+/**
+ * A layered copy's first member, at the top of its tree: the parent's paths to delete before it is put over it
+ * (NUL-separated); taken out again by `fetch`.
+ */
+const DELETIONS_FILE = ".warren-template-deletions";
 const DIGEST = /^sha256:[0-9a-f]{64}$/;
 
 interface ClaimCommands {
@@ -63,20 +72,37 @@ export class StoreSharedTemplates implements SharedTemplates {
     return (await this.published(name)) !== undefined;
   }
 
-  /** The published copy's digest and uid base, from its image config; undefined when the store lacks it. */
-  private async published(name: string): Promise<{ digest: string; uidBase: number } | undefined> {
+  async digest(name: string): Promise<string | undefined> {
+    return (await this.published(name))?.digest;
+  }
+
+  /** The published copy's digest, uid base and parent, from its image config; undefined when the store lacks it. */
+  private async published(
+    name: string,
+  ): Promise<{ digest: string; uidBase: number; parent?: { name: string; digest: string } } | undefined> {
     const config = await this.oci.readConfig(tagOf(name));
     if (!config) return undefined;
     const labels = config.config?.Labels ?? {};
     const digest = config.rootfs?.diff_ids?.[0] ?? "";
     const uidBase = Number(labels[UID_BASE_LABEL]);
-    if (labels[NAME_LABEL] !== name || !DIGEST.test(digest) || !Number.isSafeInteger(uidBase)) {
+    const parentName = labels[PARENT_LABEL];
+    const parentDigest = labels[PARENT_DIGEST_LABEL] ?? "";
+    if (
+      labels[NAME_LABEL] !== name ||
+      !DIGEST.test(digest) ||
+      !Number.isSafeInteger(uidBase) ||
+      (parentName !== undefined && !DIGEST.test(parentDigest))
+    ) {
       throw new AgentError(
         "failed_precondition",
         `'${tagOf(name)}' in the store (${this.description}) is not a Warren template: remove it from the store`,
       );
     }
-    return { digest, uidBase };
+    return {
+      digest,
+      uidBase,
+      ...(parentName !== undefined ? { parent: { name: parentName, digest: parentDigest } } : {}),
+    };
   }
 
   async fetch(name: string, rootfs: string): Promise<FetchedTemplate | undefined> {
@@ -99,7 +125,16 @@ export class StoreSharedTemplates implements SharedTemplates {
               `(read ${read.digest}): remove it from the store so that a node builds it again`,
           );
         }
-        return { digest: published.digest, bytes: read.size, uidBase: published.uidBase };
+        const fetched = { digest: published.digest, bytes: read.size, uidBase: published.uidBase };
+        if (!published.parent) return fetched;
+        const deletions = await readFile(join(rootfs, DELETIONS_FILE), "utf8").catch(() => {
+          throw new AgentError(
+            "failed_precondition",
+            `template '${name}' in the store (${this.description}) is layered but lists no deletions: remove it from the store`,
+          );
+        });
+        await rm(join(rootfs, DELETIONS_FILE));
+        return { ...fetched, layeredOn: { ...published.parent, deletions: deletions.split("\0").filter(Boolean) } };
       } catch (error) {
         throw this.oci.failure(error);
       } finally {
@@ -121,13 +156,40 @@ export class StoreSharedTemplates implements SharedTemplates {
     renew.unref();
     let released = false;
     return {
-      publish: async (rootfs, uidBase) => {
-        const ref = await this.oci.push(
-          tagOf(name),
-          tarCreateStream([...TAR_KEEP, "-C", rootfs, "."], `template '${name}'`),
-          () => ({ [NAME_LABEL]: name, [UID_BASE_LABEL]: String(uidBase) }),
-        );
-        return { digest: ref.digest, bytes: ref.size };
+      publish: async (rootfs, uidBase, layered) => {
+        const labels = { [NAME_LABEL]: name, [UID_BASE_LABEL]: String(uidBase) };
+        if (!layered) {
+          const ref = await this.oci.push(
+            tagOf(name),
+            tarCreateStream([...TAR_KEEP, "-C", rootfs, "."], `template '${name}'`),
+            () => labels,
+          );
+          return { digest: ref.digest, bytes: ref.size };
+        }
+        return this.oci.inScratch("template-diff", async (scratch) => {
+          await mkdir(join(scratch, "top"));
+          await writeFile(join(scratch, "top", DELETIONS_FILE), layered.diff.deletions.map((p) => `${p}\0`).join(""));
+          await writeFile(join(scratch, "entries"), layered.diff.entries.map((p) => `${p}\0`).join(""));
+          const ref = await this.oci.push(
+            tagOf(name),
+            tarCreateStream(
+              [
+                ...TAR_KEEP,
+                "--no-recursion",
+                "-C",
+                join(scratch, "top"),
+                DELETIONS_FILE,
+                "-C",
+                rootfs,
+                "--null",
+                `--files-from=${join(scratch, "entries")}`,
+              ],
+              `template '${name}' over '${layered.parent.name}'`,
+            ),
+            () => ({ ...labels, [PARENT_LABEL]: layered.parent.name, [PARENT_DIGEST_LABEL]: layered.parent.digest }),
+          );
+          return { digest: ref.digest, bytes: ref.size };
+        });
       },
       release: async () => {
         if (released) return;

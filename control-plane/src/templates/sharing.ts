@@ -1,3 +1,5 @@
+import type { RootfsDiff } from "./rootfs-diff.js";
+
 /**
  * How the nodes of a cluster share the shipped templates (the recipes of catalog.ts) so that every node runs the
  * same bytes: one node builds a template, publishes its root filesystem to the cluster's template store, and every
@@ -11,10 +13,13 @@ export interface SharedTemplates {
   readonly description: string;
   /** Whether the store holds the template named `name` (`<id>-<content key>`). */
   has(name: string): Promise<boolean>;
+  /** The digest the store's copy of `name` was published with; undefined when the store lacks it. */
+  digest(name: string): Promise<string | undefined>;
   /**
-   * Unpacks the published root filesystem into `rootfs` (which must not exist), checking its bytes against the
-   * digest it was published with; undefined when the store does not hold it. Owners are as the publisher had them
-   * (its `uidBase`): the caller moves them into its own range.
+   * Unpacks the published layer into `rootfs` (which must not exist), checking its bytes against the digest it was
+   * published with; undefined when the store does not hold it. Owners are as the publisher had them (its
+   * `uidBase`): the caller moves them into its own range. A copy published as a difference over its parent
+   * (`layeredOn`) holds only what the child changed: the caller puts it over that parent, deleting `deletions` first.
    */
   fetch(name: string, rootfs: string): Promise<FetchedTemplate | undefined>;
   /**
@@ -35,11 +40,26 @@ export interface FetchedTemplate {
   readonly bytes: number;
   /** The uid base the publisher's owners are in. */
   readonly uidBase: number;
+  /** Set when the copy is a difference over the parent template published as `name` with `digest`. */
+  readonly layeredOn?: { readonly name: string; readonly digest: string; readonly deletions: readonly string[] };
+}
+
+/** A child template published as what its build changed over its parent's published copy (rootfs-diff.ts). */
+export interface LayeredPublish {
+  readonly parent: { readonly name: string; readonly digest: string };
+  readonly diff: RootfsDiff;
 }
 
 export interface TemplateBuildClaim {
-  /** Publishes `rootfs` (owners in `uidBase`'s range) under the claimed name; resolves with its digest and size. */
-  publish(rootfs: string, uidBase: number): Promise<{ readonly digest: string; readonly bytes: number }>;
+  /**
+   * Publishes `rootfs` (owners in `uidBase`'s range) under the claimed name, whole or, with `layered`, only its
+   * difference over the parent; resolves with its digest and size.
+   */
+  publish(
+    rootfs: string,
+    uidBase: number,
+    layered?: LayeredPublish,
+  ): Promise<{ readonly digest: string; readonly bytes: number }>;
   /** Gives the claim up (idempotent); a claim is kept alive until then. */
   release(): Promise<void>;
 }

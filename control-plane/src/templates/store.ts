@@ -1,14 +1,22 @@
 import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { lstat, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
 import type { TemplateImage } from "../runtime/driver.js";
 import { exec } from "../runtime/exec.js";
 import { withFileLock } from "../runtime/file-lock.js";
+import { TAR_KEEP, tarCreateStream, tarExtractStream } from "../runtime/tar-stream.js";
 import { TEMPLATE_RECIPES, type TemplateRecipe } from "./catalog.js";
 import { hostDebianMirror } from "./mirror.js";
-import { isClaim, type SharedTemplates, type TemplateBuildClaim } from "./sharing.js";
+import { diffRootfs, markCopyEnd } from "./rootfs-diff.js";
+import {
+  type FetchedTemplate,
+  isClaim,
+  type LayeredPublish,
+  type SharedTemplates,
+  type TemplateBuildClaim,
+} from "./sharing.js";
 import { rebaseOwners, shiftOwners } from "./uid-shift.js";
 
 /** Bumped when the build procedure itself changes, so every cached template is rebuilt. */
@@ -60,8 +68,8 @@ exec chroot "$R" /bin/sh -c "$STEP"
  */
 export class TemplateStore {
   private readonly recipes: Readonly<Record<string, TemplateRecipe>>;
-  /** Templates found built here that were offered to the cluster's store (once per process). */
-  private readonly offered = new Set<string>();
+  /** Templates found built here that were offered to the cluster's store (once per process), by id. */
+  private readonly offered = new Map<string, Promise<void>>();
 
   constructor(private readonly options: TemplateStoreOptions) {
     this.recipes = options.recipes ?? TEMPLATE_RECIPES;
@@ -135,7 +143,7 @@ export class TemplateStore {
     const recipe = this.recipe(id);
     const cached = this.ready(id);
     if (cached) {
-      this.offer(recipe);
+      void this.offer(id);
       return cached;
     }
     if (recipe.parent) await this.ensure(recipe.parent, readyCheck);
@@ -203,13 +211,11 @@ export class TemplateStore {
     await mkdir(tmp);
     const started = Date.now();
     try {
-      const rootfs = join(tmp, "rootfs");
-      const fetched = await shared.fetch(name, rootfs);
+      const fetched = await this.unpack(recipe.id, name, join(tmp, "rootfs"), undefined, log);
       if (!fetched) {
         await rm(tmp, { recursive: true, force: true });
         return false;
       }
-      if (fetched.uidBase !== this.options.uidBase) await rebaseOwners(rootfs, fetched.uidBase, this.options.uidBase);
       await writeFile(
         join(tmp, "manifest.json"),
         JSON.stringify(
@@ -230,6 +236,7 @@ export class TemplateStore {
         store: shared.description,
         digest: fetched.digest,
         mib: Math.round(fetched.bytes / 2 ** 20),
+        ...(fetched.layeredOn ? { layeredOn: fetched.layeredOn.name } : {}),
         seconds: Math.round((Date.now() - started) / 100) / 10,
       });
       return true;
@@ -240,16 +247,116 @@ export class TemplateStore {
   }
 
   /**
+   * Unpacks the store's copy of template `id` (published as `name`) into `rootfs` with this node's owners. A copy
+   * layered over its parent goes over this node's parent when that is the very copy it was layered on (same
+   * digest), else over the store's copy of the parent, unpacked the same way.
+   */
+  private async unpack(
+    id: string,
+    name: string,
+    rootfs: string,
+    expectedDigest: string | undefined,
+    log: Logger,
+  ): Promise<FetchedTemplate | undefined> {
+    const shared = this.options.shared as SharedTemplates;
+    const layer = `${rootfs}.layer-${name}`;
+    const fetched = await shared.fetch(name, layer);
+    if (!fetched) return undefined;
+    if (expectedDigest && fetched.digest !== expectedDigest) {
+      throw new Error(`template '${name}' in the store is ${fetched.digest} now, not ${expectedDigest}`);
+    }
+    if (fetched.uidBase !== this.options.uidBase) await rebaseOwners(layer, fetched.uidBase, this.options.uidBase);
+    const over = fetched.layeredOn;
+    if (!over) {
+      await rename(layer, rootfs);
+      return fetched;
+    }
+    const parentId = this.recipe(id).parent;
+    if (!parentId || over.name !== this.sharedName(parentId)) {
+      throw new Error(`template '${name}' in the store is layered on '${over.name}', which is not its parent's copy`);
+    }
+    const own = this.ready(parentId);
+    if (own && (await this.provenance(parentId)).includes(over.digest)) {
+      await exec("cp", ["-a", "--reflink=auto", own.rootfs, rootfs]);
+    } else {
+      log.info("this node's copy of the parent is not the one the template was layered on; unpacking that one", {
+        parent: over.name,
+        digest: over.digest,
+      });
+      if (!(await this.unpack(parentId, over.name, rootfs, over.digest, log))) {
+        throw new Error(`template '${name}' is layered on '${over.name}', which the store no longer holds`);
+      }
+    }
+    for (const path of over.deletions) await removeInside(rootfs, path);
+    // tar over the tree (not cp): a directory replaces a symbolic link of the same name instead of being written
+    // through it, and a file is unlinked before it is written (never into another name it was hard-linked to).
+    await tarExtractStream(
+      [...TAR_KEEP, "--same-owner", "--same-permissions", "-C", rootfs],
+      tarCreateStream([...TAR_KEEP, "-C", layer, "."], `template '${name}'`),
+      `template '${name}' over '${over.name}'`,
+    );
+    await rm(layer, { recursive: true, force: true });
+    return fetched;
+  }
+
+  /**
+   * The digests this node's copy of `id` is known by in a store: the one it was pulled as, and each it was
+   * published as (a tree packed again may pack to other bytes).
+   */
+  private async provenance(id: string): Promise<string[]> {
+    const manifest = (await this.manifest(id).catch(() => ({}))) as {
+      published?: { digest: string }[];
+      pulledFrom?: { digest?: string };
+    };
+    return [manifest.pulledFrom?.digest, ...(manifest.published ?? []).map((p) => p.digest)].filter(
+      (digest): digest is string => typeof digest === "string",
+    );
+  }
+
+  /**
+   * A child template built here from a copy of its parent, when that parent is the store's copy: published as only
+   * what its steps changed (rootfs-diff.ts), so a node that has the parent moves just that.
+   */
+  private async layering(image: BuiltTemplate): Promise<LayeredPublish | undefined> {
+    const parentId = image.recipe.parent;
+    const shared = this.options.shared;
+    if (!parentId || !shared) return undefined;
+    const manifest = (await this.manifest(image.templateId).catch(() => ({}))) as { parentCopiedCtimeNs?: string };
+    const parent = this.ready(parentId);
+    if (!manifest.parentCopiedCtimeNs || !parent) return undefined;
+    const name = this.sharedName(parentId);
+    const digest = await shared.digest(name);
+    if (!digest || !(await this.provenance(parentId)).includes(digest)) return undefined;
+    const diff = await diffRootfs(parent.rootfs, image.rootfs, BigInt(manifest.parentCopiedCtimeNs));
+    return { parent: { name, digest }, diff };
+  }
+
+  /**
    * Publishes a template this node built for the cluster. A failed publish leaves the template working here (it is
    * logged): the claim's release lets another node build its own.
    */
   private async publish(claim: TemplateBuildClaim, image: BuiltTemplate, log: Logger): Promise<void> {
     const started = Date.now();
     try {
-      const published = await claim.publish(image.rootfs, this.options.uidBase);
+      const layered = await this.layering(image);
+      const published = await claim.publish(image.rootfs, this.options.uidBase, layered);
+      const manifest = (await this.manifest(image.templateId)) as { published?: unknown[] };
+      const written = join(image.dir, `manifest.json.tmp-${process.pid}`);
+      const record = {
+        store: this.options.shared?.description,
+        digest: published.digest,
+        bytes: published.bytes,
+        ...(layered ? { layeredOn: layered.parent.name } : {}),
+      };
+      await writeFile(
+        written,
+        JSON.stringify({ ...manifest, published: [...(manifest.published ?? []), record] }, null, 2),
+      );
+      await rename(written, join(image.dir, "manifest.json"));
       log.info("template published to the store", {
         digest: published.digest,
         mib: Math.round(published.bytes / 2 ** 20),
+        ...(layered ? { layeredOn: layered.parent.name, entries: layered.diff.entries.length } : {}),
         seconds: Math.round((Date.now() - started) / 100) / 10,
       });
     } catch (error) {
@@ -261,15 +368,21 @@ export class TemplateStore {
    * A template found built here (before sharing was on, or while the store was unreachable) is published once
    * when the store lacks it, in the background, so nodes that join later pull it instead of building their own;
    * then the copies of its earlier recipes are collected (`sharedGraceMs` after this one was published). Once per
-   * template and process: at an agent's start, for the templates it prebuilds.
+   * template and process: at an agent's start, for the templates it prebuilds. Resolves when that is done (what
+   * fails is logged), with what was published recorded in the template's manifest (`published`).
    */
-  private offer(recipe: TemplateRecipe): void {
+  offer(id: string): Promise<void> {
+    const recipe = this.recipe(id);
     const shared = this.options.shared;
-    if (!shared || recipe.empty || this.offered.has(recipe.id)) return;
-    this.offered.add(recipe.id);
+    const offered = this.offered.get(recipe.id);
+    if (offered) return offered;
+    if (!shared || recipe.empty) return Promise.resolve();
     const name = this.sharedName(recipe.id);
     const log = this.options.log.child({ templateId: recipe.id, hash: this.hash(recipe.id) });
-    void (async () => {
+    // The parent first: a child is published as its difference over the parent's copy in the store.
+    const parent = recipe.parent && this.ready(recipe.parent) ? this.offer(recipe.parent) : undefined;
+    const offering = (async () => {
+      await parent;
       if (!(await shared.has(name))) {
         const claim = await shared.claim(name);
         if (!isClaim(claim)) return;
@@ -283,6 +396,8 @@ export class TemplateStore {
       const removed = await shared.collect(recipe.id, name, this.options.sharedGraceMs ?? 24 * 3600_000);
       if (removed.length > 0) log.info("earlier recipes' copies removed from the store", { removed });
     })().catch((error) => log.warn("template could not be offered to the store", { error: (error as Error).message }));
+    this.offered.set(recipe.id, offering);
+    return offering;
   }
 
   private async build(recipe: TemplateRecipe, dir: string, log: Logger): Promise<void> {
@@ -295,6 +410,7 @@ export class TemplateStore {
     const total = (recipe.debootstrap || recipe.parent ? 1 : 0) + recipe.steps.length + 1;
     let step = 0;
     const progress = (what: string) => log.info("template build", { step: `${++step}/${total}`, what });
+    let parentCopiedCtimeNs: bigint | undefined;
     try {
       if (recipe.debootstrap) {
         const mirror =
@@ -326,6 +442,8 @@ export class TemplateStore {
         if (!parent) throw new Error(`parent template '${recipe.parent}' is not ready`);
         progress(`copy ${recipe.parent} rootfs`);
         await exec("cp", ["-a", "--reflink=auto", parent.rootfs, rootfs]);
+        // What a step changes from now on is newer (rootfs-diff.ts tells what to publish over the parent by it).
+        parentCopiedCtimeNs = await markCopyEnd(join(tmp, "parent-copied"));
       }
       if (recipe.empty) await mkdir(rootfs);
       else await exec("cp", ["/etc/resolv.conf", join(rootfs, "etc", "resolv.conf")]);
@@ -342,7 +460,13 @@ export class TemplateStore {
       await writeFile(
         join(tmp, "manifest.json"),
         JSON.stringify(
-          { id: recipe.id, hash: this.hash(recipe.id), builtAt: new Date().toISOString(), recipe },
+          {
+            id: recipe.id,
+            hash: this.hash(recipe.id),
+            builtAt: new Date().toISOString(),
+            ...(parentCopiedCtimeNs !== undefined ? { parentCopiedCtimeNs: String(parentCopiedCtimeNs) } : {}),
+            recipe,
+          },
           null,
           2,
         ),
@@ -360,4 +484,23 @@ export class TemplateStore {
   async manifest(id: string): Promise<Record<string, unknown>> {
     return JSON.parse(await readFile(join(this.templateDir(id), "manifest.json"), "utf8")) as Record<string, unknown>;
   }
+}
+
+/**
+ * Removes `path` (relative to `root`, as a layered copy in the store names it) unless it leads out of `root`: no
+ * `..`, and no symbolic link on the way (the link's target would be what goes).
+ */
+async function removeInside(root: string, path: string): Promise<void> {
+  const parts = path.split("/");
+  if (path.startsWith("/") || parts.some((part) => part === "" || part === "." || part === "..")) {
+    throw new Error(`a layered template in the store deletes '${path}', which is not a path inside its tree`);
+  }
+  let at = root;
+  for (const part of parts.slice(0, -1)) {
+    at = join(at, part);
+    const st = await lstat(at).catch(() => undefined);
+    // Gone already (a deleted directory's entry listed too), or not a real directory: nothing of the tree to remove.
+    if (!st?.isDirectory()) return;
+  }
+  await rm(join(root, path), { recursive: true, force: true });
 }
