@@ -286,6 +286,9 @@ describe("shipped templates shared through the store", () => {
       };
       sameTree(pulled.rootfs, 600_000);
       sameTree(built.rootfs, 100_000);
+      // Node O's uid range overlaps node L's (the publisher's): its `base` moves into L's range under the layer.
+      const o = node("o", 130_000, []);
+      sameTree((await o.ensure("layered", noCheck)).rootfs, 130_000);
 
       // Node N's `base` is not the copy `layered` was made over (say it built its own before the cluster shared
       // templates): it unpacks the store's `base` under it instead of using its own.

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import {
   CLAIM_RELEASE_SCRIPT,
@@ -9,7 +9,7 @@ import {
 } from "@warren/proto/redis";
 import { Redis } from "ioredis";
 import { TAR_KEEP, tarCreateStream, tarExtractStream } from "../runtime/tar-stream.js";
-import type { FetchedTemplate, SharedTemplates, TemplateBuildClaim } from "../templates/sharing.js";
+import type { FetchedTemplate, ParentOfLayer, SharedTemplates, TemplateBuildClaim } from "../templates/sharing.js";
 import { AgentError } from "./errors.js";
 import { OciStore, type OciStoreConfig } from "./oci-store.js";
 
@@ -20,11 +20,8 @@ const UID_BASE_LABEL = "dev.warren.template.uid-base";
 /** A copy published as a difference over its parent: the parent's name and digest in the store. */
 const PARENT_LABEL = "dev.warren.template.parent";
 const PARENT_DIGEST_LABEL = "dev.warren.template.parent-digest";
-/**
- * A layered copy's first member, at the top of its tree: the parent's paths to delete before it is put over it
- * (NUL-separated); taken out again by `fetch`.
- */
-const DELETIONS_FILE = ".warren-template-deletions";
+/** A layered copy's parent's paths to delete before it goes over it (a JSON array; usually empty). */
+const DELETIONS_LABEL = "dev.warren.template.deletions";
 const DIGEST = /^sha256:[0-9a-f]{64}$/;
 
 interface ClaimCommands {
@@ -79,7 +76,7 @@ export class StoreSharedTemplates implements SharedTemplates {
   /** The published copy's digest, uid base and parent, from its image config; undefined when the store lacks it. */
   private async published(
     name: string,
-  ): Promise<{ digest: string; uidBase: number; parent?: { name: string; digest: string } } | undefined> {
+  ): Promise<{ digest: string; uidBase: number; parent?: ParentOfLayer } | undefined> {
     const config = await this.oci.readConfig(tagOf(name));
     if (!config) return undefined;
     const labels = config.config?.Labels ?? {};
@@ -87,31 +84,38 @@ export class StoreSharedTemplates implements SharedTemplates {
     const uidBase = Number(labels[UID_BASE_LABEL]);
     const parentName = labels[PARENT_LABEL];
     const parentDigest = labels[PARENT_DIGEST_LABEL] ?? "";
+    const deletions = parentName === undefined ? [] : parseDeletions(labels[DELETIONS_LABEL]);
     if (
       labels[NAME_LABEL] !== name ||
       !DIGEST.test(digest) ||
       !Number.isSafeInteger(uidBase) ||
-      (parentName !== undefined && !DIGEST.test(parentDigest))
+      (parentName !== undefined && (!DIGEST.test(parentDigest) || !deletions))
     ) {
       throw new AgentError(
         "failed_precondition",
         `'${tagOf(name)}' in the store (${this.description}) is not a Warren template: remove it from the store`,
       );
     }
-    return {
-      digest,
-      uidBase,
-      ...(parentName !== undefined ? { parent: { name: parentName, digest: parentDigest } } : {}),
-    };
+    if (parentName === undefined) return { digest, uidBase };
+    return { digest, uidBase, parent: { name: parentName, digest: parentDigest, deletions: deletions ?? [], uidBase } };
   }
 
-  async fetch(name: string, rootfs: string): Promise<FetchedTemplate | undefined> {
+  async fetch(
+    name: string,
+    rootfs: string,
+    overParent?: (parent: ParentOfLayer) => Promise<void>,
+  ): Promise<FetchedTemplate | undefined> {
     const published = await this.published(name);
     if (!published) return undefined;
+    const parent = published.parent;
+    if (parent && !overParent) {
+      throw new AgentError("failed_precondition", `template '${name}' in the store is layered on '${parent.name}'`);
+    }
     return this.oci.inScratch("template-pull", async (scratch) => {
       const reader = await this.oci.openLayer(tagOf(name), scratch);
       try {
-        await mkdir(rootfs);
+        if (parent && overParent) await overParent(parent);
+        else await mkdir(rootfs);
         await tarExtractStream(
           [...TAR_KEEP, "--same-owner", "--same-permissions", "-C", rootfs],
           reader.pieces(),
@@ -125,16 +129,12 @@ export class StoreSharedTemplates implements SharedTemplates {
               `(read ${read.digest}): remove it from the store so that a node builds it again`,
           );
         }
-        const fetched = { digest: published.digest, bytes: read.size, uidBase: published.uidBase };
-        if (!published.parent) return fetched;
-        const deletions = await readFile(join(rootfs, DELETIONS_FILE), "utf8").catch(() => {
-          throw new AgentError(
-            "failed_precondition",
-            `template '${name}' in the store (${this.description}) is layered but lists no deletions: remove it from the store`,
-          );
-        });
-        await rm(join(rootfs, DELETIONS_FILE));
-        return { ...fetched, layeredOn: { ...published.parent, deletions: deletions.split("\0").filter(Boolean) } };
+        return {
+          digest: published.digest,
+          bytes: read.size,
+          uidBase: published.uidBase,
+          ...(parent ? { layeredOn: parent } : {}),
+        };
       } catch (error) {
         throw this.oci.failure(error);
       } finally {
@@ -167,26 +167,19 @@ export class StoreSharedTemplates implements SharedTemplates {
           return { digest: ref.digest, bytes: ref.size };
         }
         return this.oci.inScratch("template-diff", async (scratch) => {
-          await mkdir(join(scratch, "top"));
-          await writeFile(join(scratch, "top", DELETIONS_FILE), layered.diff.deletions.map((p) => `${p}\0`).join(""));
           await writeFile(join(scratch, "entries"), layered.diff.entries.map((p) => `${p}\0`).join(""));
           const ref = await this.oci.push(
             tagOf(name),
             tarCreateStream(
-              [
-                ...TAR_KEEP,
-                "--no-recursion",
-                "-C",
-                join(scratch, "top"),
-                DELETIONS_FILE,
-                "-C",
-                rootfs,
-                "--null",
-                `--files-from=${join(scratch, "entries")}`,
-              ],
+              [...TAR_KEEP, "--no-recursion", "-C", rootfs, "--null", `--files-from=${join(scratch, "entries")}`],
               `template '${name}' over '${layered.parent.name}'`,
             ),
-            () => ({ ...labels, [PARENT_LABEL]: layered.parent.name, [PARENT_DIGEST_LABEL]: layered.parent.digest }),
+            () => ({
+              ...labels,
+              [PARENT_LABEL]: layered.parent.name,
+              [PARENT_DIGEST_LABEL]: layered.parent.digest,
+              [DELETIONS_LABEL]: JSON.stringify(layered.diff.deletions),
+            }),
           );
           return { digest: ref.digest, bytes: ref.size };
         });
@@ -224,4 +217,14 @@ export class StoreSharedTemplates implements SharedTemplates {
 
 function tagOf(name: string): string {
   return `${SHIPPED_TEMPLATE_TAG_PREFIX}${name}`;
+}
+
+/** A layered copy's deletions label: a JSON array of relative paths; undefined when it is not one. */
+function parseDeletions(label: string | undefined): string[] | undefined {
+  try {
+    const value: unknown = JSON.parse(label ?? "");
+    return Array.isArray(value) && value.every((p) => typeof p === "string") ? value : undefined;
+  } catch {
+    return undefined;
+  }
 }

@@ -31,8 +31,7 @@ export async function diffRootfs(parent: string, child: string, changedSinceCtim
     (!a.isDirectory() && (a.size !== b.size || a.mtimeNs !== b.mtimeNs));
 
   /** Adds `path` and, depth first, what below it differs; `known` is the parent's entry at the same path. */
-  const visit = async (path: string, known: BigIntStats | undefined): Promise<boolean> => {
-    const here = await lstat(join(child, path), { bigint: true });
+  const visit = async (path: string, here: BigIntStats, known: BigIntStats | undefined): Promise<boolean> => {
     let differs = known === undefined || changed(here, known);
     if (!differs && here.isSymbolicLink()) {
       differs = (await readlink(join(child, path))) !== (await readlink(join(parent, path)));
@@ -47,19 +46,26 @@ export async function diffRootfs(parent: string, child: string, changedSinceCtim
     if (here.isDirectory()) {
       const names = (await readdir(join(child, path))).sort();
       const parentNames = known ? new Set(await readdir(join(parent, path))) : new Set<string>();
-      for (const name of names) {
-        const sub = path === "." ? name : `${path}/${name}`;
-        const theirs = parentNames.has(name) ? await lstat(join(parent, sub), { bigint: true }) : undefined;
-        if (await visit(sub, theirs)) below = true;
+      const sub = (name: string) => (path === "." ? name : `${path}/${name}`);
+      // A directory's entries are looked at together (the thread pool's parallelism), then visited in order.
+      const stats = await Promise.all(
+        names.map(async (name) => {
+          const theirs = parentNames.has(name) ? lstat(join(parent, sub(name)), { bigint: true }) : undefined;
+          return [await lstat(join(child, sub(name)), { bigint: true }), await theirs] as const;
+        }),
+      );
+      for (const [i, name] of names.entries()) {
+        const [ours, theirs] = stats[i] as readonly [BigIntStats, BigIntStats | undefined];
+        if (await visit(sub(name), ours, theirs)) below = true;
         parentNames.delete(name);
       }
-      for (const gone of [...parentNames].sort()) deletions.push(path === "." ? gone : `${path}/${gone}`);
+      for (const gone of [...parentNames].sort()) deletions.push(sub(gone));
       if (parentNames.size > 0) differs = true;
     }
     if (!differs && !below) entries.length = at;
     return differs || below;
   };
-  await visit(".", await lstat(parent, { bigint: true }));
+  await visit(".", await lstat(child, { bigint: true }), await lstat(parent, { bigint: true }));
   return { entries, deletions };
 }
 

@@ -16,12 +16,17 @@ export interface SharedTemplates {
   /** The digest the store's copy of `name` was published with; undefined when the store lacks it. */
   digest(name: string): Promise<string | undefined>;
   /**
-   * Unpacks the published layer into `rootfs` (which must not exist), checking its bytes against the digest it was
-   * published with; undefined when the store does not hold it. Owners are as the publisher had them (its
-   * `uidBase`): the caller moves them into its own range. A copy published as a difference over its parent
-   * (`layeredOn`) holds only what the child changed: the caller puts it over that parent, deleting `deletions` first.
+   * Unpacks the published copy into `rootfs`, checking its bytes against the digest it was published with;
+   * undefined when the store does not hold it. Owners are as the publisher had them (its `uidBase`): the caller
+   * moves them into its own range. A copy published as a difference over its parent holds only what the child
+   * changed: `overParent` is called first and must make `rootfs` that parent (its deletions done), the difference
+   * is then unpacked over it. Without `overParent` such a copy is refused.
    */
-  fetch(name: string, rootfs: string): Promise<FetchedTemplate | undefined>;
+  fetch(
+    name: string,
+    rootfs: string,
+    overParent?: (parent: ParentOfLayer) => Promise<void>,
+  ): Promise<FetchedTemplate | undefined>;
   /**
    * Makes this node the one that builds `name` for the cluster until the claim is released; undefined while
    * another node holds it (`holder` then names it).
@@ -40,8 +45,17 @@ export interface FetchedTemplate {
   readonly bytes: number;
   /** The uid base the publisher's owners are in. */
   readonly uidBase: number;
-  /** Set when the copy is a difference over the parent template published as `name` with `digest`. */
-  readonly layeredOn?: { readonly name: string; readonly digest: string; readonly deletions: readonly string[] };
+  /** Set when the copy is a difference over its parent's. */
+  readonly layeredOn?: ParentOfLayer;
+}
+
+/** The parent copy a layered copy goes over: its name and digest in the store, and what to delete from it. */
+export interface ParentOfLayer {
+  readonly name: string;
+  readonly digest: string;
+  readonly deletions: readonly string[];
+  /** The uid base of the layer's owners (the publisher's). */
+  readonly uidBase: number;
 }
 
 /** A child template published as what its build changed over its parent's published copy (rootfs-diff.ts). */

@@ -6,7 +6,6 @@ import type { Logger } from "@warren/platform/log";
 import type { TemplateImage } from "../runtime/driver.js";
 import { exec } from "../runtime/exec.js";
 import { withFileLock } from "../runtime/file-lock.js";
-import { TAR_KEEP, tarCreateStream, tarExtractStream } from "../runtime/tar-stream.js";
 import { TEMPLATE_RECIPES, type TemplateRecipe } from "./catalog.js";
 import { hostDebianMirror } from "./mirror.js";
 import { diffRootfs, markCopyEnd } from "./rootfs-diff.js";
@@ -17,7 +16,7 @@ import {
   type SharedTemplates,
   type TemplateBuildClaim,
 } from "./sharing.js";
-import { rebaseOwners, shiftOwners } from "./uid-shift.js";
+import { rebaseOwners, shiftOwners, UID_RANGE } from "./uid-shift.js";
 
 /** Bumped when the build procedure itself changes, so every cached template is rebuilt. */
 const BUILD_FORMAT = 1;
@@ -259,43 +258,36 @@ export class TemplateStore {
     log: Logger,
   ): Promise<FetchedTemplate | undefined> {
     const shared = this.options.shared as SharedTemplates;
-    const layer = `${rootfs}.layer-${name}`;
-    const fetched = await shared.fetch(name, layer);
+    const uidBase = this.options.uidBase;
+    const fetched = await shared.fetch(name, rootfs, async (over) => {
+      const parentId = this.recipe(id).parent;
+      if (!parentId || over.name !== this.sharedName(parentId)) {
+        throw new Error(`template '${name}' in the store is layered on '${over.name}', which is not its parent's copy`);
+      }
+      const own = this.ready(parentId);
+      if (own && (await this.provenance(parentId)).includes(over.digest)) {
+        await exec("cp", ["-a", "--reflink=auto", own.rootfs, rootfs]);
+      } else {
+        log.info("this node's copy of the parent is not the one the template was layered on; unpacking that one", {
+          parent: over.name,
+          digest: over.digest,
+        });
+        if (!(await this.unpack(parentId, over.name, rootfs, over.digest, log))) {
+          throw new Error(`template '${name}' is layered on '${over.name}', which the store no longer holds`);
+        }
+      }
+      // Ranges that overlap cannot be told apart once the layer is in: the parent goes into the publisher's first.
+      if (over.uidBase !== uidBase && Math.abs(over.uidBase - uidBase) < UID_RANGE) {
+        await rebaseOwners(rootfs, uidBase, over.uidBase);
+      }
+      for (const path of over.deletions) await removeInside(rootfs, path);
+    });
     if (!fetched) return undefined;
     if (expectedDigest && fetched.digest !== expectedDigest) {
       throw new Error(`template '${name}' in the store is ${fetched.digest} now, not ${expectedDigest}`);
     }
-    if (fetched.uidBase !== this.options.uidBase) await rebaseOwners(layer, fetched.uidBase, this.options.uidBase);
-    const over = fetched.layeredOn;
-    if (!over) {
-      await rename(layer, rootfs);
-      return fetched;
-    }
-    const parentId = this.recipe(id).parent;
-    if (!parentId || over.name !== this.sharedName(parentId)) {
-      throw new Error(`template '${name}' in the store is layered on '${over.name}', which is not its parent's copy`);
-    }
-    const own = this.ready(parentId);
-    if (own && (await this.provenance(parentId)).includes(over.digest)) {
-      await exec("cp", ["-a", "--reflink=auto", own.rootfs, rootfs]);
-    } else {
-      log.info("this node's copy of the parent is not the one the template was layered on; unpacking that one", {
-        parent: over.name,
-        digest: over.digest,
-      });
-      if (!(await this.unpack(parentId, over.name, rootfs, over.digest, log))) {
-        throw new Error(`template '${name}' is layered on '${over.name}', which the store no longer holds`);
-      }
-    }
-    for (const path of over.deletions) await removeInside(rootfs, path);
-    // tar over the tree (not cp): a directory replaces a symbolic link of the same name instead of being written
-    // through it, and a file is unlinked before it is written (never into another name it was hard-linked to).
-    await tarExtractStream(
-      [...TAR_KEEP, "--same-owner", "--same-permissions", "-C", rootfs],
-      tarCreateStream([...TAR_KEEP, "-C", layer, "."], `template '${name}'`),
-      `template '${name}' over '${over.name}'`,
-    );
-    await rm(layer, { recursive: true, force: true });
+    // Over a parent in this node's range (a range apart from the publisher's), only the layer's entries move.
+    if (fetched.uidBase !== uidBase) await rebaseOwners(rootfs, fetched.uidBase, uidBase);
     return fetched;
   }
 

@@ -1,7 +1,8 @@
 import { chmod, lchown, lstat, readdir } from "node:fs/promises";
 import { join } from "node:path";
 
-const RANGE = 65536;
+/** The ids of one sandbox user namespace: a node's range is [uid base, uid base + UID_RANGE). */
+export const UID_RANGE = 65536;
 
 /**
  * Moves a rootfs's owners into the sandbox user namespace's host range: uid/gid n (< 65536) becomes base + n, so
@@ -9,7 +10,7 @@ const RANGE = 65536;
  * (a child template re-shifts only what its own steps created). Resolves with the number of entries changed.
  */
 export function shiftOwners(root: string, base: number): Promise<number> {
-  return remapOwners(root, (id) => (id < RANGE ? id + base : undefined));
+  return remapOwners(root, (id) => (id < UID_RANGE ? id + base : undefined));
 }
 
 /**
@@ -17,7 +18,7 @@ export function shiftOwners(root: string, base: number): Promise<number> {
  * uid/gid in [from, from + 65536) becomes to + (id - from); anything else stays.
  */
 export function rebaseOwners(root: string, from: number, to: number): Promise<number> {
-  return remapOwners(root, (id) => (id >= from && id < from + RANGE ? id - from + to : undefined));
+  return remapOwners(root, (id) => (id >= from && id < from + UID_RANGE ? id - from + to : undefined));
 }
 
 /**
