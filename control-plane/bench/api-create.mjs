@@ -1,11 +1,13 @@
 // Control-plane overhead of sandbox create: REST → api → master (PostgreSQL, ledger) → node agent, with the node
 // agent faked in-process (so the figures exclude sandbox start). Prints p50/p99; asserts nothing.
-// Usage: npm run build && node control-plane/bench/api-create.mjs [sequential=200] [concurrent=100]
+// Usage: npm run build && npm run bench:api -w control-plane -- [sequential=200] [concurrent=100]
 import { randomBytes } from "node:crypto";
 import { NODE_TTL_SECONDS, NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
 import { Redis } from "ioredis";
 import pg from "pg";
+import { loadApiConfig } from "../dist/api/config.js";
 import { ApiServer } from "../dist/api/server.js";
+import { loadMasterConfig } from "../dist/master/config.js";
 import { silentLogger } from "../dist/master/log.js";
 import { Master } from "../dist/master/server.js";
 import { createDb } from "../dist/store/db.js";
@@ -34,30 +36,24 @@ const fakeNode = {
 };
 
 const redis = new Redis(REDIS_URL, { keyPrefix: prefix });
+// The services' own configuration loaders (every interval at its default), with the bench's database and Redis.
+const env = {
+  DATABASE_URL,
+  REDIS_URL,
+  WARREN_DB_SCHEMA: schema,
+  WARREN_REDIS_PREFIX: prefix,
+  WARREN_TOKEN_SECRET: randomBytes(24).toString("hex"),
+  WARREN_MASTER_PORT: "0",
+  WARREN_DB_SYNCHRONOUS_COMMIT: "off",
+  WARREN_MEMORY_OVERCOMMIT: "1000",
+};
 const master = await Master.start({
-  config: {
-    port: 0,
-    host: "127.0.0.1",
-    databaseUrl: DATABASE_URL,
-    schema,
-    redisUrl: REDIS_URL,
-    redisKeyPrefix: prefix,
-    tokenSecret: randomBytes(24).toString("hex"),
-    domain: "",
-    evictIntervalMs: 1000,
-    reconcileIntervalMs: 60_000,
-    leaderIntervalMs: 1000,
-    placementAttempts: 3,
-    synchronousCommit: "off",
-    startTimeoutMs: 120_000,
-    nodeDownAfterMs: 30_000,
-    memoryOvercommit: 1000,
-  },
+  config: loadMasterConfig(env, () => undefined),
   nodeAgent: () => fakeNode,
   log: silentLogger,
 });
 const api = await ApiServer.start({
-  config: { port: 0, host: "127.0.0.1", databaseUrl: DATABASE_URL, schema, masterUrl: master.url, adminToken: "" },
+  config: loadApiConfig({ ...env, WARREN_API_PORT: "0", WARREN_MASTER_URL: master.url }, () => undefined),
   log: silentLogger,
 });
 await redis.sadd(NODES_SET_KEY, "bench");
