@@ -1,9 +1,9 @@
 import { execFileSync } from "node:child_process";
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
-import { diffRootfs, markCopyEnd } from "./rootfs-diff.js";
+import { diffRootfs, markCopyEnd, removeInside } from "./rootfs-diff.js";
 
 const dirs: string[] = [];
 afterEach(() => {
@@ -84,5 +84,34 @@ describe("diffRootfs", () => {
     expect(lstatSync(join(child, "quiet/untouched"), { bigint: true }).ctimeNs).toBeLessThanOrEqual(since);
     writeFileSync(join(child, "quiet/untouched"), "v");
     expect(lstatSync(join(child, "quiet/untouched"), { bigint: true }).ctimeNs).toBeGreaterThan(since);
+  });
+});
+
+describe("removeInside", () => {
+  it("removes inside the tree, and never outside it: no absolute path, no `..`, no symbolic link on the way", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "rootfs-remove-"));
+    dirs.push(dir);
+    const root = join(dir, "root");
+    const outside = join(dir, "outside");
+    mkdirSync(join(root, "etc", "sub"), { recursive: true });
+    mkdirSync(outside);
+    writeFileSync(join(outside, "precious"), "keep");
+    writeFileSync(join(root, "etc", "sub", "gone"), "x");
+    symlinkSync(outside, join(root, "link"));
+
+    await removeInside(root, "etc/sub");
+    expect(existsSync(join(root, "etc", "sub"))).toBe(false);
+    expect(existsSync(join(root, "etc"))).toBe(true);
+    // Through a link: nothing goes (the link's target is not the tree's).
+    await removeInside(root, "link/precious");
+    expect(existsSync(join(outside, "precious"))).toBe(true);
+    // The link itself is an entry of the tree.
+    await removeInside(root, "link");
+    expect(existsSync(join(root, "link"))).toBe(false);
+    expect(existsSync(join(outside, "precious"))).toBe(true);
+    for (const bad of ["../outside/precious", "/etc/passwd", "etc/../../outside", "", "etc//x", "./etc"]) {
+      await expect(removeInside(root, bad)).rejects.toThrow(/not a path inside its tree/);
+    }
+    expect(existsSync(join(outside, "precious"))).toBe(true);
   });
 });

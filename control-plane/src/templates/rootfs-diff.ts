@@ -24,7 +24,6 @@ export async function diffRootfs(parent: string, child: string, changedSinceCtim
   const deletions: string[] = [];
   const changed = (a: BigIntStats, b: BigIntStats) =>
     a.ctimeNs > changedSinceCtimeNs ||
-    (a.mode & 0o170000n) !== (b.mode & 0o170000n) ||
     a.mode !== b.mode ||
     a.uid !== b.uid ||
     a.gid !== b.gid ||
@@ -86,4 +85,23 @@ export async function markCopyEnd(marker: string): Promise<bigint> {
   }
   await rm(marker, { force: true });
   return end;
+}
+
+/**
+ * Removes `path` (relative to `root`, as a layered copy's deletions name it) unless it leads out of `root`: no
+ * absolute path, no `.` or `..`, and no symbolic link on the way (the link's target would be what goes).
+ */
+export async function removeInside(root: string, path: string): Promise<void> {
+  const parts = path.split("/");
+  if (path.startsWith("/") || parts.some((part) => part === "" || part === "." || part === "..")) {
+    throw new Error(`a layered template in the store deletes '${path}', which is not a path inside its tree`);
+  }
+  let at = root;
+  for (const part of parts.slice(0, -1)) {
+    at = join(at, part);
+    const st = await lstat(at).catch(() => undefined);
+    // Gone already (a deleted directory's entry listed too), or not a real directory: nothing of the tree to remove.
+    if (!st?.isDirectory()) return;
+  }
+  await rm(join(root, path), { recursive: true, force: true });
 }

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
-import { lstat, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
 import type { TemplateImage } from "../runtime/driver.js";
@@ -8,7 +8,7 @@ import { exec } from "../runtime/exec.js";
 import { withFileLock } from "../runtime/file-lock.js";
 import { TEMPLATE_RECIPES, type TemplateRecipe } from "./catalog.js";
 import { hostDebianMirror } from "./mirror.js";
-import { diffRootfs, markCopyEnd } from "./rootfs-diff.js";
+import { diffRootfs, markCopyEnd, removeInside } from "./rootfs-diff.js";
 import {
   type FetchedTemplate,
   isClaim,
@@ -476,23 +476,4 @@ export class TemplateStore {
   async manifest(id: string): Promise<Record<string, unknown>> {
     return JSON.parse(await readFile(join(this.templateDir(id), "manifest.json"), "utf8")) as Record<string, unknown>;
   }
-}
-
-/**
- * Removes `path` (relative to `root`, as a layered copy in the store names it) unless it leads out of `root`: no
- * `..`, and no symbolic link on the way (the link's target would be what goes).
- */
-async function removeInside(root: string, path: string): Promise<void> {
-  const parts = path.split("/");
-  if (path.startsWith("/") || parts.some((part) => part === "" || part === "." || part === "..")) {
-    throw new Error(`a layered template in the store deletes '${path}', which is not a path inside its tree`);
-  }
-  let at = root;
-  for (const part of parts.slice(0, -1)) {
-    at = join(at, part);
-    const st = await lstat(at).catch(() => undefined);
-    // Gone already (a deleted directory's entry listed too), or not a real directory: nothing of the tree to remove.
-    if (!st?.isDirectory()) return;
-  }
-  await rm(join(root, path), { recursive: true, force: true });
 }
