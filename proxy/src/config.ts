@@ -52,6 +52,12 @@ export interface ProxyConfig {
   readonly upstreamConnectTimeoutMs: number;
   /** PROXY_UPSTREAM_MAX_IDLE_PER_HOST (256): idle keep-alive connections kept per sandbox port. */
   readonly upstreamMaxIdlePerHost: number;
+  /**
+   * PROXY_PREWARM_ENVD (true): when a sandbox's route turns `running`, this proxy reads the route and opens a
+   * kept-alive connection to its envd (`GET /health`), so the first command after a create or resume finds both
+   * ready. Only for sandboxes it reaches directly (not through a relay), and only with keep-alive on.
+   */
+  readonly prewarmEnvd: boolean;
   /** PROXY_IDLE_TIMEOUT_MS (610000): a connection with no traffic either way for this long is closed. */
   readonly idleTimeoutMs: number;
   /** PROXY_RESUME_TIMEOUT_MS (60000): how long a request waits for an auto-resume before 409. */
@@ -132,6 +138,7 @@ export function loadConfig(
     upstreamConnectRetries: integer(env, "PROXY_UPSTREAM_CONNECT_RETRIES", 3, 0, 100),
     upstreamConnectTimeoutMs: integer(env, "PROXY_UPSTREAM_CONNECT_TIMEOUT_MS", 5000, 1, 600_000),
     upstreamMaxIdlePerHost: integer(env, "PROXY_UPSTREAM_MAX_IDLE_PER_HOST", 256, 0, 100_000),
+    prewarmEnvd: boolean(env, "PROXY_PREWARM_ENVD", true),
     idleTimeoutMs: integer(env, "PROXY_IDLE_TIMEOUT_MS", 610_000, 1000, 86_400_000),
     resumeTimeoutMs: integer(env, "PROXY_RESUME_TIMEOUT_MS", 60_000, 1, 3_600_000),
     drainTimeoutMs: integer(env, "PROXY_DRAIN_TIMEOUT_MS", 30_000, 0, 3_600_000),

@@ -72,6 +72,7 @@ export class Forwarder {
   /** Keep-alive pools, one per upstream address and sandbox incarnation (poolKey). */
   private readonly pools = new Map<string, Pool>();
   private readonly dialer: RelayDialer | undefined;
+  private closed = false;
 
   constructor(private readonly options: ForwarderOptions) {
     if (options.relayToken !== undefined) {
@@ -313,6 +314,34 @@ export class Forwarder {
    * Closes the pools of a sandbox's incarnations other than `keepExec` (all when undefined). Their exchanges in
    * flight are cut by the caller (SandboxConnections) for the same reason, so nothing open is lost here.
    */
+  /**
+   * Opens a kept-alive connection to `upstream` before its first request: a GET of `path`, its answer discarded.
+   * Nothing when a connection is open already, keep-alive is off, or the upstream is behind a relay. Never rejects.
+   */
+  async prewarm(upstream: Upstream, path: string): Promise<"opened" | "skipped" | "failed"> {
+    if (this.closed || this.options.maxIdlePerHost === 0 || upstream.relayVia !== undefined) return "skipped";
+    const key = poolKey(upstream);
+    if ((this.pools.get(key)?.stats.connected ?? 0) > 0) return "skipped";
+    const pool = this.poolFor(upstream);
+    try {
+      const answer = await pool.request({
+        path,
+        method: "GET",
+        signal: AbortSignal.timeout(this.options.connectTimeoutMs),
+      });
+      await answer.body.dump();
+      return "opened";
+    } catch {
+      // A pool that never connected is forgotten, as one is after its last connection closes.
+      const stats = pool.stats;
+      if (stats.connected === 0 && stats.pending === 0 && stats.running === 0 && this.pools.get(key) === pool) {
+        this.pools.delete(key);
+        void pool.close();
+      }
+      return "failed";
+    }
+  }
+
   dropIdle(sandboxId: string, keepExec: string | undefined): void {
     const prefix = `${sandboxId}|`;
     for (const [key, pool] of this.pools) {
@@ -324,6 +353,7 @@ export class Forwarder {
   }
 
   close(): void {
+    this.closed = true;
     for (const pool of this.pools.values()) void pool.destroy().catch(() => {});
     this.pools.clear();
   }

@@ -20,6 +20,8 @@ export class ProxyMetrics {
   readonly inFlightRequests: Gauge;
   /** Auto-resumes, by outcome (resumed, not-found, forbidden, transitioning, limit, timeout, gone, failed). */
   readonly resumes: Counter<"outcome">;
+  /** Connections opened to a sandbox's envd before its first request (prewarm.ts), by outcome (opened, failed, skipped). */
+  readonly prewarms: Counter<"outcome">;
 
   constructor(options: { defaultMetrics?: boolean } = {}) {
     this.registry = new Registry();
@@ -67,6 +69,12 @@ export class ProxyMetrics {
     this.resumes = new Counter({
       name: "warren_proxy_auto_resumes_total",
       help: "Auto-resumes triggered by traffic, by outcome",
+      labelNames: ["outcome"],
+      registers,
+    });
+    this.prewarms = new Counter({
+      name: "warren_proxy_envd_prewarms_total",
+      help: "Kept-alive connections opened to a new sandbox's envd ahead of its first request, by outcome",
       labelNames: ["outcome"],
       registers,
     });

@@ -14,6 +14,7 @@ import { Forwarder } from "./forward.js";
 import { SandboxConnections } from "./limits.js";
 import type { Logger } from "./log.js";
 import type { ProxyMetrics } from "./metrics.js";
+import { EnvdPrewarmer } from "./prewarm.js";
 import { AutoResume, type SandboxResumer } from "./resume.js";
 import { RouteAdmission } from "./route-admission.js";
 import type { RouteStore } from "./routes.js";
@@ -65,7 +66,13 @@ export class SandboxProxy {
         )
       : undefined;
     this.admission = new RouteAdmission({ config, routes: deps.routes, metrics, log, autoResume });
-    this.unsubscribe = deps.routes.onEvent((event) => this.onRouteEvent(event));
+    const prewarmer = config.prewarmEnvd
+      ? new EnvdPrewarmer({ config, routes: deps.routes, forwarder: this.forwarder, metrics })
+      : undefined;
+    this.unsubscribe = deps.routes.onEvent((event) => {
+      this.onRouteEvent(event);
+      if (!this.draining) prewarmer?.onRouteEvent(event);
+    });
     const envd = new EnvdIntercept({
       envdPort: config.envdPort,
       log,

@@ -49,6 +49,8 @@ export async function startTestProxy(
     WARREN_REDIS_URL: REDIS_URL,
     PROXY_UPSTREAM_CONNECT_RETRIES: "1",
     PROXY_DRAIN_TIMEOUT_MS: "5000",
+    // Off unless a test is about it: its GET /health would reach stand-ins that record what they are sent.
+    PROXY_PREWARM_ENVD: "false",
     ...env,
   });
   let logs = "";
@@ -233,4 +235,21 @@ export function waitUntil(condition: () => boolean, what: string, timeoutMs = 10
     };
     tick();
   });
+}
+
+/** How many envd prewarms the proxy finished (of one outcome, or all), from its metrics. */
+export async function prewarmsDone(proxy: TestProxy, outcome?: "opened" | "skipped" | "failed"): Promise<number> {
+  const { values } = await proxy.running.metrics.prewarms.get();
+  return values
+    .filter((v) => outcome === undefined || v.labels.outcome === outcome)
+    .reduce((sum, v) => sum + v.value, 0);
+}
+
+/** Waits until the proxy finished `count` envd prewarms in all (route events it reacted to). */
+export async function waitForPrewarms(proxy: TestProxy, count: number, timeoutMs = 10_000): Promise<void> {
+  const started = Date.now();
+  while ((await prewarmsDone(proxy)) < count) {
+    if (Date.now() - started > timeoutMs) throw new Error(`timed out waiting for ${count} envd prewarms`);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
 }

@@ -1,10 +1,11 @@
-import { createHash } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { type IncomingMessage, request } from "node:http";
 import type { SandboxRoute } from "@warren/proto/redis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ResumeError, type ResumeRequest, type SandboxResumer } from "../src/resume.js";
 import {
   nextRouteEvent,
+  prewarmsDone,
   RouteWriter,
   randomSandboxId,
   send,
@@ -12,16 +13,19 @@ import {
   startUpstream,
   type TestProxy,
   type Upstream,
+  waitForPrewarms,
   waitUntil,
 } from "./harness.js";
 
+// This file's own route events: prewarm counts below are of its routes alone, whatever other files write.
+const PREFIX = `lifecycle-${randomBytes(4).toString("hex")}:`;
 let routes: RouteWriter;
 /** Two "incarnations" of a sandbox: each answers with its own name. */
 let before: Upstream;
 let after: Upstream;
 
 beforeAll(async () => {
-  routes = new RouteWriter();
+  routes = new RouteWriter(PREFIX);
   before = await startUpstream((req, res) => {
     if (req.url === "/stream") {
       res.writeHead(200, { "Content-Type": "text/plain" });
@@ -70,7 +74,13 @@ describe("incarnations (exec/generation)", () => {
   let proxy: TestProxy;
   beforeAll(async () => {
     // A long cache TTL: only the route events can make the proxy notice a change.
-    proxy = await startTestProxy({ PROXY_DOMAINS: "warren.test", PROXY_ROUTE_CACHE_TTL_MS: "600000" });
+    proxy = await startTestProxy({
+      WARREN_REDIS_PREFIX: PREFIX,
+      PROXY_DOMAINS: "warren.test",
+      PROXY_ROUTE_CACHE_TTL_MS: "600000",
+      // Incarnations stay apart with connections opened ahead of the first request too.
+      PROXY_PREWARM_ENVD: "true",
+    });
   });
   afterAll(() => proxy.close());
 
@@ -98,15 +108,22 @@ describe("incarnations (exec/generation)", () => {
   it("never reuses a pooled connection of the old incarnation, even at the same address", async () => {
     const sandboxId = randomSandboxId();
     const host = `3000-${sandboxId}.warren.test`;
+    // Port 3000 and envd's share the address here, so the connection the proxy opens to envd ahead of the first
+    // request (prewarm.ts) is the pool's too: wait for it, so every connection below is counted once.
+    let prewarms = await prewarmsDone(proxy);
+    const start = after.connections();
     await routeTo(after, sandboxId, { exec: "exec-1", generation: 1 });
+    await waitForPrewarms(proxy, ++prewarms);
     await send(proxy.port, { host });
     const pooled = after.connections();
+    expect(pooled).toBe(start + 1); // the request took the prewarmed connection
     await send(proxy.port, { host });
     expect(after.connections()).toBe(pooled); // keep-alive within one incarnation
 
     const seen = nextRouteEvent(proxy, (e) => e.sandboxId === sandboxId && e.exec === "exec-2");
     await routeTo(after, sandboxId, { exec: "exec-2", generation: 2 });
     await seen;
+    await waitForPrewarms(proxy, ++prewarms);
     await send(proxy.port, { host });
     expect(after.connections()).toBe(pooled + 1);
   });
@@ -167,7 +184,10 @@ describe("auto-resume", () => {
   let behaviour: (request: ResumeRequest) => Promise<void> = async () => {};
   const resumer = new FakeResumer((request) => behaviour(request));
   beforeAll(async () => {
-    proxy = await startTestProxy({ PROXY_DOMAINS: "warren.test", PROXY_RESUME_TIMEOUT_MS: "1500" }, { resumer });
+    proxy = await startTestProxy(
+      { WARREN_REDIS_PREFIX: PREFIX, PROXY_DOMAINS: "warren.test", PROXY_RESUME_TIMEOUT_MS: "1500" },
+      { resumer },
+    );
   });
   afterAll(() => proxy.close());
 
@@ -257,7 +277,7 @@ describe("auto-resume", () => {
 
 describe("graceful shutdown", () => {
   it("stops accepting new connections but lets an in-flight stream finish", async () => {
-    const proxy = await startTestProxy({ PROXY_DOMAINS: "warren.test" });
+    const proxy = await startTestProxy({ WARREN_REDIS_PREFIX: PREFIX, PROXY_DOMAINS: "warren.test" });
     const finish = { release: () => {} };
     const upstream = await startUpstream((_req, res) => {
       res.writeHead(200, { "Content-Type": "text/plain" });
