@@ -12,7 +12,7 @@ import {
   teamNamespace,
 } from "../store/snapshots.js";
 import { getTeam, type Team } from "../store/teams.js";
-import { findTemplateByRef, readyBuildOf } from "../store/template-refs.js";
+import { findTemplateByRef, parseTemplateName, readyBuildOf } from "../store/template-refs.js";
 import { hasPendingBuild } from "../store/template-tags.js";
 import { type BuildRecord, recordSpawn, type TemplateRecord } from "../store/templates.js";
 import { admitSandbox } from "./admission.js";
@@ -60,18 +60,26 @@ export class SandboxCreation {
 
   async create(input: CreateInput): Promise<{ row: SandboxRow; replayed: boolean }> {
     const { db } = this.deps;
+    const teamLookup = getTeam(db, input.teamId);
+    // A template (the team's own, then Warren's), else one of the team's snapshots, which starts only on the node
+    // that holds it. A team template's build starts from its ready snapshot, on that node.
+    // Every lookup at once, the team's too: a name is usually one of Warren's templates, which the custom lookup
+    // passes over, and only a `team/name` ref needs the team's name (one round of queries on a create, not two).
+    const templateLookups = input.snapshot
+      ? Promise.resolve([undefined, undefined] as const)
+      : Promise.all([
+          this.customTemplate(input.teamId, teamLookup, input.templateId),
+          findTemplate(db, input.templateId),
+        ]);
+    // Its failure is reported below, after the team's: never unhandled meanwhile.
+    templateLookups.catch(() => undefined);
     const [team, allNodes, reserved] = await Promise.all([
-      getTeam(db, input.teamId),
+      teamLookup,
       this.deps.registry.placeableNodes(),
       reservedMemoryByNode(db),
     ]);
     if (!team) throw new MasterError("not_found", `team '${input.teamId}' not found`);
-    // A template (the team's own, then Warren's), else one of the team's snapshots, which starts only on the node
-    // that holds it. A team template's build starts from its ready snapshot, on that node.
-    // Both lookups at once: a name is usually one of Warren's templates, which the custom lookup passes over.
-    const [custom, shipped] = input.snapshot
-      ? [undefined, undefined]
-      : await Promise.all([this.customTemplate(team, input.templateId), findTemplate(db, input.templateId)]);
+    const [custom, shipped] = await templateLookups;
     const named = input.snapshot || custom ? undefined : shipped;
     const snapshot =
       input.snapshot ??
@@ -168,11 +176,14 @@ export class SandboxCreation {
    * without a ready build under that tag is a 404 naming the tag, as E2B answers.
    */
   private async customTemplate(
-    team: Team,
+    teamId: string,
+    team: Promise<Team | undefined>,
     ref: string,
   ): Promise<{ template: TemplateRecord; build: BuildRecord; snapshot?: SnapshotRow } | undefined> {
     const { db } = this.deps;
-    const resolved = await findTemplateByRef(db, { id: team.id, namespace: teamNamespace(team.name) }, ref);
+    // The team's name is its namespace, which only a `team/name:tag` ref names: other refs do not wait for it.
+    const namespace = refNamesNamespace(ref) ? teamNamespace((await team)?.name ?? "") : "";
+    const resolved = await findTemplateByRef(db, { id: teamId, namespace }, ref);
     if (!resolved || resolved.template.teamId === null) return undefined;
     let build = await readyBuildOf(db, resolved);
     // The template's build is still running (a new template): wait for it within the create's deadline.
@@ -411,5 +422,14 @@ export class SandboxCreation {
       if (Date.now() > deadline) throw new MasterError("busy", `sandbox ${id} is still starting`);
       await new Promise((resolve) => setTimeout(resolve, 50));
     }
+  }
+}
+
+/** Whether a template ref names a team's namespace (`team/name:tag`); a ref that does not parse names none. */
+function refNamesNamespace(ref: string): boolean {
+  try {
+    return parseTemplateName(ref).namespace !== undefined;
+  } catch {
+    return false;
   }
 }

@@ -48,20 +48,6 @@ export async function activateSandbox(deps: ActivationDeps, activation: Activati
     // A pooled sandbox started in the background CPU class (a refill yields to creates and commands); from now on
     // a user waits for it.
     if (pooled) await deps.driver.foreground?.(claimed.instanceId);
-    const [envdVersion] = await Promise.all([
-      initEnvd(
-        claimed.envdUrl,
-        {
-          envVars: input.envVars ?? {},
-          accessToken: input.envdAccessToken ?? "",
-          defaultUser: input.defaultUser || "user",
-          defaultWorkdir: input.defaultWorkdir || "/home/user",
-          ...(currentAccessToken ? { currentAccessToken } : {}),
-        },
-        deps.driver.envdInitTimeoutMs,
-      ),
-      deps.driver.setEgress?.(claimed.instanceId, egress),
-    ]);
     const labels = {
       pooled: "",
       sandboxId: input.sandboxId,
@@ -75,7 +61,23 @@ export async function activateSandbox(deps: ActivationDeps, activation: Activati
       defaultUser: input.defaultUser || "user",
       metadata: JSON.stringify(input.metadata ?? {}),
     };
-    instance = await deps.driver.label(instance.instanceId, labels);
+    // The labels go to disk while envd is set up: the route below is written only once both are done.
+    const [envdVersion, , labeled] = await Promise.all([
+      initEnvd(
+        claimed.envdUrl,
+        {
+          envVars: input.envVars ?? {},
+          accessToken: input.envdAccessToken ?? "",
+          defaultUser: input.defaultUser || "user",
+          defaultWorkdir: input.defaultWorkdir || "/home/user",
+          ...(currentAccessToken ? { currentAccessToken } : {}),
+        },
+        deps.driver.envdInitTimeoutMs,
+      ),
+      deps.driver.setEgress?.(claimed.instanceId, egress),
+      deps.driver.label(claimed.instanceId, labels),
+    ]);
+    instance = labeled;
     const summary = summaryOf(instance);
     if (!summary) throw new Error("instance lost its labels");
     routeWritten = await deps.routes.write(deps.routeOf(summary));

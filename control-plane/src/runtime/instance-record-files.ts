@@ -21,7 +21,27 @@ export class InstanceRecordFiles<R extends { readonly instanceId: string }> {
     return existsSync(this.root) ? await readdir(this.root) : [];
   }
 
-  async persist(record: R): Promise<void> {
+  /** Writes in progress (and queued) per instance. */
+  private readonly writing = new Map<string, Promise<void>>();
+
+  /**
+   * Writes the record. Writes of one instance go one after another, each of the record as it is when its turn
+   * comes: two steps of a create may persist at once (its labels while its egress is applied) without racing on
+   * the temporary file, and the last write holds every change.
+   */
+  persist(record: R): Promise<void> {
+    const id = record.instanceId;
+    const next = (this.writing.get(id) ?? Promise.resolve()).catch(() => undefined).then(() => this.write(record));
+    this.writing.set(id, next);
+    next
+      .finally(() => {
+        if (this.writing.get(id) === next) this.writing.delete(id);
+      })
+      .catch(() => undefined);
+    return next;
+  }
+
+  private async write(record: R): Promise<void> {
     const path = join(this.dir(record.instanceId), "instance.json");
     await writeFile(`${path}.tmp`, JSON.stringify(record));
     await rename(`${path}.tmp`, path);
