@@ -311,10 +311,6 @@ export class Forwarder {
   }
 
   /**
-   * Closes the pools of a sandbox's incarnations other than `keepExec` (all when undefined). Their exchanges in
-   * flight are cut by the caller (SandboxConnections) for the same reason, so nothing open is lost here.
-   */
-  /**
    * Opens a kept-alive connection to `upstream` before its first request: a GET of `path`, its answer discarded.
    * Nothing when a connection is open already, keep-alive is off, or the upstream is behind a relay. Never rejects.
    */
@@ -342,6 +338,10 @@ export class Forwarder {
     }
   }
 
+  /**
+   * Closes the pools of a sandbox's incarnations other than `keepExec` (all when undefined). Their exchanges in
+   * flight are cut by the caller (SandboxConnections) for the same reason, so nothing open is lost here.
+   */
   dropIdle(sandboxId: string, keepExec: string | undefined): void {
     const prefix = `${sandboxId}|`;
     for (const [key, pool] of this.pools) {

@@ -60,7 +60,8 @@ export class EnvdPrewarmer {
       {},
       false,
     );
-    if (!("upstream" in admission) || admission.upstream.relayVia !== undefined) return "skipped";
+    // The forwarder skips an upstream behind a relay.
+    if (!("upstream" in admission)) return "skipped";
     return forwarder.prewarm(admission.upstream, "/health");
   }
 }
