@@ -37,8 +37,10 @@ export interface GatewayConfig {
   readonly runtimeDir: string;
   /** Silence on an /execute stream after which a keepalive line is written. */
   readonly keepaliveMs: number;
-  /** How long a kernel may take to answer its first kernel_info_request. */
+  /** How long a kernel may take to answer its first kernel_info_request, unless it is still using CPU. */
   readonly kernelStartTimeoutMs: number;
+  /** The longest a kernel start that keeps using CPU may take (a busy node's slow start, not a stuck one). */
+  readonly kernelStartCeilingMs: number;
   /** After an interrupt, how long the kernel has to go idle before it is restarted instead. */
   readonly interruptGraceMs: number;
   /** Longest an execution may run before the gateway interrupts it (0 = no limit). */
@@ -57,6 +59,7 @@ environment: CODE_GATEWAY_PORT, CODE_GATEWAY_HOST, CODE_GATEWAY_ACCESS_TOKEN (el
   CODE_GATEWAY_START_LANGUAGES (python,javascript), CODE_GATEWAY_PYTHON (/usr/bin/python3),
   CODE_GATEWAY_NODE (this node), CODE_GATEWAY_R (R), CODE_GATEWAY_JAVA (java), CODE_GATEWAY_RUNTIME_DIR (<tmp>/warren-cg-<pid>),
   CODE_GATEWAY_KEEPALIVE_MS (5000), CODE_GATEWAY_KERNEL_START_TIMEOUT_MS (30000),
+  CODE_GATEWAY_KERNEL_START_CEILING_MS (300000),
   CODE_GATEWAY_INTERRUPT_GRACE_MS (5000), CODE_GATEWAY_EXECUTION_TIMEOUT_MS (0 = none),
   CODE_GATEWAY_ENVD_TIMEOUT_MS (2000), CODE_GATEWAY_PROCESS_LIMIT (RLIMIT_NPROC of kernels; unset = none),
   CODE_GATEWAY_WORKLOAD_FD (the workload cgroup's cgroup.procs, inherited; unset = none)`;
@@ -97,6 +100,12 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Gat
       env.CODE_GATEWAY_KERNEL_START_TIMEOUT_MS ?? "30000",
       100,
       600_000,
+    ),
+    kernelStartCeilingMs: integer(
+      "CODE_GATEWAY_KERNEL_START_CEILING_MS",
+      env.CODE_GATEWAY_KERNEL_START_CEILING_MS ?? "300000",
+      100,
+      3_600_000,
     ),
     interruptGraceMs: integer(
       "CODE_GATEWAY_INTERRUPT_GRACE_MS",

@@ -134,7 +134,7 @@ export class ContextRegistry {
             onSpawn: (pid) => this.workload.join(pid),
           },
           this.config.runtimeDir,
-          this.config.kernelStartTimeoutMs,
+          { timeoutMs: this.config.kernelStartTimeoutMs, ceilingMs: this.config.kernelStartCeilingMs },
           this.log,
         ),
       this.log,

@@ -1,4 +1,6 @@
-import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { afterEach, expect, it } from "vitest";
 import {
   eventually,
@@ -188,4 +190,59 @@ it("a kernel that cannot start gives a clear 500, and the gateway keeps serving 
   expect(await res.text()).toMatch(/failed to start a python kernel: kernel failed to start \(exit code \d+\)/);
   const js = await sdkSandbox(gateway).runCode("6 * 7", { language: "js" });
   expect(js.text).toBe("42");
+});
+
+/** An executable standing in for python3: `body` runs first (as Python), then, unless it exits, the real one. */
+function pythonWrapper(body: string): { path: string; remove(): void } {
+  const dir = mkdtempSync(join(tmpdir(), "wcg-python-"));
+  const path = join(dir, "python3");
+  writeFileSync(
+    path,
+    `#!/usr/bin/python3\nimport os, sys, time\n${body}\nos.execv("/usr/bin/python3", ["python3", *sys.argv[1:]])\n`,
+  );
+  chmodSync(path, 0o755);
+  return { path, remove: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+it("a kernel start that outlasts the timeout while it uses CPU (a busy node) goes on and the kernel runs code", async () => {
+  // Three seconds of work before the kernel's own start, against a 100 ms timeout: a busy node's slow import.
+  const slow = pythonWrapper("end = time.monotonic() + 3\nwhile time.monotonic() < end: pass");
+  try {
+    const gateway = await gatewayFor({
+      env: { CODE_GATEWAY_PYTHON: slow.path, CODE_GATEWAY_KERNEL_START_TIMEOUT_MS: "100" },
+    });
+    expect(gateway.logs()).not.toContain("default context failed to start");
+    expect(gateway.logs()).toContain("kernel still starting on a busy node: waiting longer");
+    expect((await sdkSandbox(gateway).runCode("6 * 7")).text).toBe("42");
+  } finally {
+    slow.remove();
+  }
+});
+
+it("a kernel start that stops using CPU fails soon after the timeout, with a 500 that says so", async () => {
+  const stuck = pythonWrapper("time.sleep(600)");
+  try {
+    const gateway = await gatewayFor({
+      env: {
+        CODE_GATEWAY_PYTHON: stuck.path,
+        CODE_GATEWAY_KERNEL_START_TIMEOUT_MS: "100",
+        CODE_GATEWAY_START_LANGUAGES: "",
+      },
+    });
+    expect(gateway.logs()).toContain("default context failed to start");
+    const res = await fetch(`${gateway.url}/execute`, { method: "POST", body: JSON.stringify({ code: "1" }) });
+    expect(res.status).toBe(500);
+    expect(await res.text()).toMatch(
+      /failed to start a python kernel: kernel did not answer within \d+ ms \(timeout 100 ms; its process used no CPU in the last \d+ ms\)/,
+    );
+    // The stuck process went with its start.
+    expect(
+      await eventually(
+        () => processesMentioning(stuck.path),
+        (pids) => pids.length === 0,
+      ),
+    ).toEqual([]);
+  } finally {
+    stuck.remove();
+  }
 });

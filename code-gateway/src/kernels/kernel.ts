@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
-import { mkdir, rm, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import * as zmq from "zeromq";
 import {
@@ -52,6 +52,31 @@ export interface ExecuteOptions {
   readonly silent?: boolean;
   /** Every iopub message of this execution except status, in order. */
   readonly onOutput?: (message: JupyterMessage) => void;
+}
+
+/** How long a kernel start may take (GatewayConfig.kernelStartTimeoutMs, kernelStartCeilingMs). */
+export interface KernelStartLimits {
+  /** A start that has not answered by now fails, unless its process is still using CPU. */
+  readonly timeoutMs: number;
+  /** A start that is still using CPU fails here at the latest. */
+  readonly ceilingMs: number;
+}
+
+/** Past the timeout, how often a start is asked whether its process used CPU lately. */
+const PROGRESS_WINDOW_MS = 2500;
+/** The share of one core a slow start must have used in a window to count as making progress. */
+const MIN_PROGRESS_CPU_SHARE = 0.02;
+/** /proc's CPU times are in clock ticks: 100 a second on Linux (USER_HZ). */
+const TICK_MS = 10;
+
+/** The CPU time `pid` has used (user + system, in ms), or undefined once it is gone. */
+async function cpuMs(pid: number | undefined): Promise<number | undefined> {
+  if (pid === undefined) return undefined;
+  const stat = await readFile(`/proc/${pid}/stat`, "utf8").catch(() => undefined);
+  // The command name, in parentheses, may itself hold spaces and parentheses: count fields after the last one.
+  const fields = stat?.slice(stat.lastIndexOf(")") + 2).split(" ");
+  if (!fields) return undefined;
+  return (Number(fields[11]) + Number(fields[12])) * TICK_MS;
 }
 
 let kernelSerial = 0;
@@ -113,7 +138,12 @@ export class Kernel {
   }
 
   /** Starts the process and resolves once the kernel answers on shell and publishes on iopub. */
-  static async start(launch: KernelLaunch, runtimeDir: string, timeoutMs: number, log: Logger): Promise<Kernel> {
+  static async start(
+    launch: KernelLaunch,
+    runtimeDir: string,
+    limits: KernelStartLimits,
+    log: Logger,
+  ): Promise<Kernel> {
     kernelSerial += 1;
     // Unix socket paths are limited to 107 bytes: keep the directory name short.
     const dir = join(runtimeDir, `k${kernelSerial}-${randomBytes(3).toString("hex")}`);
@@ -150,7 +180,7 @@ export class Kernel {
     forwardLines(child, launch.language, log);
     const kernel = new Kernel(launch.language, child, dir, info, log);
     try {
-      await Promise.race([kernel.waitReady(timeoutMs), spawnError]);
+      await Promise.race([kernel.waitReady(limits), spawnError]);
     } catch (error) {
       await kernel.shutdown();
       throw error;
@@ -159,36 +189,75 @@ export class Kernel {
     return kernel;
   }
 
-  private async waitReady(timeoutMs: number): Promise<void> {
-    const deadline = Date.now() + timeoutMs;
-    // iopub is a PUB/SUB pair: the subscription may not have reached the kernel yet (the
-    // "slow joiner"), so ask again until a status message for our request arrives on iopub.
-    while (Date.now() < deadline) {
-      if (this.death) throw new Error(`kernel failed to start (${this.death.exitDescription})`);
-      const { header, frames } = this.codec.encode("kernel_info_request", {});
-      const seen = new Promise<boolean>((resolve) => {
-        const timer = setTimeout(() => {
-          this.pending.delete(header.msg_id);
-          resolve(false);
-        }, 250);
-        this.pending.set(header.msg_id, {
-          onIopub: () => {
-            clearTimeout(timer);
-            resolve(true);
-          },
-          onReply: () => {},
-          onDeath: () => resolve(false),
-        });
-      });
-      await this.shellOut.send(frames);
-      const ok = await seen;
-      if (ok) {
-        // Keep the entry a little longer so the matching shell reply is consumed quietly.
-        setTimeout(() => this.pending.delete(header.msg_id), 1000).unref();
-        return;
+  /**
+   * Past `timeoutMs`, a start goes on while its process keeps using CPU: on a busy node (a pool's sandboxes start
+   * in a background CPU class, and a 2-CPU host may run many starts at once) importing a kernel's libraries can take
+   * far longer than usual, and failing it then only starts the same work again. A kernel that is stuck (no CPU
+   * used for a window) fails at the timeout as before.
+   */
+  private async waitReady({ timeoutMs, ceilingMs }: KernelStartLimits): Promise<void> {
+    const started = Date.now();
+    const ceiling = started + Math.max(ceilingMs, timeoutMs);
+    let deadline = started + timeoutMs;
+    let sample: { at: number; cpuMs: number | undefined } | undefined;
+    let reason = "";
+    for (;;) {
+      if (Date.now() >= deadline) {
+        const now = Date.now();
+        const used = await cpuMs(this.child.pid);
+        if (sample !== undefined) {
+          const progressed =
+            used !== undefined &&
+            sample.cpuMs !== undefined &&
+            used - sample.cpuMs >= (now - sample.at) * MIN_PROGRESS_CPU_SHARE;
+          if (!progressed) {
+            reason = `its process used no CPU in the last ${now - sample.at} ms`;
+            break;
+          }
+          this.log.info("kernel still starting on a busy node: waiting longer", {
+            language: this.language,
+            kernelPid: this.child.pid,
+            waitedMs: now - started,
+          });
+        }
+        if (now >= ceiling) {
+          reason = `the ${ceilingMs} ms ceiling`;
+          break;
+        }
+        // The first sample only opens a window: whether the kernel uses CPU shows at the next.
+        sample = { at: now, cpuMs: used };
+        deadline = Math.min(now + PROGRESS_WINDOW_MS, ceiling);
       }
+      if (await this.answersKernelInfo()) return;
     }
-    throw new Error(`kernel did not answer within ${timeoutMs} ms`);
+    throw new Error(`kernel did not answer within ${Date.now() - started} ms (timeout ${timeoutMs} ms; ${reason})`);
+  }
+
+  /** One kernel_info_request; true once its status arrives on iopub, false after 250 ms without. */
+  private async answersKernelInfo(): Promise<boolean> {
+    if (this.death) throw new Error(`kernel failed to start (${this.death.exitDescription})`);
+    // iopub is a PUB/SUB pair: the subscription may not have reached the kernel yet (the
+    // "slow joiner"), so the caller asks again until a status message for its request arrives on iopub.
+    const { header, frames } = this.codec.encode("kernel_info_request", {});
+    const seen = new Promise<boolean>((resolve) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(header.msg_id);
+        resolve(false);
+      }, 250);
+      this.pending.set(header.msg_id, {
+        onIopub: () => {
+          clearTimeout(timer);
+          resolve(true);
+        },
+        onReply: () => {},
+        onDeath: () => resolve(false),
+      });
+    });
+    await this.shellOut.send(frames);
+    const ok = await seen;
+    // Keep the entry a little longer so the matching shell reply is consumed quietly.
+    if (ok) setTimeout(() => this.pending.delete(header.msg_id), 1000).unref();
+    return ok;
   }
 
   /** Runs code; resolves with execute_reply's content once the kernel is idle again. */
