@@ -1,5 +1,7 @@
 // Control-plane overhead of sandbox create: REST → api → master (PostgreSQL, ledger) → node agent, with the node
-// agent faked in-process (so the figures exclude sandbox start). Prints p50/p99; asserts nothing.
+// agent faked in-process (so the figures exclude sandbox start). Prints p50/p99; asserts nothing. Two api replicas
+// share the master, one keeping known API keys (WARREN_API_KEY_CACHE_MS, the default) and one looking every key up
+// (0); the sequential phases alternate between them in rounds, side by side.
 // Usage: npm run build && npm run bench:api -w control-plane -- [sequential=200] [concurrent=100]
 import { randomBytes } from "node:crypto";
 import { NODE_TTL_SECONDS, NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
@@ -52,10 +54,16 @@ const master = await Master.start({
   nodeAgent: () => fakeNode,
   log: silentLogger,
 });
-const api = await ApiServer.start({
-  config: loadApiConfig({ ...env, WARREN_API_PORT: "0", WARREN_MASTER_URL: master.url }, () => undefined),
-  log: silentLogger,
-});
+const startApi = (cacheMs) =>
+  ApiServer.start({
+    config: loadApiConfig(
+      { ...env, WARREN_API_PORT: "0", WARREN_MASTER_URL: master.url, WARREN_API_KEY_CACHE_MS: cacheMs },
+      () => undefined,
+    ),
+    log: silentLogger,
+  });
+const apis = { cached: await startApi("60000"), uncached: await startApi("0") };
+const api = apis.cached;
 await redis.sadd(NODES_SET_KEY, "bench");
 await redis.hset(nodeKey("bench"), {
   addr: "127.0.0.1:1",
@@ -67,15 +75,23 @@ const db = createDb({ url: DATABASE_URL, schema, max: 1 });
 const team = await createTeam(db, "bench", { maxConcurrentSandboxes: 100_000, maxCreatesPerMinute: 100_000 });
 const { key } = await createApiKey(db, team.id);
 
-async function createOne() {
+async function createOne(through = api) {
   const started = performance.now();
-  const res = await fetch(`${api.url}/v2/sandboxes`, {
+  const res = await fetch(`${through.url}/v2/sandboxes`, {
     method: "POST",
     headers: { "X-API-KEY": key, "Content-Type": "application/json" },
     body: '{"templateID":"base"}',
   });
+  const body = await res.json();
+  return { ms: performance.now() - started, ok: res.status === 201, sandboxId: body.sandboxID };
+}
+
+/** A read a client makes often (the SDK's getInfo / connect): little work besides the key check. */
+async function getOne(through, sandboxId) {
+  const started = performance.now();
+  const res = await fetch(`${through.url}/sandboxes/${sandboxId}`, { headers: { "X-API-KEY": key } });
   await res.arrayBuffer();
-  return { ms: performance.now() - started, ok: res.status === 201 };
+  return { ms: performance.now() - started, ok: res.status === 200 };
 }
 
 function report(name, results) {
@@ -86,13 +102,30 @@ function report(name, results) {
 }
 
 try {
-  for (let i = 0; i < 10; i++) await createOne();
-  const seq = [];
-  for (let i = 0; i < sequential; i++) seq.push(await createOne());
-  report("sequential create (api+master, fake node)", seq);
-  report("concurrent create (api+master, fake node)", await Promise.all(Array.from({ length: concurrent }, createOne)));
+  let sandboxId;
+  for (const through of Object.values(apis))
+    for (let i = 0; i < 10; i++) sandboxId = (await createOne(through)).sandboxId;
+  const seq = { cached: [], uncached: [] };
+  const get = { cached: [], uncached: [] };
+  const round = 25;
+  for (let done = 0; done < sequential; done += round) {
+    for (const [name, through] of Object.entries(apis)) {
+      for (let i = 0; i < round; i++) seq[name].push(await createOne(through));
+      // A sandbox just made: the master's reconcile ends the fake node's sandboxes after a while.
+      sandboxId = seq[name].at(-1).sandboxId;
+      for (let i = 0; i < round; i++) get[name].push(await getOne(through, sandboxId));
+    }
+  }
+  for (const name of Object.keys(apis)) {
+    report(`sequential create (api+master, fake node), key ${name}`, seq[name]);
+    report(`sequential GET /sandboxes/{id}, key ${name}`, get[name]);
+  }
+  report(
+    "concurrent create (api+master, fake node)",
+    await Promise.all(Array.from({ length: concurrent }, () => createOne())),
+  );
 } finally {
-  await api.stop();
+  for (const one of Object.values(apis)) await one.stop();
   await master.stop();
   await db.end();
   const plain = new Redis(REDIS_URL);

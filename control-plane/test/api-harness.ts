@@ -226,6 +226,8 @@ export class TestEnv {
         schema: this.schema,
         masterUrl: master.url,
         adminToken: this.adminToken,
+        // The default's: a known key's identity is kept (and forgotten on a change of a team or key).
+        apiKeyCacheMs: 60_000,
         ...api,
       } as ApiConfig,
       log: silentLogger,

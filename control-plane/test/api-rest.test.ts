@@ -454,6 +454,9 @@ describe("api REST surface", () => {
     });
     expect(second.status).toBe(201);
     const secondKey = second.body as { id: string; key: string };
+    // Used once first: the api keeps a known key's identity (WARREN_API_KEY_CACHE_MS), and its own revocation
+    // must still apply to the very next request.
+    expect((await env.request("GET", "/v2/sandboxes", { apiKey: secondKey.key })).status).toBe(200);
     const revoke = await env.request("DELETE", `/warren/v1/admin/api-keys/${secondKey.id}`, {
       headers: { "X-Admin-Token": env.adminToken },
     });

@@ -1,6 +1,7 @@
 import { timingSafeEqual } from "node:crypto";
 import type { ApiSchema } from "@warren/proto/openapi";
 import { type NextFunction, type Request, type Response, Router } from "express";
+import type { ApiKeyIdentities } from "../store/api-key-cache.js";
 import type { Db } from "../store/db.js";
 import { listNodes, setNodeCordon } from "../store/nodes.js";
 import {
@@ -37,7 +38,8 @@ function limits(body: ApiSchema<"TeamLimits">): TeamLimits {
  * Warren extra: team and API key administration, behind `X-Admin-Token` (WARREN_ADMIN_TOKEN). Keys are shown
  * once, in the response that creates them; only their SHA-256 is stored.
  */
-export function adminRoutes(db: Db, adminToken: string): Router {
+/** `identities`: this replica's view of keys, emptied by its own changes at once (others' on their notification). */
+export function adminRoutes(db: Db, adminToken: string, identities: ApiKeyIdentities): Router {
   const router = Router();
   const guard = (req: Request, _res: Response, next: NextFunction) => {
     const given = req.get("X-Admin-Token") ?? "";
@@ -63,6 +65,7 @@ export function adminRoutes(db: Db, adminToken: string): Router {
       limits(parseRequestBody("/warren/v1/admin/teams/{teamID}", "patch", req.body)),
     );
     if (!team) throw new ApiError(404, `team '${teamId}' not found`);
+    identities.forget();
     res.status(200).json(team);
   });
 
@@ -112,6 +115,7 @@ export function adminRoutes(db: Db, adminToken: string): Router {
     if (!(await revokeApiKey(db, String(req.params.keyID)))) {
       throw new ApiError(404, `api key '${req.params.keyID}' not found`);
     }
+    identities.forget();
     res.status(204).end();
   });
   return router;

@@ -4,9 +4,9 @@ import type { Logger } from "@warren/platform/log";
 import type { MasterService } from "@warren/proto/master/v1/master_pb";
 import { OPENAPI_DOCUMENT } from "@warren/proto/openapi";
 import express, { type NextFunction, type Request, type Response } from "express";
+import { type ApiKeyIdentities, UncachedApiKeyIdentities } from "../store/api-key-cache.js";
 import type { Db } from "../store/db.js";
 import type { SecretKeyRing } from "../store/secret-box.js";
-import { identifyApiKey } from "../store/teams.js";
 import { adminRoutes } from "./admin.js";
 import { ArtifactService, artifactDownloadRoutes, artifactRoutes } from "./artifacts.js";
 import type { ArtifactConfig } from "./config.js";
@@ -49,6 +49,8 @@ export interface AppDeps {
   readonly volumes?: VolumeSettings | null;
   /** Artifacts (WARREN_ARTIFACT*); default: /var/lib/warren/artifacts, 1 GiB each, 100 or 10 GiB per team. */
   readonly artifacts?: ArtifactConfig;
+  /** Who a request's API key is (WARREN_API_KEY_CACHE_MS); default: a PostgreSQL lookup per request. */
+  readonly identities?: ApiKeyIdentities;
 }
 
 /** Paths answered without an API key. */
@@ -116,7 +118,8 @@ export function createApp(deps: AppDeps): express.Express {
   app.use(volumeContentRoutes(volumes));
   app.use(express.json({ limit: "1mb", type: () => true }));
   app.use(rejectUnsafeInput);
-  app.use(adminRoutes(deps.db, deps.adminToken));
+  const identities = deps.identities ?? new UncachedApiKeyIdentities(deps.db);
+  app.use(adminRoutes(deps.db, deps.adminToken, identities));
   app.use(internalRoutes(deps.master, deps.internalToken ?? ""));
   app.use(secretInternalRoutes({ db: deps.db, secretKeys: deps.secretKeys }, deps.internalToken ?? ""));
   app.use(execPolicyInternalRoutes({ db: deps.db, master: deps.master }, deps.internalToken ?? ""));
@@ -139,7 +142,7 @@ export function createApp(deps: AppDeps): express.Express {
     if (PUBLIC.has(req.path)) return next();
     const key = req.get("X-API-KEY");
     if (!key) throw new ApiError(401, "Missing API key: set the X-API-KEY header");
-    const identity = await identifyApiKey(deps.db, key);
+    const identity = await identities.identify(key);
     if (!identity) throw new ApiError(401, "Invalid API key");
     res.locals.team = identity.team;
     res.locals.apiKey = identity;

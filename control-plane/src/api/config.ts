@@ -24,6 +24,12 @@ export interface ApiConfig {
   /** WARREN_TEAM_MAX_BUILDS: template builds a team may have waiting or running at once (default 5). */
   readonly maxActiveBuildsPerTeam: number;
   /**
+   * WARREN_API_KEY_CACHE_MS (default 60000; 0: off): how long a known key's identity is kept in memory
+   * (store/api-key-cache.ts). Changes to teams and keys empty the cache when they commit; this only bounds a lost
+   * notification.
+   */
+  readonly apiKeyCacheMs: number;
+  /**
    * WARREN_ECR_ENDPOINT (default: AWS's endpoint of the keys' region): where `fromAWSRegistry`'s keys are exchanged
    * for an ECR login (a VPC endpoint, `https://…`).
    */
@@ -116,6 +122,7 @@ export function loadApiConfig(
     internalToken,
     maxTemplateUploadBytes: positiveInt(env, "WARREN_TEMPLATE_UPLOAD_MAX_BYTES", 256 * 1024 * 1024),
     maxActiveBuildsPerTeam: positiveInt(env, "WARREN_TEAM_MAX_BUILDS", 5),
+    apiKeyCacheMs: integerFromEnv(env, "WARREN_API_KEY_CACHE_MS", 60_000, 0, 86_400_000),
     ecrEndpoint: httpUrl(env, "WARREN_ECR_ENDPOINT"),
     console: loadConsoleConfig(env),
     secretKeys: parseSecretKeys(env.WARREN_SECRETS_KEYS ?? ""),

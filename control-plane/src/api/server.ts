@@ -4,6 +4,7 @@ import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { createLogger, type Logger } from "@warren/platform/log";
 import { MasterService } from "@warren/proto/master/v1/master_pb";
+import { CachedApiKeyIdentities } from "../store/api-key-cache.js";
 import { createDb, type Db } from "../store/db.js";
 import { migrate } from "../store/migrations.js";
 import { rewrapSecrets } from "../store/secrets.js";
@@ -27,6 +28,7 @@ export class ApiServer {
     readonly db: Db,
     private readonly config: ApiConfig,
     private readonly streams: Set<() => void>,
+    private readonly identities: CachedApiKeyIdentities | undefined,
   ) {}
 
   static async start(options: ApiServerOptions): Promise<ApiServer> {
@@ -45,8 +47,22 @@ export class ApiServer {
       createConnectTransport({ baseUrl: config.masterUrl, httpVersion: "1.1", useBinaryFormat: true }),
     );
     const streams = new Set<() => void>();
+    const identities =
+      config.apiKeyCacheMs > 0
+        ? new CachedApiKeyIdentities({
+            db,
+            databaseUrl: config.databaseUrl,
+            schema: config.schema,
+            ttlMs: config.apiKeyCacheMs,
+            onError: (error) =>
+              log.warn("listening for team and key changes failed: keys are looked up per request until it works", {
+                error: error.message,
+              }),
+          }).start()
+        : undefined;
     const app = createApp({
       db,
+      ...(identities ? { identities } : {}),
       master,
       metrics: new ApiMetrics(),
       log,
@@ -67,7 +83,7 @@ export class ApiServer {
     const server = http.createServer(app);
     server.keepAliveTimeout = 65_000;
     await new Promise<void>((resolve) => server.listen(config.port, config.host, resolve));
-    const api = new ApiServer(server, db, config, streams);
+    const api = new ApiServer(server, db, config, streams, identities);
     log.info("api listening", { url: api.url });
     return api;
   }
@@ -92,6 +108,7 @@ export class ApiServer {
       clearInterval(sweep);
       clearTimeout(deadline);
     }
+    await this.identities?.stop();
     await this.db.end().catch(() => undefined);
   }
 }

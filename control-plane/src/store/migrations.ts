@@ -424,6 +424,26 @@ ALTER TABLE template_builds ADD COLUMN takeovers integer NOT NULL DEFAULT 0;
 ALTER TABLE template_builds ADD COLUMN master_lock integer;
 `,
   },
+  {
+    version: 15,
+    name: "identity changes: a notification when a team or an API key changes",
+    sql: `
+-- The api keeps the identities of API keys it has seen (store/api-key-cache.ts) and forgets them all on this
+-- notification, sent when the change commits: a revoked key or a team's new limits apply on every replica within
+-- milliseconds, whoever made the change (the admin API, the CLI, SQL by hand). Channel: store/notify.ts, topic
+-- "identity".
+CREATE FUNCTION notify_identity_change() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  PERFORM pg_notify('warren_identity_' || TG_TABLE_SCHEMA, TG_TABLE_NAME);
+  RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER teams_identity_change AFTER UPDATE OR DELETE OR TRUNCATE ON teams
+  FOR EACH STATEMENT EXECUTE FUNCTION notify_identity_change();
+CREATE TRIGGER api_keys_identity_change AFTER UPDATE OR DELETE OR TRUNCATE ON api_keys
+  FOR EACH STATEMENT EXECUTE FUNCTION notify_identity_change();
+`,
+  },
 ];
 
 const MIGRATION_LOCK = 0x5741_5252; // "WARR"

@@ -7,7 +7,7 @@ import { assertSchemaName, type Queryable } from "./db.js";
  * schema is part of the name). A nudge only brings work forward: whoever listens still does the same work on its
  * timer, so a nudge lost while no one listens costs time, never correctness.
  */
-export type Topic = "durability";
+export type Topic = "durability" | "identity";
 
 const channel = (topic: Topic, schema: string) => `warren_${topic}_${assertSchemaName(schema)}`;
 
@@ -22,7 +22,9 @@ export interface ListenerOptions {
   readonly schema: string;
   readonly topic: Topic;
   readonly onNotify: (payload: string) => void;
-  /** Told when the connection fails (it is made again after `retryMs`). */
+  /** Told each time LISTEN took effect: from then on, every notification of the topic reaches `onNotify`. */
+  readonly onListening?: () => void;
+  /** Told when the connection fails (it is made again after `retryMs`): notifications until then are lost. */
   readonly onError?: (error: Error) => void;
   readonly retryMs?: number;
 }
@@ -49,7 +51,7 @@ export class Listener {
   }
 
   private async connect(): Promise<void> {
-    const { url, schema, topic, onNotify, onError, retryMs = 1000 } = this.options;
+    const { url, schema, topic, onNotify, onListening, onError, retryMs = 1000 } = this.options;
     const client = new pg.Client({ connectionString: url });
     const fail = (error: Error) => {
       if (this.client !== client) return;
@@ -66,6 +68,7 @@ export class Listener {
       await client.connect();
       await client.query(`LISTEN "${channel(topic, schema)}"`);
       if (this.stopped) await this.stop();
+      else if (this.client === client) onListening?.();
     } catch (error) {
       fail(error as Error);
     }

@@ -118,11 +118,16 @@ export interface ApiKeyIdentity {
 }
 
 /** The identity of an API key, or undefined for an unknown or revoked key. */
-export async function identifyApiKey(db: Queryable, key: string): Promise<ApiKeyIdentity | undefined> {
+export function identifyApiKey(db: Queryable, key: string): Promise<ApiKeyIdentity | undefined> {
+  return identifyApiKeyHash(db, hashApiKey(key));
+}
+
+/** identifyApiKey for a key already hashed (hashApiKey). */
+export async function identifyApiKeyHash(db: Queryable, keyHash: string): Promise<ApiKeyIdentity | undefined> {
   const result = await db.query<TeamRow & { key_id: string; key_approver: boolean }>(
     `SELECT t.*, k.id AS key_id, k.approver AS key_approver FROM api_keys k JOIN teams t ON t.id = k.team_id
      WHERE k.key_hash = $1 AND k.revoked_at IS NULL`,
-    [hashApiKey(key)],
+    [keyHash],
   );
   const row = result.rows[0];
   return row ? { team: toTeam(row), keyId: row.key_id, approver: row.key_approver } : undefined;
