@@ -1,6 +1,6 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
-import { ENVD_ACCESS_TOKEN_HEADER, ENVD_ENVS_PATH } from "@warren/proto/envd-http";
+import type { EnvdEnvironment } from "./envs.js";
 import { GatewayError, unauthorized } from "./errors.js";
 import type { Logger } from "./log.js";
 
@@ -30,7 +30,8 @@ export class AccessCheck {
   constructor(
     private readonly options: {
       readonly fixedToken: string | undefined;
-      readonly envdUrl: string | undefined;
+      /** envd, asked for its verdict (CODE_GATEWAY_AUTH=envd); undefined: no check without a fixed token. */
+      readonly envd: EnvdEnvironment | undefined;
       readonly envdTimeoutMs: number;
       readonly log: Logger;
     },
@@ -44,14 +45,14 @@ export class AccessCheck {
       }
       return;
     }
-    if (this.options.envdUrl === undefined) return;
+    if (this.options.envd === undefined) return;
     const hash = digest(given ?? "");
     const cached = this.verdict;
     if (cached && Date.now() - cached.at < ENVD_VERDICT_TTL_MS && timingSafeEqual(cached.hash, hash)) {
       if (!cached.ok) throw unauthorized(UNAUTHORIZED_MESSAGE);
       return;
     }
-    const ok = await this.askEnvd(given);
+    const ok = await this.askEnvd(this.options.envd, given);
     this.verdict = { hash, ok, at: Date.now() };
     if (!ok) throw unauthorized(UNAUTHORIZED_MESSAGE);
   }
@@ -61,17 +62,13 @@ export class AccessCheck {
    * sandbox starts (or resumes) on a loaded host, envd's first answer can take longer than one timeout, and a
    * 503 on the first `runCode` would be the gateway's own doing.
    */
-  private async askEnvd(token: string | undefined): Promise<boolean> {
+  private async askEnvd(envd: EnvdEnvironment, token: string | undefined): Promise<boolean> {
     let status: number | undefined;
     let lastError: unknown;
     for (let attempt = 0, timeoutMs = this.options.envdTimeoutMs; attempt < 3; attempt++, timeoutMs *= 2) {
       try {
-        const res = await fetch(`${this.options.envdUrl}${ENVD_ENVS_PATH}`, {
-          headers: token ? { [ENVD_ACCESS_TOKEN_HEADER]: token } : {},
-          signal: AbortSignal.timeout(timeoutMs),
-        });
-        await res.body?.cancel();
-        status = res.status;
+        // A 200 carries the sandbox's env vars too, kept for the execution this check admits (envs.ts).
+        status = (await envd.ask(token, timeoutMs)).status;
         break;
       } catch (error) {
         lastError = error;

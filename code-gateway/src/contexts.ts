@@ -35,6 +35,8 @@ export class CodeContext implements ContextInfo {
     readonly cwd: string,
     private readonly launch: () => Promise<Kernel>,
     private readonly log: Logger,
+    /** The environment every kernel of this context starts with. */
+    readonly startEnv: Readonly<Record<string, string>> = {},
   ) {
     this.kernel = this.startKernel();
   }
@@ -138,6 +140,7 @@ export class ContextRegistry {
           this.log,
         ),
       this.log,
+      this.kernelEnv,
     );
     // Listed from creation on, so GET /contexts keeps creation order even when kernels start concurrently.
     this.contexts.set(id, context);

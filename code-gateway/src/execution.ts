@@ -135,7 +135,12 @@ async function applyEnv(
   if (context.globalEnv === undefined) {
     const globals = await deps.envd.fetch(accessToken);
     context.globalEnv = globals;
-    const setup = setEnvCode(context.language, globals);
+    // Only what the kernel did not start with: most sandboxes set nothing of their own, and an execution less
+    // on the first `runCode` is ~15 ms.
+    const missing = Object.fromEntries(
+      Object.entries(globals).filter(([name, value]) => context.startEnv[name] !== value),
+    );
+    const setup = setEnvCode(context.language, missing);
     if (setup) await kernel.execute(setup, { silent: true }).catch(() => undefined);
   }
   const perExecution = setEnvCode(context.language, envVars);

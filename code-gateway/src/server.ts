@@ -31,7 +31,7 @@ export async function startGateway(config: GatewayConfig, log: Logger): Promise<
   const deps = { config, envd, log };
   const access = new AccessCheck({
     fixedToken: config.accessToken,
-    envdUrl: config.authFromEnvd ? config.envdUrl : undefined,
+    envd: config.authFromEnvd ? envd : undefined,
     envdTimeoutMs: config.envdTimeoutMs,
     log,
   });
@@ -138,6 +138,7 @@ export async function startGateway(config: GatewayConfig, log: Logger): Promise<
       closing ??= (async () => {
         server.close();
         server.closeAllConnections();
+        envd.close();
         await contexts.close();
         await rm(config.runtimeDir, { recursive: true, force: true });
       })();
@@ -254,5 +255,8 @@ function kernelEnvironment(env: NodeJS.ProcessEnv): Record<string, string> {
     result[name] = value;
   }
   result.PYDEVD_DISABLE_FILE_VALIDATION = "1";
+  // What envd gives every process it starts (its own env vars, envd/src/config.ts), so a kernel's first execution
+  // has nothing to set in a sandbox created without env vars of its own.
+  result.E2B_SANDBOX = "true";
   return result;
 }
