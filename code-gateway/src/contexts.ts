@@ -4,7 +4,7 @@ import { WorkloadCgroup } from "@warren/platform/workload";
 import type { GatewayConfig } from "./config.js";
 import { badRequest, internal, notFound } from "./errors.js";
 import { Kernel } from "./kernels/kernel.js";
-import { kernelArgv, type Language } from "./kernels/languages.js";
+import { kernelArgv, type Language, warmUpCode } from "./kernels/languages.js";
 import type { Logger } from "./log.js";
 
 /** A context as the API shows it. */
@@ -134,6 +134,7 @@ export class ContextRegistry {
             env: this.kernelEnv,
             ...(this.config.processLimit === undefined ? {} : { processLimit: this.config.processLimit }),
             onSpawn: (pid) => this.workload.join(pid),
+            warmUpCode: warmUpCode(language),
           },
           this.config.runtimeDir,
           { timeoutMs: this.config.kernelStartTimeoutMs, ceilingMs: this.config.kernelStartCeilingMs },

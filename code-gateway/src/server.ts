@@ -128,6 +128,7 @@ export async function startGateway(config: GatewayConfig, log: Logger): Promise<
   }
   defaults = outcomes.every((outcome) => outcome.status === "fulfilled") ? "started" : "failed";
   log.info("code gateway listening", { host: config.host, port, kernelsReadyMs: Date.now() - started });
+  void envd.warmUp();
 
   let closing: Promise<void> | undefined;
   return {

@@ -27,6 +27,8 @@ export interface KernelLaunch {
   readonly processLimit?: number;
   /** Called with the kernel's pid as soon as it exists (it joins the workload cgroup). */
   readonly onSpawn?: (pid: number) => void;
+  /** Run silently once the kernel answers, before it counts as started (languages.ts warmUpCode). */
+  readonly warmUpCode?: string;
 }
 
 /** Thrown into every pending request when the kernel process exits on its own. */
@@ -66,6 +68,8 @@ export interface KernelStartLimits {
 const PROGRESS_WINDOW_MS = 2500;
 /** The share of one core a slow start must have used in a window to count as making progress. */
 const MIN_PROGRESS_CPU_SHARE = 0.02;
+/** The longest a kernel's start waits for its warm-up execution (KernelLaunch.warmUpCode). */
+const WARM_UP_LIMIT_MS = 10_000;
 /** /proc's CPU times are in clock ticks: 100 a second on Linux (USER_HZ). */
 const TICK_MS = 10;
 
@@ -184,6 +188,17 @@ export class Kernel {
     } catch (error) {
       await kernel.shutdown();
       throw error;
+    }
+    // Best effort, and bounded: a kernel that cannot run it shows that on the first execution anyway.
+    if (launch.warmUpCode) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        kernel.execute(launch.warmUpCode, { silent: true }).catch(() => undefined),
+        new Promise((resolve) => {
+          timer = setTimeout(resolve, WARM_UP_LIMIT_MS);
+        }),
+      ]);
+      clearTimeout(timer);
     }
     log.info("kernel started", { language: launch.language, kernelPid: child.pid, cwd: launch.cwd });
     return kernel;

@@ -54,6 +54,15 @@ const QUIET_IPYKERNEL = "--IPKernelApp.parent_handle=1";
 /** Kernel-side warnings (e.g. "debugpy_stream undefined" since the debugger is off) are noise in our logs. */
 const IPYKERNEL_ERRORS_ONLY = "--IPKernelApp.log_level=ERROR";
 
+/**
+ * Code a new kernel runs silently once it answers (KernelLaunch.warmUpCode), so the first execution a user sends
+ * does not also pay the kernel's first (10–30 ms in a Python kernel here); "" for none. Python only: the default
+ * context every `runCode` without a language lands in.
+ */
+export function warmUpCode(language: Language): string {
+  return language === "python" ? "None" : "";
+}
+
 /** The command line that starts a kernel for `language`; `{connection_file}` is filled in by Kernel.start. */
 export function kernelArgv(language: Language, config: GatewayConfig): string[] {
   switch (language) {
