@@ -128,8 +128,12 @@ describe("memory", () => {
       await sandbox.commands.run("sleep 600", { background: true });
       // The sandbox's 512 MiB less envd's reserve (an eighth).
       expect(Number(cgroupFile("memory", instanceId, "workload/memory.limit_in_bytes"))).toBe(448 * MiB);
-      // The command's shell, or the sleep it became.
-      expect(commandLines(instanceId, "workload/cgroup.procs").some((line) => line.endsWith("sleep 600"))).toBe(true);
+      // The command's shell, or the sleep it became. The start event comes with the pid, which may still be the
+      // launcher's fork, before its exec (a CI run once looked that soon).
+      await eventually(
+        () => commandLines(instanceId, "workload/cgroup.procs").some((line) => line.endsWith("sleep 600")) || undefined,
+        10_000,
+      );
       const own = commandLines(instanceId, "cgroup.procs");
       const envd = own.find((line) => line.includes("/opt/warren/envd/"));
       expect(envd).toBeDefined();

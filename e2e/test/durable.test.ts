@@ -81,6 +81,20 @@ function logLines(file: string): { since: () => { msg: string; [field: string]: 
   };
 }
 
+/** The cluster's log lines that name `sandboxId` or a durability pass (the last 40): a failure's evidence. */
+function clusterLinesAbout(sandboxId: string): string {
+  const dir = join(dataDir, "logs");
+  return readdirSync(dir)
+    .flatMap((file) =>
+      readFileSync(join(dir, file), "utf8")
+        .split("\n")
+        .filter((line) => line.includes(sandboxId) || /durab|publish/i.test(line))
+        .map((line) => `${file}: ${line.slice(0, 400)}`),
+    )
+    .slice(-40)
+    .join("\n");
+}
+
 /** Every blob of the embedded store whose content is not its name: half-written or stray files. */
 function brokenBlobs(store: string): string[] {
   const dir = join(store, "blobs", "sha256");
@@ -168,7 +182,10 @@ describe("durable state: paused sandboxes and snapshots outlive their node", () 
         return events.find((e) => e.type === "sandbox.durable")?.data.snapshotId;
       },
       60_000,
-    );
+    ).catch((error: Error) => {
+      // It takes 3–6 s; a CI run once waited 60 s in vain, with the cluster's logs gone by the time anyone looked.
+      throw new Error(`${error.message}\n${clusterLinesAbout(sandbox.sandboxId)}`);
+    });
     const fromLog = logLines("node-agent-fa.log");
     const toLog = logLines("node-agent-fb.log");
     expect(await cluster.cordon("node-fb", false)).toBe(204);
