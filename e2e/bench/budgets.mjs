@@ -15,6 +15,7 @@ import { LocalCluster } from "@warren/local";
 import { routeKey } from "@warren/proto/redis";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
+import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
 
 const quick = process.argv.includes("--quick");
 const N = quick ? 3 : 5;
@@ -193,16 +194,12 @@ const cluster = new LocalCluster({
   instancePrefix: "bqb",
   nodeCidr: () => "10.229.16.0/22",
   onProgress: (text) => process.stderr.write(`  ${text}\n`),
-  env: { WARREN_UPLINK_FORWARDING: "0", WARREN_DNS_UPSTREAM: "127.0.0.1:9" },
+  env: QUIET_CLUSTER_ENV,
 });
 let redis;
 try {
   const env = await cluster.start();
-  Object.assign(process.env, {
-    E2B_API_URL: env.E2B_API_URL,
-    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
-    E2B_API_KEY: env.E2B_API_KEY,
-  });
+  useClusterForSdk(env);
   redis = new Redis(cluster.redisUrl);
   await bigWrite(dataDir);
   await envdDeath(dataDir, redis);

@@ -8,6 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Sandbox } from "@e2b/code-interpreter";
 import { LocalCluster } from "@warren/local";
+import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
 
 const quick = process.argv.includes("--quick");
 const TEMPLATES = "base,code-interpreter-v1";
@@ -19,12 +20,10 @@ const cluster = new LocalCluster({
   instancePrefix: "y",
   nodeCidr: () => "10.216.0.0/20",
   readyTemplates: TEMPLATES.split(","),
-  // A benchmark measures this machine, it does not change it: no uplink forwarding, sandbox DNS to nowhere.
   env: {
     WARREN_PREBUILD_TEMPLATES: TEMPLATES,
     WARREN_POOL_TEMPLATES: TEMPLATES,
-    WARREN_UPLINK_FORWARDING: "0",
-    WARREN_DNS_UPSTREAM: "127.0.0.1:9",
+    ...QUIET_CLUSTER_ENV,
   },
   onProgress: (line) => process.stderr.write(`  ${line}\n`),
 });
@@ -50,11 +49,7 @@ function sandboxMemcgMiB() {
 
 async function main() {
   const env = await cluster.start();
-  Object.assign(process.env, {
-    E2B_API_URL: env.E2B_API_URL,
-    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
-    E2B_API_KEY: env.E2B_API_KEY,
-  });
+  useClusterForSdk(env);
   console.log(`Warren code-interpreter benchmarks (${quick ? "quick" : "full"}), ${new Date().toISOString()}`);
   console.log("one node agent, warm pool of 2 code-interpreter-v1 sandboxes, official SDK through the proxy\n");
 

@@ -16,6 +16,7 @@ import { LocalCluster } from "@warren/local";
 import { routeFromHash, routeKey } from "@warren/proto/redis";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
+import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
 
 const runsArg = process.argv.indexOf("--runs");
 const RUNS = runsArg > 0 ? Number(process.argv[runsArg + 1]) : 40;
@@ -26,8 +27,7 @@ const cluster = new LocalCluster({
   instancePrefix: "cp",
   nodeCidr: () => "10.231.0.0/22",
   onProgress: (line) => process.stderr.write(`  ${line}\n`),
-  // A benchmark measures this machine, it does not change it: no uplink forwarding, sandbox DNS to nowhere.
-  env: { WARREN_UPLINK_FORWARDING: "0", WARREN_DNS_UPSTREAM: "127.0.0.1:9" },
+  env: QUIET_CLUSTER_ENV,
 });
 
 const pct = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)];
@@ -85,11 +85,7 @@ function start(agent, host, port, headers, process = LOGIN_TRUE) {
 
 async function main() {
   const env = await cluster.start();
-  Object.assign(process.env, {
-    E2B_API_URL: env.E2B_API_URL,
-    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
-    E2B_API_KEY: env.E2B_API_KEY,
-  });
+  useClusterForSdk(env);
   const sandbox = await Sandbox.create({ timeoutMs: 600_000 });
   const redis = new Redis(cluster.redisUrl);
   const route = routeFromHash(await redis.hgetall(routeKey(sandbox.sandboxId)));

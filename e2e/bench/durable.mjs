@@ -16,6 +16,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { LocalCluster } from "@warren/local";
 import { Sandbox, Template } from "e2b";
+import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
 
 const quick = process.argv.includes("--quick");
 const BIG_MB = quick ? 20 : 100;
@@ -28,8 +29,7 @@ const cluster = new LocalCluster({
   nodeCidr: (i) => `10.254.${i * 4}.0/22`,
   onProgress: (line) => process.stderr.write(`  ${line}\n`),
   env: {
-    WARREN_UPLINK_FORWARDING: "0",
-    WARREN_DNS_UPSTREAM: "127.0.0.1:9",
+    ...QUIET_CLUSTER_ENV,
     WARREN_RECONCILE_INTERVAL_MS: "500",
     WARREN_NODE_DOWN_AFTER_MS: "2000",
   },
@@ -185,11 +185,7 @@ async function bytesMoved() {
 let ok = false;
 try {
   env = await cluster.start();
-  Object.assign(process.env, {
-    E2B_API_URL: env.E2B_API_URL,
-    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
-    E2B_API_KEY: env.E2B_API_KEY,
-  });
+  useClusterForSdk(env);
   console.log(`durable state, ${new Date().toISOString()}, store: the embedded OCI layout directory`);
   await scenario("idle sandbox", 0, 0, "node-oa");
   await scenario(`${BIG_MB} MB written`, BIG_MB, 1, "node-ob");

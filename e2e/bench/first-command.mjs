@@ -14,6 +14,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { LocalCluster } from "@warren/local";
 import { Sandbox } from "e2b";
+import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
 
 const arg = (name, fallback) => {
   const i = process.argv.indexOf(name);
@@ -76,20 +77,14 @@ async function measure(prewarm, into) {
     instancePrefix: "fc",
     nodeCidr: () => "10.209.0.0/22",
     onProgress: (line) => process.stderr.write(`  ${line}\n`),
-    // A benchmark measures this machine, it does not change it: no uplink forwarding, sandbox DNS to nowhere.
     env: {
-      WARREN_UPLINK_FORWARDING: "0",
-      WARREN_DNS_UPSTREAM: "127.0.0.1:9",
+      ...QUIET_CLUSTER_ENV,
       PROXY_PREWARM_ENVD: prewarm ? "true" : "false",
     },
   });
   try {
     const env = await cluster.start();
-    Object.assign(process.env, {
-      E2B_API_URL: env.E2B_API_URL,
-      E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
-      E2B_API_KEY: env.E2B_API_KEY,
-    });
+    useClusterForSdk(env);
     const proxy = new URL(env.E2B_SANDBOX_URL);
     // The client's connections to the proxy stay open across sandboxes, as an SDK's do.
     const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });

@@ -10,6 +10,7 @@ import { LocalCluster } from "@warren/local";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
 import { checkpointTier } from "../dist/host-capabilities.js";
+import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
 
 const quick = process.argv.includes("--quick");
 const N = quick ? 5 : 20;
@@ -24,8 +25,7 @@ const cluster = new LocalCluster({
   nodeCidr: (i) => `10.223.${i * 16}.0/20`,
   onProgress: (line) => process.stderr.write(`  ${line}\n`),
   env: {
-    WARREN_UPLINK_FORWARDING: "0",
-    WARREN_DNS_UPSTREAM: "127.0.0.1:9",
+    ...QUIET_CLUSTER_ENV,
     WARREN_CHECKPOINT_AFTER_MS: String(CHECKPOINT_AFTER_MS),
     WARREN_MAX_SANDBOXES: "200",
   },
@@ -67,11 +67,7 @@ async function pauseResume(sbx, settleMs, keepMemory = true) {
 
 async function main() {
   const env = await cluster.start();
-  Object.assign(process.env, {
-    E2B_API_URL: env.E2B_API_URL,
-    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
-    E2B_API_KEY: env.E2B_API_KEY,
-  });
+  useClusterForSdk(env);
   const tier = checkpointTier();
   console.log(`Warren pause/resume/snapshot benchmarks (${quick ? "quick" : "full"}), ${new Date().toISOString()}`);
   console.log(

@@ -15,6 +15,7 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { LocalCluster } from "@warren/local";
 import { Sandbox } from "e2b";
+import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
 import { clusterEnvFromArgs } from "./cluster-args.mjs";
 
 const run = promisify(execFile);
@@ -62,17 +63,12 @@ const cluster = new LocalCluster({
   instancePrefix: "os",
   nodeCidr: () => "10.235.0.0/22",
   onProgress: (text) => process.stderr.write(`  ${text}\n`),
-  // A benchmark measures this machine, it does not change it: no uplink forwarding, sandbox DNS to nowhere.
-  env: { WARREN_UPLINK_FORWARDING: "0", WARREN_DNS_UPSTREAM: "127.0.0.1:9", ...extraEnv },
+  env: { ...QUIET_CLUSTER_ENV, ...extraEnv },
 });
 const podmanName = `warren-bench-${process.pid}`;
 try {
   const env = await cluster.start();
-  Object.assign(process.env, {
-    E2B_API_URL: env.E2B_API_URL,
-    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
-    E2B_API_KEY: env.E2B_API_KEY,
-  });
+  useClusterForSdk(env);
   const rootfs = baseRootfs();
   // Limits a sandbox has too, and within what this host lets root raise (podman's defaults ask for more).
   const limits = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"];

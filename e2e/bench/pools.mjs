@@ -16,6 +16,7 @@ import { LocalCluster } from "@warren/local";
 import { NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
+import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
 import { clusterEnvFromArgs } from "./cluster-args.mjs";
 
 const quick = process.argv.includes("--quick");
@@ -30,9 +31,7 @@ const cluster = new LocalCluster({
   nodeCidr: () => "10.227.0.0/20",
   onProgress: (line) => process.stderr.write(`  ${line}\n`),
   env: {
-    // A benchmark measures this machine, it does not change it: no uplink forwarding, sandbox DNS to nowhere.
-    WARREN_UPLINK_FORWARDING: "0",
-    WARREN_DNS_UPSTREAM: "127.0.0.1:9",
+    ...QUIET_CLUSTER_ENV,
     // Heartbeats carry the pool's ready count: sampled often enough to draw it.
     WARREN_HEARTBEAT_MS: "250",
     WARREN_MAX_SANDBOXES: "300",
@@ -174,11 +173,7 @@ async function waitForPool(size) {
 
 async function main() {
   const env = await cluster.start();
-  Object.assign(process.env, {
-    E2B_API_URL: env.E2B_API_URL,
-    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
-    E2B_API_KEY: env.E2B_API_KEY,
-  });
+  useClusterForSdk(env);
   // The burst is one team's: its concurrency quota (100 by default) must not be what refuses it.
   const teams = await fetch(`${env.WARREN_API_URL}/warren/v1/admin/teams`, {
     headers: { "X-Admin-Token": env.WARREN_ADMIN_TOKEN },

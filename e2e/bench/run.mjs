@@ -9,6 +9,7 @@ import { join } from "node:path";
 import { LocalCluster } from "@warren/local";
 import { NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
 import { Sandbox } from "e2b";
+import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
 
 const quick = process.argv.includes("--quick");
 const poolArg = process.argv.indexOf("--pool");
@@ -21,8 +22,7 @@ const cluster = new LocalCluster({
   instancePrefix: "z",
   nodeCidr: (i) => `10.214.${i * 16}.0/20`,
   onProgress: (line) => process.stderr.write(`  ${line}\n`),
-  // A benchmark measures this machine, it does not change it: no uplink forwarding, sandbox DNS to nowhere.
-  env: { WARREN_UPLINK_FORWARDING: "0", WARREN_DNS_UPSTREAM: "127.0.0.1:9" },
+  env: QUIET_CLUSTER_ENV,
 });
 
 const pct = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
@@ -34,11 +34,7 @@ const summary = (times) => {
 
 async function main() {
   const env = await cluster.start();
-  Object.assign(process.env, {
-    E2B_API_URL: env.E2B_API_URL,
-    E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
-    E2B_API_KEY: env.E2B_API_KEY,
-  });
+  useClusterForSdk(env);
   console.log(`Warren whole-cluster benchmarks (${quick ? "quick" : "full"}), ${new Date().toISOString()}`);
   console.log(`two node agents (warm pool ${poolSize} each), official e2b SDK through the proxy\n`);
 

@@ -13,6 +13,7 @@ import { LocalCluster } from "@warren/local";
 import { Sandbox, Template } from "e2b";
 import { Redis } from "ioredis";
 import { startRegistry } from "../dist/registry.js";
+import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
 
 const quick = process.argv.includes("--quick");
 const N = quick ? 5 : 20;
@@ -90,19 +91,14 @@ async function main() {
     nodeCidr: (i) => `10.232.${i * 16}.0/20`,
     onProgress: (text) => process.stderr.write(`  ${text}\n`),
     env: {
-      WARREN_UPLINK_FORWARDING: "0",
-      WARREN_DNS_UPSTREAM: "127.0.0.1:9",
+      ...QUIET_CLUSTER_ENV,
       WARREN_STORE: `docker://${registry.host}/bench`,
       WARREN_STORE_INSECURE: "1",
     },
   });
   try {
     const env = await cluster.start();
-    Object.assign(process.env, {
-      E2B_API_URL: env.E2B_API_URL,
-      E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
-      E2B_API_KEY: env.E2B_API_KEY,
-    });
+    useClusterForSdk(env);
     mkdirSync(contextDir, { recursive: true });
     writeFileSync(join(contextDir, "app.py"), "print('hello')\n");
     console.log(`Warren template benchmarks (${quick ? "quick" : "full"}), ${new Date().toISOString()}`);
