@@ -7,7 +7,7 @@
  * node lifecycle controller does).
  */
 import { randomUUID } from "node:crypto";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -78,6 +78,8 @@ export class FakeKubernetesApi {
   private history: { resource: "pods" | "nodes"; type: string; object: KubeObject; rv: number }[] = [];
   private compactedBelow = 0;
   private readonly servers: http.Server[] = [];
+  /** The kubeconfig files' folders, removed on close. */
+  private readonly kubeconfigDirs: string[] = [];
   /** Per listener: answer nothing (a partition: requests hang until unblocked). */
   private readonly blocked = new Set<number>();
   private readonly held: (() => void)[] = [];
@@ -102,6 +104,7 @@ export class FakeKubernetesApi {
   /** A kubeconfig file naming this server (through `listener`) with a bearer token, as kubectl writes them. */
   kubeconfig(listener = 0, namespace = "default", token = TOKEN): string {
     const dir = mkdtempSync(join(tmpdir(), "warren-kubeconfig-"));
+    this.kubeconfigDirs.push(dir);
     const file = join(dir, "config");
     writeFileSync(
       file,
@@ -141,6 +144,7 @@ export class FakeKubernetesApi {
   }
 
   async close(): Promise<void> {
+    for (const dir of this.kubeconfigDirs.splice(0)) rmSync(dir, { recursive: true, force: true });
     for (const release of this.held.splice(0)) release();
     for (const watch of this.watches) watch.res.end();
     this.watches.clear();

@@ -18,6 +18,7 @@
  *   E2B_JS_SDK_CHECKOUT=/path/to/E2B E2B_CODE_INTERPRETER_CHECKOUT=/path/to/code-interpreter \
  *     npm run suites -w e2e -- [--mode url|domain|both] [--suite js-sdk|code-interpreter|all] [--only <text>]
  *       [--instance-prefix h] [--node-cidr 10.233.0.0/22] [--json <file>] [--list-excluded]
+ *       [--image-cache /var/cache/warren-e2b-suites]  (the stand-in images' roots, e2b-suites-images.mjs)
  */
 import { execFileSync, spawn } from "node:child_process";
 import { randomInt } from "node:crypto";
@@ -38,6 +39,7 @@ import { dirname, join, relative, resolve, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { EXCLUDED } from "./e2b-suites-excluded.mjs";
+import { startImageMirror } from "./e2b-suites-images.mjs";
 
 const E2E_DIR = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 const REPO_ROOT = resolve(E2E_DIR, "..");
@@ -76,6 +78,7 @@ const { values: args } = parseArgs({
     "code-interpreter": { type: "string", default: process.env.E2B_CODE_INTERPRETER_CHECKOUT },
     json: { type: "string" },
     "work-dir": { type: "string" },
+    "image-cache": { type: "string", default: "/var/cache/warren-e2b-suites" },
     "list-excluded": { type: "boolean", default: false },
   },
 });
@@ -293,7 +296,7 @@ async function freeTlsPort(host) {
 }
 
 /** One cluster per mode: plain HTTP for `url`, the proxy's TLS listener on its own loopback address for `domain`. */
-async function startCluster(mode) {
+async function startCluster(mode, imageMirror) {
   const { LocalCluster } = await import("@warren/local");
   const dataDir = join(workDir, `cluster-${mode}`);
   rmSync(dataDir, { recursive: true, force: true });
@@ -310,10 +313,12 @@ async function startCluster(mode) {
       WARREN_PREBUILD_TEMPLATES: templates,
       WARREN_POOL_TEMPLATES: templates,
       // Nothing leaves the machine (as vitest.config.ts sets for every test): the host's uplink forwarding is left
-      // off, sandboxes' DNS goes to the discard port, and an image pull asks a dead loopback port, not Docker Hub.
+      // off, sandboxes' DNS goes to the discard port, and an image pull asks the loopback mirror of stand-ins
+      // (e2b-suites-images.mjs; a dead loopback port when no suite builds from images), never Docker Hub.
       WARREN_UPLINK_FORWARDING: "0",
       WARREN_DNS_UPSTREAM: "127.0.0.1:9",
-      WARREN_IMAGE_MIRROR: "127.0.0.1:9",
+      WARREN_IMAGE_MIRROR: imageMirror ?? "127.0.0.1:9",
+      ...(imageMirror ? { WARREN_INSECURE_REGISTRIES: imageMirror } : {}),
     },
     onProgress: (line) => console.log(`  [cluster ${mode}] ${line}`),
   };
@@ -362,47 +367,60 @@ function summarize(outcome) {
 async function main() {
   const depsDir = installExtraPackages();
   const report = { startedAt: new Date().toISOString(), modes: {} };
-  for (const mode of modes) {
-    console.log(`\n=== mode ${mode}: starting a single-node Warren (instance prefix '${args["instance-prefix"]}')`);
-    const { cluster, clientEnv } = await startCluster(mode);
-    running = cluster;
-    report.modes[mode] = {};
-    try {
-      for (const name of suiteNames) {
-        const configFile = writeVitestConfig(name, depsDir);
-        const env = {
-          PATH: process.env.PATH,
-          HOME: process.env.HOME,
-          ...clientEnv,
-          NODE_OPTIONS: `--import=${join(E2E_DIR, "dist/loopback-dns.js")}`,
-          E2B_TESTS_TEMPLATE: SUITES[name].template,
-        };
-        const totals = { passed: 0, failed: 0, skipped: 0 };
-        const files = [];
-        console.log(`\n--- ${name} (${mode} mode)`);
-        for (const file of testFiles(name, mode)) {
-          const outcome = await runFile(name, file, mode, configFile, env);
-          const counts = summarize(outcome);
-          for (const key of Object.keys(totals)) totals[key] += counts[key];
-          files.push({ ...outcome, ...counts });
-          const mark = counts.failed > 0 ? "FAIL" : "ok  ";
-          console.log(
-            `${mark} ${file}: ${counts.passed} passed, ${counts.failed} failed${counts.skipped ? `, ${counts.skipped} skipped` : ""}`,
-          );
-          if (outcome.loadError) console.log(`       load error: ${outcome.loadError.split("\n")[0]}`);
-          for (const t of outcome.tests.filter((x) => x.status === "failed")) {
-            console.log(`       x ${t.name}: ${t.error ?? ""}`.slice(0, 400));
+  // E2B's template tests build from Docker Hub's `ubuntu:22.04`: served by a loopback mirror of stand-ins.
+  imageMirror = suiteNames.includes("js-sdk")
+    ? await startImageMirror({
+        workDir,
+        cacheDir: args["image-cache"],
+        log: (line) => console.log(`  [images] ${line}`),
+      })
+    : undefined;
+  try {
+    for (const mode of modes) {
+      console.log(`\n=== mode ${mode}: starting a single-node Warren (instance prefix '${args["instance-prefix"]}')`);
+      const { cluster, clientEnv } = await startCluster(mode, imageMirror?.host);
+      running = cluster;
+      report.modes[mode] = {};
+      try {
+        for (const name of suiteNames) {
+          const configFile = writeVitestConfig(name, depsDir);
+          const env = {
+            PATH: process.env.PATH,
+            HOME: process.env.HOME,
+            ...clientEnv,
+            NODE_OPTIONS: `--import=${join(E2E_DIR, "dist/loopback-dns.js")}`,
+            E2B_TESTS_TEMPLATE: SUITES[name].template,
+          };
+          const totals = { passed: 0, failed: 0, skipped: 0 };
+          const files = [];
+          console.log(`\n--- ${name} (${mode} mode)`);
+          for (const file of testFiles(name, mode)) {
+            const outcome = await runFile(name, file, mode, configFile, env);
+            const counts = summarize(outcome);
+            for (const key of Object.keys(totals)) totals[key] += counts[key];
+            files.push({ ...outcome, ...counts });
+            const mark = counts.failed > 0 ? "FAIL" : "ok  ";
+            console.log(
+              `${mark} ${file}: ${counts.passed} passed, ${counts.failed} failed${counts.skipped ? `, ${counts.skipped} skipped` : ""}`,
+            );
+            if (outcome.loadError) console.log(`       load error: ${outcome.loadError.split("\n")[0]}`);
+            for (const t of outcome.tests.filter((x) => x.status === "failed")) {
+              console.log(`       x ${t.name}: ${t.error ?? ""}`.slice(0, 400));
+            }
           }
+          console.log(
+            `=== ${name} ${mode}: ${totals.passed} passed, ${totals.failed} failed, ${totals.skipped} skipped (${files.length} files)`,
+          );
+          report.modes[mode][name] = { totals, files };
         }
-        console.log(
-          `=== ${name} ${mode}: ${totals.passed} passed, ${totals.failed} failed, ${totals.skipped} skipped (${files.length} files)`,
-        );
-        report.modes[mode][name] = { totals, files };
+      } finally {
+        running = undefined;
+        await cluster.stop();
       }
-    } finally {
-      running = undefined;
-      await cluster.stop();
     }
+  } finally {
+    await imageMirror?.stop();
+    imageMirror = undefined;
   }
   console.log("\n=== totals");
   for (const [mode, suites] of Object.entries(report.modes)) {
@@ -418,10 +436,12 @@ async function main() {
 
 /** The cluster of the mode being run: stopped (its sandboxes removed) when the runner is interrupted. */
 let running;
+/** The loopback image mirror, while it runs. */
+let imageMirror;
 for (const signal of ["SIGINT", "SIGTERM"]) {
   process.on(signal, () => {
     console.error(`e2b-suites: ${signal}: stopping the cluster`);
-    const stopping = running ? running.stop() : Promise.resolve();
+    const stopping = Promise.allSettled([running?.stop(), imageMirror?.stop()]);
     stopping.finally(() => process.exit(130));
   });
 }

@@ -59,7 +59,6 @@ export async function pushBusyboxImage(
   dest: string,
   auth?: { readonly username: string; readonly password: string },
 ): Promise<void> {
-  const { execFileSync } = await import("node:child_process");
   const { chmodSync, copyFileSync, symlinkSync } = await import("node:fs");
   const root = join(workDir, "rootfs");
   mkdirSync(join(root, "bin"), { recursive: true });
@@ -75,24 +74,42 @@ export async function pushBusyboxImage(
   writeFileSync(join(root, "usr/local/bin/node"), '#!/bin/sh\necho "the image\'s own node $*"\n', { mode: 0o755 });
   mkdirSync(join(root, "tmp"));
   chmodSync(join(root, "tmp"), 0o1777);
+  await pushRootfsImage(workDir, root, dest, {
+    env: ["IMAGE_VAR=from-the-config", "PATH=/bin:/usr/bin"],
+    ...(auth ? { auth } : {}),
+  });
+}
+
+/**
+ * Packs the directory `root` as a one-layer OCI image (umoci; owners kept as numbers) with `env` and `cmd` in its
+ * config, and pushes it to `dest` (`host:port/repo:tag`) with skopeo. No Docker.
+ */
+export async function pushRootfsImage(
+  workDir: string,
+  root: string,
+  dest: string,
+  options: {
+    readonly env?: readonly string[];
+    readonly cmd?: readonly string[];
+    readonly auth?: { readonly username: string; readonly password: string };
+  } = {},
+): Promise<void> {
+  const { execFileSync } = await import("node:child_process");
   const layout = join(workDir, "layout");
   const env = { ...process.env, HOME: workDir };
-  const run = (cmd: string, args: string[]) => execFileSync(cmd, args, { env, stdio: ["ignore", "pipe", "pipe"] });
+  const run = (cmd: string, args: string[]) =>
+    execFileSync(cmd, args, { env, stdio: ["ignore", "pipe", "pipe"], maxBuffer: 64 << 20 });
   run("umoci", ["init", "--layout", layout]);
   run("umoci", ["new", "--image", `${layout}:img`]);
   const tar = join(workDir, "layer.tar");
   run("tar", ["--numeric-owner", "-C", root, "-cf", tar, "."]);
   run("umoci", ["raw", "add-layer", "--image", `${layout}:img`, tar]);
-  run("umoci", [
-    "config",
-    "--image",
-    `${layout}:img`,
-    "--config.env",
-    "IMAGE_VAR=from-the-config",
-    "--config.env",
-    "PATH=/bin:/usr/bin",
-  ]);
-  const creds = auth ? ["--dest-creds", `${auth.username}:${auth.password}`] : [];
+  const config = [
+    ...(options.env ?? []).flatMap((pair) => ["--config.env", pair]),
+    ...(options.cmd ?? []).flatMap((arg) => ["--config.cmd", arg]),
+  ];
+  if (config.length > 0) run("umoci", ["config", "--image", `${layout}:img`, ...config]);
+  const creds = options.auth ? ["--dest-creds", `${options.auth.username}:${options.auth.password}`] : [];
   run("skopeo", [
     "--insecure-policy",
     "copy",

@@ -2,7 +2,10 @@
 // test CA is trusted through NODE_EXTRA_CA_CERTS (read only at process start, hence a process of its own) and
 // `--import e2e/dist/loopback-dns.js` resolves *.<domain> to the proxy's loopback address. Prints one JSON line
 // of what it saw; the test asserts on it.
-import { Sandbox } from "e2b";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Sandbox, Template } from "e2b";
 
 const mode = process.argv[2] ?? "scenario";
 
@@ -65,5 +68,37 @@ async function scenario() {
   return out;
 }
 
-const result = mode === "untrusted" ? await untrusted() : await scenario();
+/** A template build whose COPY step uploads its files to the link the api hands out, then a sandbox of it. */
+async function template() {
+  const out = {};
+  const context = mkdtempSync(join(tmpdir(), "warren-tls-template-"));
+  try {
+    writeFileSync(join(context, "hello.txt"), "copied over tls\n");
+    const build = await Template.build(
+      Template({ fileContextPath: context }).fromTemplate("base").copy("hello.txt", "/home/user/hello.txt"),
+      `tls-copy-${process.pid}`,
+    );
+    out.templateId = build.templateId;
+    const link = await fetch(
+      `https://api.${process.env.E2B_DOMAIN}/templates/${build.templateId}/files/${"0".repeat(64)}`,
+      {
+        headers: { "X-API-KEY": process.env.E2B_API_KEY },
+      },
+    );
+    out.uploadLink = { status: link.status, url: (await link.json()).url };
+    const sbx = await Sandbox.create(build.templateId, { timeoutMs: 60_000 });
+    try {
+      out.copied = await sbx.files.read("/home/user/hello.txt");
+    } finally {
+      await sbx.kill();
+    }
+  } catch (error) {
+    out.error = String(error);
+  } finally {
+    rmSync(context, { recursive: true, force: true });
+  }
+  return out;
+}
+
+const result = mode === "untrusted" ? await untrusted() : mode === "template" ? await template() : await scenario();
 process.stdout.write(`${JSON.stringify(result)}\n`);

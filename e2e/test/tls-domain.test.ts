@@ -48,7 +48,7 @@ interface SdkRun {
 }
 
 /** Runs tls-domain-sdk.mjs in a Node process of its own and returns the JSON line it prints. */
-function runSdk(mode: "scenario" | "untrusted", trustCa: boolean): Promise<SdkRun> {
+function runSdk(mode: "scenario" | "untrusted" | "template", trustCa: boolean): Promise<SdkRun> {
   const env: NodeJS.ProcessEnv = {
     PATH: process.env.PATH,
     E2B_DOMAIN: clientDomain,
@@ -126,6 +126,15 @@ describe("E2B_DOMAIN routing over TLS through the whole cluster", () => {
       message: "The sandbox was not found",
       code: 502,
     });
+  }, 180_000);
+
+  it("a template's COPY step uploads its files through https://api.<domain> (the link the api hands out)", async () => {
+    const out = await runSdk("template", true);
+    expect(out.error).toBeUndefined();
+    // Built from Host and the scheme the proxy tells the api: never the api's own plain-HTTP address.
+    expect(out.uploadLink).toMatchObject({ status: 201 });
+    expect(new URL((out.uploadLink as { url: string }).url).origin).toBe(`https://api.${clientDomain}`);
+    expect(out.copied).toBe("copied over tls\n");
   }, 180_000);
 
   it("an SDK that does not trust the CA gets no answer from api.<domain>", async () => {

@@ -98,7 +98,15 @@ export class Exchanges {
   ): void {
     const { metrics, log } = this.deps;
     // Pooled apart from every sandbox: route events name valid sandbox ids, never the empty one.
-    const upstream: Upstream = { sandboxId: "", exec: "api", host: api.host, port: api.port, maskedHost: undefined };
+    const upstream: Upstream = {
+      sandboxId: "",
+      exec: "api",
+      host: api.host,
+      port: api.port,
+      maskedHost: undefined,
+      // The api builds links back to itself (upload URLs) from Host and this: https behind a TLS listener.
+      forwardedProto: this.deps.config.tls ? "https" : "http",
+    };
     this.deps.forwarder.http(req, res, upstream, {
       onResponse: (status) => {
         metrics.requests.inc({ kind: "api", status });

@@ -48,7 +48,10 @@ export function latin1Headers(raw: readonly Buffer[]): string[] {
   return out;
 }
 
-/** Copies raw request headers minus `drop`, with Host masked when the route asks for it. */
+/**
+ * Copies raw request headers minus `drop`, with Host masked when the route asks for it and `X-Forwarded-Proto` set
+ * by this proxy when the upstream is told the client's scheme.
+ */
 export function requestHeaders(raw: readonly string[], drop: ReadonlySet<string>, upstream: Upstream): string[] {
   const out: string[] = [];
   const extraDrop = connectionListed(raw);
@@ -61,8 +64,10 @@ export function requestHeaders(raw: readonly string[], drop: ReadonlySet<string>
       continue;
     }
     if (lower === "x-forwarded-host" && upstream.maskedHost !== undefined) continue;
+    if (lower === "x-forwarded-proto" && upstream.forwardedProto !== undefined) continue;
     out.push(name, raw[i + 1]!);
   }
+  if (upstream.forwardedProto !== undefined) out.push("X-Forwarded-Proto", upstream.forwardedProto);
   return out;
 }
 

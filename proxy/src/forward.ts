@@ -31,6 +31,11 @@ export interface Upstream {
   readonly maskedHost: string | undefined;
   /** The node agent (host:port) to tunnel through (its relay); undefined: connect to host:port directly. */
   readonly relayVia?: string;
+  /**
+   * The scheme the client reached this proxy with, sent as `X-Forwarded-Proto` (the client's own is dropped): the
+   * api's pass-through only, whose answers hold URLs back to itself (a COPY step's upload link).
+   */
+  readonly forwardedProto?: "http" | "https";
 }
 
 /** `relay-refused`: a node agent refused the tunnel itself (wrong or missing relay token, relay off, bad answer). */

@@ -95,11 +95,21 @@ describe("two deployments with their own WARREN_REDIS_PREFIX on one Redis", () =
 describe("api.<domain> with PROXY_API_URL", () => {
   let api: Upstream;
   let proxy: TestProxy;
-  let seen: { host?: string | undefined; url?: string | undefined; key?: string | undefined } = {};
+  let seen: {
+    host?: string | undefined;
+    url?: string | undefined;
+    key?: string | undefined;
+    proto?: string | undefined;
+  } = {};
 
   beforeAll(async () => {
     api = await startUpstream((req, res) => {
-      seen = { host: req.headers.host, url: req.url, key: req.headers["x-api-key"] as string | undefined };
+      seen = {
+        host: req.headers.host,
+        url: req.url,
+        key: req.headers["x-api-key"] as string | undefined,
+        proto: req.headers["x-forwarded-proto"] as string | undefined,
+      };
       if (req.url === "/stream") {
         res.writeHead(200, { "Content-Type": "text/event-stream" });
         res.write("data: one\n\n");
@@ -125,9 +135,14 @@ describe("api.<domain> with PROXY_API_URL", () => {
       body: '{"templateID":"base"}',
     });
     expect(reply).toMatchObject({ status: 201, body: '{"sandboxID":"x"}' });
-    expect(seen).toEqual({ host: "api.warren.test", url: "/v2/sandboxes?x=1", key: "key-1" });
+    expect(seen).toEqual({ host: "api.warren.test", url: "/v2/sandboxes?x=1", key: "key-1", proto: "http" });
     const stream = await send(proxy.port, { host: "api.warren.test:443", path: "/stream" });
     expect(stream.body).toBe("data: one\n\ndata: two\n\n");
+  });
+
+  it("tells the api the scheme its client used on this listener (plain HTTP), not the one the client claims", async () => {
+    await send(proxy.port, { host: "api.warren.test", path: "/health", headers: { "X-Forwarded-Proto": "https" } });
+    expect(seen.proto).toBe("http");
   });
 
   it("leaves other domains' api hosts and sandbox hosts alone", async () => {

@@ -274,7 +274,14 @@ describe("traffic access token", () => {
 describe("TLS termination with a wildcard certificate", () => {
   let dir: string;
   let tlsProxy: TestProxy;
+  let api: Upstream;
+  /** The scheme the api was told its client used (X-Forwarded-Proto). */
+  let apiSawProto: string | undefined;
   beforeAll(async () => {
+    api = await startUpstream((req, res) => {
+      apiSawProto = req.headers["x-forwarded-proto"] as string | undefined;
+      res.writeHead(200).end("api");
+    });
     dir = mkdtempSync(join(tmpdir(), "warren-proxy-tls-"));
     execFileSync(
       "openssl",
@@ -301,25 +308,25 @@ describe("TLS termination with a wildcard certificate", () => {
       PROXY_DOMAINS: "warren.test",
       PROXY_TLS_CERT_FILE: join(dir, "cert.pem"),
       PROXY_TLS_KEY_FILE: join(dir, "key.pem"),
+      PROXY_API_URL: `http://127.0.0.1:${api.port}`,
     });
   });
   afterAll(async () => {
     await tlsProxy.close();
+    await api.close();
     rmSync(dir, { recursive: true, force: true });
   });
 
-  it("serves https://<port>-<id>.<domain> with the wildcard cert and forwards to the sandbox", async () => {
-    const { sandboxId } = await runningSandbox();
-    const host = `3000-${sandboxId}.warren.test`;
-    const reply = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+  const httpsGet = (host: string, path: string, headers: Record<string, string> = {}) =>
+    new Promise<{ status: number; body: string }>((resolve, reject) => {
       const req = httpsRequest(
         {
           host: "127.0.0.1",
           port: tlsProxy.port,
           servername: host,
-          headers: { Host: host },
+          headers: { Host: host, ...headers },
           ca: readFileSync(join(dir, "cert.pem")),
-          path: "/tls",
+          path,
         },
         (res) => {
           let body = "";
@@ -332,6 +339,18 @@ describe("TLS termination with a wildcard certificate", () => {
       req.on("error", reject);
       req.end();
     });
+
+  it("serves https://<port>-<id>.<domain> with the wildcard cert and forwards to the sandbox", async () => {
+    const { sandboxId } = await runningSandbox();
+    const reply = await httpsGet(`3000-${sandboxId}.warren.test`, "/tls");
     expect(reply).toEqual({ status: 200, body: "hello from /tls" });
+  });
+
+  it("tells the api behind https://api.<domain> that its client came over https, whatever the client claims", async () => {
+    // The api's links back to itself (a COPY step's upload URL) are built from Host and this scheme.
+    expect(await httpsGet("api.warren.test", "/templates/t/files/h")).toEqual({ status: 200, body: "api" });
+    expect(apiSawProto).toBe("https");
+    await httpsGet("api.warren.test", "/health", { "X-Forwarded-Proto": "http" });
+    expect(apiSawProto).toBe("https");
   });
 });

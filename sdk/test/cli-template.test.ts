@@ -143,22 +143,26 @@ describe("warren template build", () => {
 
   test("usage errors: no Dockerfile, both sources, a bad template file (exit 2)", async () => {
     const empty = mkdtempSync(join(tmpdir(), "warren-empty-ctx-"));
-    const none = await warren(["template", "build", "x", "--context", empty], env());
-    expect(none.code).toBe(2);
-    expect(none.stderr).toContain("no e2b.Dockerfile or Dockerfile in");
-    const both = await warren(
-      ["template", "build", "x", "-f", "Dockerfile", "--template-file", "t.json", "--context", ctx],
-      env(),
-    );
-    expect(both.code).toBe(2);
-    writeFileSync(join(empty, "bad.json"), JSON.stringify({ fromImage: "a", steps: [{ type: "NOPE", args: [] }] }));
-    const bad = await warren(
-      ["template", "build", "x", "--template-file", join(empty, "bad.json"), "--context", empty],
-      env(),
-    );
-    expect(bad.code).toBe(2);
-    expect(bad.stderr).toContain("steps[0].type");
-    expect(api.calls).toEqual([]);
+    try {
+      const none = await warren(["template", "build", "x", "--context", empty], env());
+      expect(none.code).toBe(2);
+      expect(none.stderr).toContain("no e2b.Dockerfile or Dockerfile in");
+      const both = await warren(
+        ["template", "build", "x", "-f", "Dockerfile", "--template-file", "t.json", "--context", ctx],
+        env(),
+      );
+      expect(both.code).toBe(2);
+      writeFileSync(join(empty, "bad.json"), JSON.stringify({ fromImage: "a", steps: [{ type: "NOPE", args: [] }] }));
+      const bad = await warren(
+        ["template", "build", "x", "--template-file", join(empty, "bad.json"), "--context", empty],
+        env(),
+      );
+      expect(bad.code).toBe(2);
+      expect(bad.stderr).toContain("steps[0].type");
+      expect(api.calls).toEqual([]);
+    } finally {
+      rmSync(empty, { recursive: true, force: true });
+    }
   });
 
   test("a refused create (401) exits 5 with the auth hint", async () => {

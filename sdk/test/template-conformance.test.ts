@@ -1,4 +1,4 @@
-import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as e2b from "e2b";
@@ -309,8 +309,12 @@ describe("fromDockerfile translates like E2B's", () => {
     mkdirSync(join(dir, "sub"));
     const path = join(dir, "sub", "Dockerfile");
     writeFileSync(path, "FROM python:3\nCOPY a.txt /a\nRUN pip install x\n");
-    await expectSame((t) => t.fromDockerfile(path));
-    await expectSame((t) => t.skipCache().fromDockerfile(path));
+    try {
+      await expectSame((t) => t.fromDockerfile(path));
+      await expectSame((t) => t.skipCache().fromDockerfile(path));
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   test("unsupported instructions are reported and skipped", () => {

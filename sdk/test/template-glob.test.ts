@@ -1,14 +1,15 @@
-import { mkdirSync, mkdtempSync, symlinkSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { Template as E2BTemplate } from "e2b";
-import { describe, expect, test } from "vitest";
+import { afterAll, describe, expect, test } from "vitest";
 import { Template } from "../src/index.js";
 
 // Which files a COPY selects decides its filesHash. For many source patterns and ignore lists, Warren's
 // selection (its port of npm glob's walk) must hash the same as the `e2b` SDK's (npm glob itself).
 
 const ctx = mkdtempSync(join(tmpdir(), "warren-glob-"));
+afterAll(() => rmSync(ctx, { recursive: true, force: true }));
 const files = [
   "a.txt",
   "b.log",
