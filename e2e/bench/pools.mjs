@@ -5,7 +5,8 @@
 // driven with the official e2b SDK through the proxy:
 //   1. 30 creates back to back (create → first commands.run('true') → kill), twice: the first round starts from
 //      the pool's floor, the second 5 s later, when the pool has followed the first round's demand;
-//   2. 100 concurrent creates: failures, p50/p99 of create and of create → first command;
+//   2. 100 concurrent creates: failures, p50/p99 of create and of create → first command (once the pool holds its
+//      floor again: with --env WARREN_POOL_SIZE=100 it measures a burst a pool was sized for);
 //   3. the `base` pool's ready sandboxes over the whole run (from the node's heartbeats).
 // How many creates the pool served (the node agent's "sandbox created" lines) is printed with each figure: on a
 // shared, loaded machine it says more than the latencies do.
@@ -203,6 +204,8 @@ async function main() {
   await backToBack(`${BACK_TO_BACK} back to back, round 2`);
   sampler.phase = "idle 10 s";
   await sleep(10_000);
+  // A floor above the rounds' demand takes longer to refill than the idle pause.
+  await waitForPool(Math.min(CONCURRENT, Number(extraEnv.WARREN_POOL_SIZE ?? 2)));
   sampler.phase = "burst";
   await burst();
   sampler.phase = "after";
