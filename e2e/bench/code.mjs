@@ -79,6 +79,24 @@ async function main() {
   console.log(`back to back: create → first runCode ${summary(burst)}`);
   console.log(`back to back: the first runCode alone ${summary(claimedKernelWaits)}`);
 
+  // The first execution in each language's default context after a create, against the second.
+  for (const language of ["javascript", "typescript"]) {
+    const first = [];
+    const second = [];
+    for (let i = 0; i < (quick ? 3 : 6); i++) {
+      const sandbox = await Sandbox.create();
+      let t0 = performance.now();
+      await sandbox.runCode("1+1", { language });
+      first.push(performance.now() - t0);
+      t0 = performance.now();
+      await sandbox.runCode("1+1", { language });
+      second.push(performance.now() - t0);
+      await sandbox.kill();
+      await new Promise((r) => setTimeout(r, 3000));
+    }
+    console.log(`${language}: first runCode after a create ${summary(first)}, the second ${summary(second)}`);
+  }
+
   const sandbox = await Sandbox.create();
   for (let i = 0; i < 10; i++) await sandbox.runCode("1+1");
   const warm = [];

@@ -7,7 +7,9 @@
 //      the pool's floor, the second 5 s later, when the pool has followed the first round's demand;
 //   2. 100 concurrent creates: failures, p50/p99 of create and of create → first command (once the pool holds its
 //      floor again: with --env WARREN_POOL_SIZE=100 it measures a burst a pool was sized for);
-//   3. the `base` pool's ready sandboxes over the whole run (from the node's heartbeats).
+//   3. the same burst again once the pool has followed the first one's demand (up to WARREN_POOL_MAX, 16 by
+//      default: --env WARREN_POOL_MAX=100 --env WARREN_DISK_OVERCOMMIT=2 lets it hold a whole burst of 1 GiB disks);
+//   4. the `base` pool's ready sandboxes over the whole run (from the node's heartbeats).
 // How many creates the pool served (the node agent's "sandbox created" lines) is printed with each figure: on a
 // shared, loaded machine it says more than the latencies do.
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -128,7 +130,7 @@ async function backToBack(label) {
   line(`${label}: create → first commands.run`, `${summary(toFirst)}  (target p50 <= 40 ms, p99 <= 100 ms)`);
 }
 
-async function burst() {
+async function burst(label) {
   const started = performance.now();
   const results = await Promise.allSettled(
     Array.from({ length: CONCURRENT }, async () => {
@@ -143,10 +145,10 @@ async function burst() {
   const ok = results.filter((r) => r.status === "fulfilled").map((r) => r.value);
   const failures = results.filter((r) => r.status === "rejected");
   line(
-    `${CONCURRENT} concurrent: Sandbox.create()`,
+    `${label}: Sandbox.create()`,
     `${summary(ok.map((r) => r.create))}  failures ${failures.length}  wall ${ms(wall)}  ${servedFromPool(ok.map((r) => r.sandbox.sandboxId))}  (target 0 failures, p99 <= 1 s)`,
   );
-  line(`${CONCURRENT} concurrent: create → first commands.run`, summary(ok.map((r) => r.toFirst)));
+  line(`${label}: create → first commands.run`, summary(ok.map((r) => r.toFirst)));
   const reasons = new Map();
   for (const f of failures) {
     const reason = String(f.reason?.message ?? f.reason).slice(0, 160);
@@ -156,7 +158,7 @@ async function burst() {
   await Promise.all(ok.map((r) => r.sandbox.kill().catch(() => false)));
 }
 
-/** Waits until the node's heartbeat reports at least `size` ready `base` sandboxes. */
+/** Waits (up to 300 s) until the node's heartbeat reports at least `size` ready `base` sandboxes: whether it did. */
 async function waitForPool(size) {
   const redis = new Redis(cluster.redisUrl);
   try {
@@ -164,9 +166,10 @@ async function waitForPool(size) {
     while (Date.now() < deadline) {
       const nodes = await redis.smembers(NODES_SET_KEY);
       const pools = await Promise.all(nodes.map((n) => redis.hget(nodeKey(n), "pools")));
-      if (pools.some((p) => p && (JSON.parse(p).base ?? 0) >= size)) return;
+      if (pools.some((p) => p && (JSON.parse(p).base ?? 0) >= size)) return true;
       await sleep(250);
     }
+    return false;
   } finally {
     redis.disconnect();
   }
@@ -206,8 +209,19 @@ async function main() {
   await sleep(10_000);
   // A floor above the rounds' demand takes longer to refill than the idle pause.
   await waitForPool(Math.min(CONCURRENT, Number(extraEnv.WARREN_POOL_SIZE ?? 2)));
-  sampler.phase = "burst";
-  await burst();
+  sampler.phase = "burst 1";
+  await burst(`${CONCURRENT} concurrent, burst 1`);
+  sampler.phase = "refill";
+  const followed = Math.min(CONCURRENT, Number(extraEnv.WARREN_POOL_MAX ?? 16));
+  const refillStarted = performance.now();
+  const refilled = await waitForPool(followed);
+  const waited = ms(performance.now() - refillStarted);
+  line(
+    "  the pool following the burst",
+    refilled ? `${followed} ready after ${waited}` : `not ${followed} ready in ${waited}`,
+  );
+  sampler.phase = "burst 2";
+  await burst(`${CONCURRENT} concurrent, burst 2`);
   sampler.phase = "after";
   await sleep(5000);
   await sampler.stop();
