@@ -16,15 +16,17 @@
  * measured on, from this program ~0.1 ms. The child then does what the launcher above does and execs the command
  * itself: one exec, none for the launcher. Requests come on stdin, one frame each: a 32-bit little-endian length,
  * then NUL-terminated fields:
- *   spawn, <id>, pipe|null (stdin), launch|exec, <cwd>, <argc>, <argv...>, <envc>, <env...>
- *       launch: argv is the launcher's (its own path, options, --, the command); exec: argv[0] is the file
+ *   spawn, <id>, pipe|null (stdin), launch|exec|host, <cwd>, <argc>, <argv...>, <envc>, <env...>
+ *       launch: argv is the launcher's (its own path, options, --, the command); exec: argv[0] is the file;
+ *       host: as exec, for the node agent's host tools, which keep the spawner's OOM score (below)
  *   close, <id>           the spawner's copies of that spawn's pipe ends (envd has opened its own) are closed
  * Replies go to stdout, one line each:
  *   S <id> <pid> <stdin fd|-1> <stdout fd> <stderr fd>   started; envd opens /proc/<spawner>/fd/<fd> for its ends
  *   E <id> <errno>                                       could not start (no pipes or no fork)
  *   X <pid> <wait status>                                the child ended (after its S)
  * The command leads its own session; its signals are the defaults, its mask empty, its oom_score_adj 1000 (the
- * OOM killer takes it before envd). The spawner ends when envd closes its stdin; its children run on.
+ * OOM killer takes it before envd) but in host mode. The spawner ends when envd closes its stdin; its children run
+ * on. The node agent runs one too, for its host tools (control-plane/src/runtime/exec.ts).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -194,14 +196,14 @@ static void hold(const char *id, int in, int out, int err) {
 }
 
 /* In the forked child: a fresh process's signal state, its own session, the pipes as 0-2, then the command. */
-static void become(char *cwd, int in, int out, int err, int launch, int argc, char **argv, char **envp) {
+static void become(char *cwd, int in, int out, int err, int launch, int host, int argc, char **argv, char **envp) {
   for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
   setsid();
   if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(127);
-  int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  int oom = host ? -1 : open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
   if (oom >= 0) {
     if (write(oom, "1000", 4) < 0) {
       /* Not fatal: the OOM killer may then pick envd's processes first, as before envd set it at all. */
@@ -271,7 +273,9 @@ static void spawn_request(char *cursor, char *end) {
                                           : (in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;
   }
   pid_t pid = ok ? fork() : -1;
-  if (pid == 0) become(cwd, in[0], out[1], err[1], strcmp(mode, "launch") == 0, argc, argv, envp);
+  if (pid == 0) {
+    become(cwd, in[0], out[1], err[1], strcmp(mode, "launch") == 0, strcmp(mode, "host") == 0, argc, argv, envp);
+  }
   int error = errno;
   int ends[] = {in[0], out[1], err[1]};
   for (int k = 0; k < 3; k++) {

@@ -1,10 +1,10 @@
-// envd's command spawner (`warren-exec --serve`, src/process/spawner.ts): commands are forked by it, not by envd,
+// envd's command spawner (`warren-exec --serve`, platform/src/spawner.ts): commands are forked by it, not by envd,
 // and behave exactly as when envd forks them itself (ENVD_SPAWNER=0), through the official e2b SDK.
 import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
+import { decodeWaitStatus } from "@warren/platform/spawner";
 import { CommandExitError, type Sandbox } from "e2b";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { decodeWaitStatus } from "../src/process/spawner.js";
 import { sdkSandbox, startTestEnvd, type TestEnvd } from "./harness.js";
 
 const cmdline = (pid: number) => readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter(Boolean).join(" ");

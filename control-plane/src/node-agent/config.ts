@@ -47,6 +47,7 @@ import type { SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_DNS_UPSTREAM | first nameserver of /etc/resolv.conf | DNS server (`ip` or `ip:port`) the egress gateway asks for sandboxes |
  * | WARREN_UPLINK_FORWARDING | 1 | turn on IPv4 forwarding for the default route's interface (replies to sandbox egress); 0: the operator manages it |
  * | WARREN_CRIU | /var/lib/warren/criu/criu when present | CRIU 4 wrapper (scripts/setup-host.sh); "off" or absent: paused sandboxes stay frozen in memory |
+ * | WARREN_TOOL_SPAWNER | 1 | host tools (ip, iptables, mount, crun, ...) are forked by envd's `warren-exec --serve` instead of the agent, whose own fork blocks its event loop 6–18 ms a tool; 0: the agent forks them |
  * | WARREN_CHECKPOINT_AFTER_MS | 30000 | a sandbox paused this long is checkpointed to disk (memory released); -1 never |
  * | WARREN_DRIVER | auto | runtime driver: auto (capability probe: microvm only where a guest really boots under KVM, else namespace), namespace, microvm (KVM, fail if it cannot boot), microvm-tcg (software emulation; tests only) |
  * | WARREN_MICROVM_DIR | /var/lib/warren/microvm | microvm driver's cache: guest kernel, root images, template snapshots |
@@ -102,6 +103,8 @@ export interface NodeAgentConfig {
   readonly logLevel: LogLevel;
   readonly killOnStop: boolean;
   readonly criu: string | undefined;
+  /** WARREN_TOOL_SPAWNER: host tools are forked by `warren-exec --serve` (runtime/exec.ts), not by the agent. */
+  readonly toolSpawner: boolean;
   readonly dnsUpstream: string | undefined;
   readonly uplinkForwarding: boolean;
   /** WARREN_DISK_OVERCOMMIT: how many times its free disk a node may promise to sandbox disks (disk-budget.ts). */
@@ -247,6 +250,7 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     sandboxLogMaxBytes: integer(env, "WARREN_SANDBOX_LOG_MAX_BYTES", 8 << 20, 64 << 10, 2 ** 40),
     logLevel,
     criu: criuPath(env.WARREN_CRIU),
+    toolSpawner: env.WARREN_TOOL_SPAWNER !== "0",
     dnsUpstream: env.WARREN_DNS_UPSTREAM || undefined,
     uplinkForwarding: env.WARREN_UPLINK_FORWARDING !== "0",
     diskOvercommit: ratioFromEnv(env, "WARREN_DISK_OVERCOMMIT", 1),

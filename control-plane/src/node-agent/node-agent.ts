@@ -1,7 +1,9 @@
+import { existsSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { join } from "node:path";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { RuntimeDriver } from "../runtime/driver.js";
+import { useToolSpawner } from "../runtime/exec.js";
 import type { HeldFileLock } from "../runtime/file-lock.js";
 import { sandboxLogCap } from "../runtime/log-cap.js";
 import { NamespaceDriver } from "../runtime/namespace/driver.js";
@@ -42,12 +44,32 @@ export async function startNodeAgent(
   runtime?: RuntimeDriver,
 ): Promise<RunningNodeAgent<RuntimeDriver>> {
   const claim = await claimInstance(config.instance);
+  const releaseTools = toolSpawnerFor(config, log);
   try {
-    return await startClaimed(config, log, runtime, claim);
+    const running = await startClaimed(config, log, runtime, claim);
+    const stop = running.stop.bind(running);
+    return {
+      ...running,
+      async stop(options) {
+        try {
+          await stop(options);
+        } finally {
+          releaseTools();
+        }
+      },
+    };
   } catch (error) {
+    releaseTools();
     await claim.release();
     throw error;
   }
+}
+
+/** Host tools forked by envd's `warren-exec --serve` (runtime/exec.ts) when it is built and not turned off. */
+function toolSpawnerFor(config: NodeAgentConfig, log: Logger): () => void {
+  const launcher = join(config.envdRoot, "envd", "dist", "warren-exec");
+  if (!config.toolSpawner || !existsSync(launcher)) return () => undefined;
+  return useToolSpawner(launcher, log.child({ part: "tools" }));
 }
 
 async function startClaimed(

@@ -4,12 +4,12 @@ import { writeFileSync } from "node:fs";
 import type { Socket } from "node:net";
 import type { Readable, Writable } from "node:stream";
 import { type IPty, spawn as spawnPty } from "@lydell/node-pty";
+import type { SpawnedProcess, Spawner } from "@warren/platform/spawner";
 import { failedPrecondition, invalidArgument, resourceExhausted, unavailable } from "../errors.js";
 import type { Logger } from "../log.js";
 import { type ProcessExit, processExit } from "./exit-status.js";
 import type { OutputStream } from "./output-buffer.js";
 import type { SpawnPlan } from "./spawn-plan.js";
-import type { SpawnedProcess, Spawner } from "./spawner.js";
 
 // Input a process has not read yet that envd holds before it refuses more.
 const MAX_PENDING_STDIN_BYTES = 16 * 1024 * 1024;

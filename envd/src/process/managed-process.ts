@@ -1,4 +1,5 @@
 import { Code } from "@connectrpc/connect";
+import type { Spawner } from "@warren/platform/spawner";
 import type { ProcessConfig } from "@warren/proto/process/process_pb";
 import { EnvdError, failedPrecondition } from "../errors.js";
 import type { Logger } from "../log.js";
@@ -7,7 +8,6 @@ import type { ProcessExit } from "./exit-status.js";
 import { OutputBuffer, type OutputStream } from "./output-buffer.js";
 import type { SecretMask } from "./secret-mask.js";
 import type { PtySize, SpawnPlan } from "./spawn-plan.js";
-import type { Spawner } from "./spawner.js";
 import { RESUME_BELOW_BYTES, Subscription, type SubscriptionOwner } from "./subscription.js";
 
 // E2B's chunk limits for data events.

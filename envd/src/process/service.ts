@@ -1,5 +1,6 @@
 import { accessSync, constants, existsSync } from "node:fs";
 import { Code, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
+import { Spawner } from "@warren/platform/spawner";
 import { WorkloadCgroup } from "@warren/platform/workload";
 import type { Process, ProcessInput, StartRequest, StreamInputRequest } from "@warren/proto/process/process_pb";
 import { Signal } from "@warren/proto/process/process_pb";
@@ -12,7 +13,6 @@ import { ManagedProcess } from "./managed-process.js";
 import { ProcessRegistry } from "./registry.js";
 import { SECRET_ENV_HEADER, SecretMask, secretEnvFromHeader } from "./secret-mask.js";
 import { PRLIMIT, planSpawn, ptySize } from "./spawn-plan.js";
-import { Spawner } from "./spawner.js";
 import type { Subscription } from "./subscription.js";
 
 /** Request header (Warren extra): replay held output from this byte offset before live output. */

@@ -2,15 +2,20 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { closeSync, constants, openSync } from "node:fs";
 import { Socket } from "node:net";
 import { constants as osConstants } from "node:os";
-import type { Logger } from "../log.js";
+import type { Logger } from "./log.js";
 
-/** What the spawner is asked to start: a SpawnPlan's argv, environment, directory and stdin. */
+/** What the spawner is asked to start: its argv, environment, directory and stdin. */
 export interface SpawnRequest {
   /** argv[0] is the file; when it is the launcher itself, the spawner's child applies its options in-process. */
   readonly argv: readonly string[];
   readonly env: Readonly<Record<string, string>>;
   readonly cwd: string;
   readonly stdin: boolean;
+  /**
+   * A host tool of the node agent (ip, iptables, crun, ...): it keeps the spawner's OOM score instead of taking the
+   * top one a sandbox's command gets (what a tool starts, a sandbox's init among them, inherits it).
+   */
+  readonly hostTool?: boolean;
 }
 
 /** A command the spawner started: its pipes (envd's own ends) and its end. */
@@ -40,15 +45,18 @@ export function decodeWaitStatus(status: number): { code: number | null; signal:
 }
 
 /**
- * envd's side of `warren-exec --serve` (native/warren-exec.c): one small process that forks every command, since a
- * fork from envd itself copies envd's page tables (~3 ms per command here, most of what envd added to a command's
- * round trip). Requests and replies are the framed fields and lines that file documents; a started command's pipes
- * are opened through `/proc/<spawner>/fd`, then the spawner closes its copies. The spawner is envd's child in envd's
- * cgroup; the commands it forks join the workload cgroup as before (ProcessOptions.onSpawn).
+ * A Node.js process's side of `warren-exec --serve` (envd/native/warren-exec.c): one small process that forks every
+ * command, since a fork from a Node.js process copies its page tables and blocks its event loop meanwhile (~3 ms per
+ * command from envd, 6–18 ms from the node agent, on the machines Warren is measured on; ~0.1 ms from the spawner).
+ * envd starts sandboxes' commands through it, the node agent its host tools (runtime/exec.ts). Requests and replies
+ * are the framed fields and lines that file documents; a started command's pipes are opened through
+ * `/proc/<spawner>/fd`, then the spawner closes its copies. The spawner is its user's child, in its cgroup; envd
+ * moves the commands it forks into the workload cgroup as before (ProcessOptions.onSpawn).
  *
- * When the spawner is gone (it died, or could not start), `spawn` answers undefined and envd forks commands itself;
- * commands it had started run on, and end with an unknown exit once their output closes. A start the spawner did not
- * answer before it died fails (it may have forked the command already: starting it again could run it twice).
+ * When the spawner is gone (it died, or could not start), `spawn` answers undefined and the caller forks commands
+ * itself; commands it had started run on, and end with an unknown exit once their output closes. A start the
+ * spawner did not answer before it died fails (it may have forked the command already: starting it again could run
+ * it twice).
  */
 export class Spawner {
   private child: ChildProcess | undefined;
@@ -62,7 +70,7 @@ export class Spawner {
     private readonly log: Logger,
   ) {}
 
-  /** Starts the spawner beside envd (when it cannot run, it is logged and `spawn` answers undefined). */
+  /** Starts the spawner beside its user (when it cannot run, it is logged and `spawn` answers undefined). */
   static start(launcher: string, log: Logger): Spawner {
     const spawner = new Spawner(launcher, log);
     spawner.launch();
@@ -73,7 +81,7 @@ export class Spawner {
     return this.child?.pid !== undefined && this.child.exitCode === null && this.child.signalCode === null;
   }
 
-  /** Starts `request`'s process; undefined when the spawner is not there (envd then forks it itself). */
+  /** Starts `request`'s process; undefined when the spawner is not there (the caller then forks it itself). */
   spawn(request: SpawnRequest): Promise<SpawnedProcess> | undefined {
     const child = this.child;
     if (!this.available || !child?.stdin?.writable) return undefined;
@@ -82,7 +90,7 @@ export class Spawner {
       "spawn",
       id,
       request.stdin ? "pipe" : "null",
-      request.argv[0] === this.launcher ? "launch" : "exec",
+      request.hostTool ? "host" : request.argv[0] === this.launcher ? "launch" : "exec",
       request.cwd,
       String(request.argv.length),
       ...request.argv,
@@ -107,7 +115,7 @@ export class Spawner {
     child.stdout?.setEncoding("latin1").on("data", (text: string) => this.read(text));
     child.once("exit", (code, signal) => {
       if (this.child === child) this.child = undefined;
-      this.log.warn("the command spawner ended; envd forks commands itself", { code, signal });
+      this.log.warn("the command spawner ended; commands are forked without it", { code, signal });
       const gone = new Error("the command spawner ended");
       for (const pending of this.pending.values()) pending.reject(gone);
       this.pending.clear();
@@ -151,7 +159,7 @@ export class Spawner {
     }
   }
 
-  /** Opens envd's own ends of the command's pipes, then lets the spawner close its copies. */
+  /** Opens this process's own ends of the command's pipes, then lets the spawner close its copies. */
   private adopt(id: string, pid: number, stdinFd: number, stdoutFd: number, stderrFd: number): SpawnedProcess {
     const spawnerPid = this.child?.pid;
     const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
