@@ -25,8 +25,8 @@
  *   E <id> <errno>                                       could not start (no pipes or no fork)
  *   X <pid> <wait status>                                the child ended (after its S)
  * The command leads its own session; its signals are the defaults, its mask empty, its oom_score_adj 1000 (the
- * OOM killer takes it before envd) but in host mode. The spawner ends when envd closes its stdin; its children run
- * on. The node agent runs one too, for its host tools (control-plane/src/runtime/exec.ts).
+ * OOM killer takes it before envd) but in host mode. The spawner ends when envd closes its stdin (SIGTERM, SIGINT
+ * and SIGHUP do not end it); its children run on. The node agent runs one too, for its host tools (control-plane/src/runtime/exec.ts).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -314,6 +314,11 @@ static void reap(void) {
 
 static int serve(void) {
   signal(SIGPIPE, SIG_IGN);
+  /* It ends when its user closes its stdin (or dies), never on a signal sent to the user's whole process group:
+   * a node agent stopping on SIGTERM still runs its teardown's tools through it. Children reset these. */
+  signal(SIGTERM, SIG_IGN);
+  signal(SIGINT, SIG_IGN);
+  signal(SIGHUP, SIG_IGN);
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);

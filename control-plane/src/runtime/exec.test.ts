@@ -76,6 +76,20 @@ describe.each([
 });
 
 describe("the tool spawner's users", () => {
+  it("keep it through a SIGTERM to their process group (a stopping agent's teardown still runs its tools)", async () => {
+    const release = useToolSpawner(LAUNCHER, silentLogger);
+    try {
+      const spawnerPid = (await whoRuns()).parent;
+      const slow = exec("sh", ["-c", "sleep 0.3; echo finished"]);
+      process.kill(spawnerPid, "SIGTERM");
+      process.kill(spawnerPid, "SIGHUP");
+      expect(await slow).toMatchObject({ code: 0, stdout: "finished\n" });
+      expect((await whoRuns()).parent).toBe(spawnerPid);
+    } finally {
+      release();
+    }
+  });
+
   it("share one spawner; it stops when the last lets go, and tools are forked by this process again", async () => {
     const first = useToolSpawner(LAUNCHER, silentLogger);
     const second = useToolSpawner(LAUNCHER, silentLogger);
