@@ -90,7 +90,8 @@ export class ProcessEnv {
       WARREN_REDIS_URL: redisUrl,
       WARREN_STATE_DIR: join(dataDir, `agent-${instance}`),
       WARREN_NET_CIDR: this.options.nodeCidr?.(index) ?? `10.${201 + index}.0.0/16`,
-      WARREN_POOL_SIZE: String(this.options.poolSize ?? 2),
+      // The caller's env may size the pool too (a benchmark's `--env WARREN_POOL_SIZE=…`); `poolSize` otherwise.
+      WARREN_POOL_SIZE: this.options.env?.WARREN_POOL_SIZE ?? String(this.options.poolSize ?? 2),
       WARREN_KILL_ON_STOP: "1",
       ...(relayToken ? { WARREN_RELAY_TOKEN: relayToken } : {}),
       // The cluster's template store: a directory its agents share, unless the caller names one (a registry).

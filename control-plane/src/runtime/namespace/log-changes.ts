@@ -23,21 +23,24 @@ export class LogChanges {
     }
   }
 
-  /** Resolves at once if the file changed since the last call, else at its next change or after `fallbackMs`. */
-  next(fallbackMs: number): Promise<void> {
+  /**
+   * Resolves at once if the file changed since the last call, else at its next change or after `fallbackMs`: with
+   * whether the file changed (false: the delay ran out).
+   */
+  next(fallbackMs: number): Promise<boolean> {
     if (this.changed) {
       this.changed = false;
-      return Promise.resolve();
+      return Promise.resolve(true);
     }
     return new Promise((resolve) => {
-      const done = () => {
+      const done = (changed: boolean) => {
         clearTimeout(timer);
         this.wake = undefined;
         this.changed = false;
-        resolve();
+        resolve(changed);
       };
-      const timer = setTimeout(done, fallbackMs);
-      this.wake = done;
+      const timer = setTimeout(() => done(false), fallbackMs);
+      this.wake = () => done(true);
     });
   }
 
