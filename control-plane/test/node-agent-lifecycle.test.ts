@@ -106,6 +106,27 @@ describe("node agent sandbox lifecycle (namespace driver)", () => {
     expect(seccomp.stdout).toMatch(/Seccomp:\s+2/);
   });
 
+  it("a login shell's profile runs no command (every command is `bash -l -c`), and still sets root's and user's PATH", async () => {
+    const placement = await createSandbox("lifeprofile");
+    const sandbox = sdkSandbox("lifeprofile", placement.envdUrl, "token-lifeprofile");
+    // xtrace from the start: the profiles' own commands show too (Debian's asked `id -u` twice, root's ran `mesg`).
+    for (const user of ["user", "root"] as const) {
+      const traced = await sandbox.commands.run("bash -lx -c true", { user });
+      expect(traced.stderr).toContain("+ export PATH");
+      expect(traced.stderr).not.toMatch(/\bid -u\b|\bmesg\b/);
+    }
+    expect((await sandbox.commands.run("echo $PATH")).stdout.trim()).toBe(
+      "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games",
+    );
+    expect((await sandbox.commands.run("echo $PATH", { user: "root" })).stdout.trim()).toBe(
+      "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    );
+    // sh has no EUID: it still asks id, and gets the same answer.
+    expect((await sandbox.commands.run("sh -l -c 'echo $PATH'")).stdout.trim()).toBe(
+      "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games",
+    );
+  });
+
   it("any port a sandbox process listens on (including a port below 1024, as `user`) is reachable from the node", async () => {
     const placement = await createSandbox("lifeports");
     const sandbox = sdkSandbox("lifeports", placement.envdUrl, "token-lifeports");

@@ -64,6 +64,14 @@ mkdir -p /opt/warren/envd /opt/warren/proto /opt/warren/node_modules /opt/warren
 : > /opt/warren/bin/node
 : > /usr/local/bin/node
 chmod 0755 /opt/warren/bin/node /usr/local/bin/node
+# Every E2B command is \`bash -l -c\`, and Debian's /etc/profile asks \`$(id -u)\` whether it runs as root: a
+# subshell fork and an exec of id, half of a login shell's start here (bash -l -c true 10.5 → 5.2 ms). Bash knows
+# its EUID; sh (no EUID) still asks id. root's ~/.profile runs \`mesg n\`, which only means something on a
+# terminal (elsewhere it fails, silenced): only there now.
+sed -i 's/"$(id -u)"/"\${EUID:-$(id -u)}"/' /etc/profile
+grep -q 'EUID:-' /etc/profile
+sed -i 's#^mesg n 2> /dev/null || true$#if [ -t 0 ]; then mesg n 2> /dev/null || true; fi#' /root/.profile
+grep -qF 'if [ -t 0 ]; then mesg n' /root/.profile
 `;
 
 const CLEAN_APT = "apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb";
