@@ -9,7 +9,9 @@
 //      floor again: with --env WARREN_POOL_SIZE=100 it measures a burst a pool was sized for);
 //   3. the same burst again once the pool has followed the first one's demand (up to WARREN_POOL_MAX, 16 by
 //      default: --env WARREN_POOL_MAX=100 --env WARREN_DISK_OVERCOMMIT=2 lets it hold a whole burst of 1 GiB disks);
-//   4. the `base` pool's ready sandboxes over the whole run (from the node's heartbeats).
+//   4. the `base` pool's ready sandboxes over the whole run (from the node's heartbeats);
+//   5. with each burst, the host's CPU it took per create (create + first command), by component (/proc): a burst
+//      on a small node is bound by CPU, so its p99 is at least the CPU per create × creates / cores.
 // How many creates the pool served (the node agent's "sandbox created" lines) is printed with each figure: on a
 // shared, loaded machine it says more than the latencies do.
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -21,6 +23,7 @@ import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
 import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
 import { clusterEnvFromArgs } from "./cluster-args.mjs";
+import { cpuBetween, printCpuPer, sampleCpu } from "./cpu-accounting.mjs";
 
 const quick = process.argv.includes("--quick");
 const extraEnv = clusterEnvFromArgs();
@@ -108,6 +111,7 @@ class PoolSampler {
 }
 
 async function backToBack(label) {
+  const cpuBefore = sampleCpu();
   const create = [];
   const toFirst = [];
   const ids = [];
@@ -128,9 +132,11 @@ async function backToBack(label) {
   line(`${label}: Sandbox.create()`, `${summary(create)}  failures ${failures.length}  ${servedFromPool(ids)}`);
   for (const reason of failures) console.log(`  failed: ${reason}`);
   line(`${label}: create → first commands.run`, `${summary(toFirst)}  (target p50 <= 40 ms, p99 <= 100 ms)`);
+  printCpuPer(`${label}: CPU, create + first command + kill`, cpuBetween(cpuBefore, sampleCpu()), BACK_TO_BACK);
 }
 
 async function burst(label) {
+  const cpuBefore = sampleCpu();
   const started = performance.now();
   const results = await Promise.allSettled(
     Array.from({ length: CONCURRENT }, async () => {
@@ -142,6 +148,7 @@ async function burst(label) {
     }),
   );
   const wall = performance.now() - started;
+  const cpuUsed = cpuBetween(cpuBefore, sampleCpu());
   const ok = results.filter((r) => r.status === "fulfilled").map((r) => r.value);
   const failures = results.filter((r) => r.status === "rejected");
   line(
@@ -155,6 +162,8 @@ async function burst(label) {
     reasons.set(reason, (reasons.get(reason) ?? 0) + 1);
   }
   for (const [reason, n] of reasons) console.log(`  ${n} × ${reason}`);
+  // A burst from a full pool is bound by this: p99 ≥ (CPU per create × creates) / cores.
+  printCpuPer(`${label}: CPU, create + first command`, cpuUsed, CONCURRENT);
   await Promise.all(ok.map((r) => r.sandbox.kill().catch(() => false)));
 }
 
