@@ -67,12 +67,8 @@ export function cpuBetween(before, after) {
     const used = now.own - (then?.own ?? 0) + (now.children - (then?.children ?? 0));
     if (used <= 0) continue;
     // A sandbox's envd that was already running (a pool's, claimed) apart from those that started meanwhile.
-    const started = SPLIT_BY_START.has(component(now.pid, now.cmdline))
-      ? then
-        ? ": already running"
-        : ": started meanwhile"
-      : "";
-    const name = component(now.pid, now.cmdline) + started;
+    const base = component(now.pid, now.cmdline);
+    const name = SPLIT_BY_START.has(base) ? `${base}: ${then ? "already running" : "started meanwhile"}` : base;
     byComponent.set(name, (byComponent.get(name) ?? 0) + used);
   }
   return {
