@@ -160,6 +160,28 @@ describe("node agent sandbox lifecycle (namespace driver)", () => {
     expect((await sandbox.commands.run("echo awake")).stdout.trim()).toBe("awake");
   });
 
+  it("killing a frozen sandbox: its processes never run again, die at the thaw, and nothing is left", async () => {
+    const placement = await createSandbox("lifefrozenkill");
+    const { instanceId } = running.agent.get("lifefrozenkill")!;
+    const sandbox = { sandboxId: "lifefrozenkill", instanceId, slot: slotOf(config.netCidr, placement.sandboxAddr) };
+    const freezer = `/sys/fs/cgroup/freezer/warren/${config.instance}/${instanceId}`;
+    await running.driver.pause(instanceId);
+    const frozen = readFileSync(`${freezer}/cgroup.procs`, "utf8").split("\n").filter(Boolean);
+    expect(frozen.length).toBeGreaterThan(0);
+    await killSandbox("lifefrozenkill");
+    for (const pid of frozen) expect(killedOrGone(pid), `pid ${pid}`).toBe(true);
+    expect(await tracesAfterReclaim(config, sandbox, redis)).toEqual(NO_TRACES);
+    // Thawed by the teardown, they died (gone, or a zombie until whatever reaps it does).
+    const stateOf = (pid: string) => {
+      try {
+        return /^State:\s+(\w)/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1];
+      } catch {
+        return "gone";
+      }
+    };
+    for (const pid of frozen) expect(["gone", "Z", "X"], `pid ${pid}`).toContain(stateOf(pid));
+  });
+
   it("files written in one sandbox are invisible to another", async () => {
     const a = await createSandbox("lifefilesa");
     const b = await createSandbox("lifefilesb");
@@ -188,6 +210,11 @@ describe("node agent sandbox lifecycle (namespace driver)", () => {
     // Input: replies, drop; forward: not to either driver's sandboxes (2), not link-local, its own address out,
     // drop; replies in, drop.
     expect(before.rules.length).toBe(9);
+    // Forking all the time when the kill comes: the kill reads the list again until it holds no process it has not
+    // killed (a child forked before its parent's kill shows up in the next read), without freezing the sandbox.
+    const sdk = sdkSandbox("lifekill", placement.envdUrl, "token-lifekill");
+    await sdk.commands.run("while :; do /bin/true & wait; done", { background: true });
+    await sdk.commands.run("sleep 0.2");
     await killSandbox("lifekill");
     // When the kill answers: unreachable (no route), stopped (no process), forgotten; the rest follows at once.
     const atKill = await tracesOf(config, sandbox, redis);

@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import type { NodeHeartbeat } from "@warren/proto/redis";
-import { type Db, withTransaction } from "../store/db.js";
+import { type Db, type DbClient, withTransaction } from "../store/db.js";
 import { appendEvent } from "../store/events.js";
 import { reservedMemoryByNode } from "../store/nodes.js";
 import { lockSandbox, type SandboxRow } from "../store/sandboxes.js";
@@ -31,27 +31,41 @@ export interface DurabilityDeps {
 }
 
 /**
- * A killed sandbox's durable snapshots go with it, at once: their rows, and their files on the nodes that made them
- * (best effort: the node sweep removes what a down node keeps, and pulled copies).
+ * A killed sandbox's durable snapshots go with it, at once: their rows (marked deleted in the kill's transaction),
+ * then their files on the nodes that made them (deleteDroppedSnapshotFiles; best effort: the node sweep removes
+ * what a down node keeps, and pulled copies). Answers what the nodes hold.
  */
-export async function dropDurableSnapshots(
-  deps: Pick<DurabilityDeps, "db" | "registry" | "nodeAgent" | "log">,
+export async function markDurableSnapshotsDropped(
+  db: Db | DbClient,
   sandboxId: string,
-): Promise<void> {
-  const dropped = await deps.db.query<{ id: string; node_id: string }>(
+): Promise<readonly DroppedSnapshot[]> {
+  const dropped = await db.query<{ id: string; node_id: string }>(
     `UPDATE snapshots SET deleted_at = now()
      WHERE kind = 'durable' AND source_sandbox_id = $1 AND deleted_at IS NULL RETURNING id, node_id`,
     [sandboxId],
   );
-  if (dropped.rows.length === 0) return;
+  return dropped.rows.map((row) => ({ snapshotId: row.id, nodeId: row.node_id }));
+}
+
+export interface DroppedSnapshot {
+  readonly snapshotId: string;
+  readonly nodeId: string;
+}
+
+/** The files of dropped durable snapshots, removed from the nodes that made them (once their rows committed). */
+export async function deleteDroppedSnapshotFiles(
+  deps: Pick<DurabilityDeps, "registry" | "nodeAgent" | "log">,
+  dropped: readonly DroppedSnapshot[],
+): Promise<void> {
+  if (dropped.length === 0) return;
   const live = await deps.registry.liveNodes();
-  for (const { id, node_id: nodeId } of dropped.rows) {
+  for (const { snapshotId, nodeId } of dropped) {
     const node = live.find((n) => n.nodeId === nodeId);
     if (!node) continue;
     await deps
       .nodeAgent(node.nodeId, node.addr)
-      .deleteSnapshot(id)
-      .catch((error) => deps.log.warn("deleting a durable snapshot failed", { snapshotId: id, error: String(error) }));
+      .deleteSnapshot(snapshotId)
+      .catch((error) => deps.log.warn("deleting a durable snapshot failed", { snapshotId, error: String(error) }));
   }
 }
 

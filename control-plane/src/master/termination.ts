@@ -1,5 +1,6 @@
+import type { NodeHeartbeat } from "@warren/proto/redis";
 import type { SandboxRow } from "../store/sandboxes.js";
-import { dropDurableSnapshots } from "./durability.js";
+import { deleteDroppedSnapshotFiles, markDurableSnapshotsDropped } from "./durability.js";
 import { MasterError } from "./errors.js";
 import type { LifecycleDeps } from "./lifecycle-deps.js";
 import { NodeAgentError } from "./node-agent-client.js";
@@ -14,20 +15,29 @@ export class SandboxTermination {
   constructor(private readonly deps: LifecycleDeps) {}
 
   async kill(sandboxId: string, teamId: string | undefined, reason = "killed"): Promise<void> {
-    await transition(this.deps.db, sandboxId, teamId, async (tx, row) => {
+    // Which node holds it is read while the row's lock is taken (one Redis round trip off a kill's answer).
+    const liveNodes = this.deps.registry.liveNodes();
+    liveNodes.catch(() => undefined);
+    const dropped = await transition(this.deps.db, sandboxId, teamId, async (tx, row) => {
       if (row.state === "pausing" || row.state === "resuming") {
         throw new MasterError("busy", `sandbox ${sandboxId} is ${row.state}; retry shortly`);
       }
-      if (row.state !== "starting" && row.nodeId) await this.killOnNode(row);
-      await setState(tx, row, "killed", "sandbox.killed", { reason }, ", ended_at = now(), end_reason = $3", [reason]);
+      // The row's update and its durable snapshots' go out while the node kills (all commit, or roll back, with
+      // the transaction): a kill's answer waits for the slower of them instead of their sum.
+      const [, , snapshots] = await Promise.all([
+        row.state !== "starting" && row.nodeId ? this.killOnNode(row, liveNodes) : undefined,
+        setState(tx, row, "killed", "sandbox.killed", { reason }, ", ended_at = now(), end_reason = $3", [reason]),
+        markDurableSnapshotsDropped(tx, sandboxId),
+      ]);
+      return snapshots;
     });
-    await dropDurableSnapshots(this.deps, sandboxId);
+    await deleteDroppedSnapshotFiles(this.deps, dropped);
   }
 
   /** Kills on the node; an unreachable node does not stop the kill (its route is removed here instead). */
-  private async killOnNode(row: SandboxRow): Promise<void> {
-    const { registry, nodeAgent, redis, log } = this.deps;
-    const node = (await registry.liveNodes()).find((n) => n.nodeId === row.nodeId);
+  private async killOnNode(row: SandboxRow, liveNodes: Promise<NodeHeartbeat[]>): Promise<void> {
+    const { nodeAgent, redis, log } = this.deps;
+    const node = (await liveNodes).find((n) => n.nodeId === row.nodeId);
     try {
       if (!node) throw new NodeAgentError("unavailable", `node ${row.nodeId} is not heartbeating`);
       await nodeAgent(node.nodeId, node.addr).kill(row.id);

@@ -1,5 +1,5 @@
-import { existsSync } from "node:fs";
-import { readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { existsSync, rmSync } from "node:fs";
+import { readdir, readFile, rename, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { type Instance, type SandboxResources, withCurrentResourceNames } from "./driver.js";
 import { ENVD_PORT } from "./sandbox-process.js";
@@ -52,7 +52,8 @@ export class InstanceRecordFiles<R extends { readonly instanceId: string }> {
    * under way; after a restart, reconcile removes it like any directory without a record).
    */
   async forget(instanceId: string): Promise<void> {
-    await rm(join(this.dir(instanceId), "instance.json"), { force: true });
+    // One unlink, on a kill's path: synchronous, so it does not queue behind a refill's file work in libuv's pool.
+    rmSync(join(this.dir(instanceId), "instance.json"), { force: true });
   }
 
   /** The record, or undefined when there is none (or it names another instance). */

@@ -335,7 +335,10 @@ export class NamespaceDriver implements RuntimeDriver {
     await this.cgroups.open(instanceId).killAll({ wait: false });
     this.instances.delete(instanceId);
     await this.records.forget(instanceId);
-    const reclaim = this.teardown(record)
+    // From the next turn of the event loop: the teardown's first steps (a freeze's write among them) would
+    // otherwise run before the kill's answer is sent (~2 ms here).
+    const reclaim = new Promise<void>((resolve) => setImmediate(resolve))
+      .then(() => this.teardown(record))
       .catch((error: unknown) => this.options.log.error("reclaiming a killed instance failed", { instanceId, error }))
       .finally(() => this.reclaiming.delete(reclaim));
     this.reclaiming.add(reclaim);
