@@ -1,6 +1,6 @@
 import { effectiveEgress } from "../runtime/egress/policy.js";
-import type { DbClient } from "../store/db.js";
-import { appendEvent } from "../store/events.js";
+import { type Db, type DbClient, withTransaction } from "../store/db.js";
+import { appendEventParams, appendEventSql } from "../store/events.js";
 import { type SandboxRow, toSandboxRow } from "../store/sandboxes.js";
 import type { Team } from "../store/teams.js";
 import { MasterError } from "./errors.js";
@@ -25,18 +25,27 @@ export interface AdmissionTemplate {
 }
 
 /**
- * Quota, rate limit and idempotency checks plus the `starting` row and its ledger event, in the caller's
- * transaction and serialized per team (a transaction-scoped advisory lock), so two concurrent creates can never
- * both take the last slot or both miss an Idempotency-Key.
+ * Quota, rate limit and idempotency checks plus the `starting` row and its ledger event, in one transaction
+ * serialized per team (a transaction-scoped advisory lock, taken as the transaction begins), so two concurrent
+ * creates can never both take the last slot or both miss an Idempotency-Key.
  */
-export async function admitSandbox(
+export function admitSandbox(
+  db: Db,
+  tokens: TokenIssuer,
+  team: Team,
+  input: CreateInput,
+  t: AdmissionTemplate,
+): Promise<{ row: SandboxRow; replayed: boolean }> {
+  return withTransaction(db, (tx) => admitLocked(tx, tokens, team, input, t), { advisoryLock: `team:${team.id}` });
+}
+
+async function admitLocked(
   tx: DbClient,
   tokens: TokenIssuer,
   team: Team,
   input: CreateInput,
   t: AdmissionTemplate,
 ): Promise<{ row: SandboxRow; replayed: boolean }> {
-  await tx.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`team:${team.id}`]);
   if (input.idempotencyKey) {
     await tx.query(
       `UPDATE sandboxes SET idempotency_key = NULL
@@ -80,14 +89,30 @@ export async function admitSandbox(
   const id = newSandboxId();
   const nonce = tokens.newNonce();
   const now = new Date();
+  // The row and its ledger event in one statement (the event last before COMMIT, as the ledger needs).
+  const event = appendEventParams({
+    sandboxId: id,
+    teamId: team.id,
+    type: "sandbox.created",
+    toState: "starting",
+    data: {
+      templateId: t.sourceTemplateId ?? t.templateId,
+      ...(t.buildId ? { buildId: t.buildId } : {}),
+      timeoutSeconds: t.timeout,
+      metadata: input.metadata,
+    },
+  });
   const result = await tx.query(
-    `INSERT INTO sandboxes (id, team_id, template_id, alias, state, cpu_count, memory_mb, disk_size_mb,
-       envd_version, token_nonce, envd_token_hash, traffic_token_hash, metadata, env_vars, network,
-       allow_internet_access, volume_mounts, auto_pause, auto_pause_memory, auto_resume, idempotency_key,
-       request_hash, created_at, started_at, end_at, node_id, egress, source_template_id, build_id, mcp_servers)
-     VALUES ($1,$2,$3,$4,'starting',$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$22,$23,$24,$25,
-       $26,$27,$28)
-     RETURNING *`,
+    `WITH inserted AS (
+       INSERT INTO sandboxes (id, team_id, template_id, alias, state, cpu_count, memory_mb, disk_size_mb,
+         envd_version, token_nonce, envd_token_hash, traffic_token_hash, metadata, env_vars, network,
+         allow_internet_access, volume_mounts, auto_pause, auto_pause_memory, auto_resume, idempotency_key,
+         request_hash, created_at, started_at, end_at, node_id, egress, source_template_id, build_id, mcp_servers)
+       VALUES ($1,$2,$3,$4,'starting',$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$22,$23,$24,
+         $25,$26,$27,$28)
+       RETURNING *
+     ), event AS (${appendEventSql(29)})
+     SELECT * FROM inserted`,
     [
       id,
       team.id,
@@ -117,20 +142,9 @@ export async function admitSandbox(
       t.sourceTemplateId ?? null,
       t.buildId ?? null,
       JSON.stringify(input.mcpServers ?? []),
+      ...event,
     ],
   );
   const row = toSandboxRow(result.rows[0]);
-  await appendEvent(tx, {
-    sandboxId: id,
-    teamId: team.id,
-    type: "sandbox.created",
-    toState: "starting",
-    data: {
-      templateId: t.sourceTemplateId ?? t.templateId,
-      ...(t.buildId ? { buildId: t.buildId } : {}),
-      timeoutSeconds: t.timeout,
-      metadata: input.metadata,
-    },
-  });
   return { row, replayed: false };
 }

@@ -143,18 +143,16 @@ export class SandboxCreation {
       );
     }
     if (firstChoice) this.recentPlacements.record(firstChoice.nodeId, template.id);
-    const admitted = await withTransaction(db, (tx) =>
-      admitSandbox(tx, this.deps.tokens, team, admittedInput, {
-        templateId: template.id,
-        alias: custom ? custom.template.alias : template.alias,
-        ...(custom ? { sourceTemplateId: custom.template.id, buildId: custom.build.id } : {}),
-        ...resources,
-        envdVersion: template.envdVersion,
-        timeout,
-        publicTraffic,
-        nodeId: firstChoice?.nodeId ?? null,
-      }),
-    );
+    const admitted = await admitSandbox(db, this.deps.tokens, team, admittedInput, {
+      templateId: template.id,
+      alias: custom ? custom.template.alias : template.alias,
+      ...(custom ? { sourceTemplateId: custom.template.id, buildId: custom.build.id } : {}),
+      ...resources,
+      envdVersion: template.envdVersion,
+      timeout,
+      publicTraffic,
+      nodeId: firstChoice?.nodeId ?? null,
+    });
     if (admitted.replayed) {
       const row = await this.awaitSettled(admitted.row.id);
       if (row.state === "failed" && row.endReason === "placement_failed") {

@@ -41,6 +41,11 @@ export function createDb(options: DbOptions): Db {
 /** How long a statement of the transaction waits for a row lock before it fails (PostgreSQL's `lock_timeout`). */
 export interface TransactionOptions {
   readonly lockTimeoutMs?: number;
+  /**
+   * Takes this transaction-scoped advisory lock (`pg_advisory_xact_lock(hashtext(key))`) in the round trip that
+   * begins the transaction, before `fn` runs.
+   */
+  readonly advisoryLock?: string;
 }
 
 export async function withTransaction<T>(
@@ -63,7 +68,13 @@ export async function withTransaction<T>(
     if (lockTimeout !== undefined && !(Number.isInteger(lockTimeout) && lockTimeout >= 0)) {
       throw new Error(`lock timeout must be whole milliseconds, got ${lockTimeout}`);
     }
-    await client.query(lockTimeout === undefined ? "BEGIN" : `BEGIN; SET LOCAL lock_timeout = ${lockTimeout}`);
+    const statements = ["BEGIN"];
+    if (lockTimeout !== undefined) statements.push(`SET LOCAL lock_timeout = ${lockTimeout}`);
+    // The simple protocol takes no parameters: the key goes in as a literal, escaped by the driver.
+    if (options.advisoryLock !== undefined) {
+      statements.push(`SELECT pg_advisory_xact_lock(hashtext(${client.escapeLiteral(options.advisoryLock)}))`);
+    }
+    await client.query(statements.join("; "));
     const result = await fn(client);
     await client.query("COMMIT");
     return result;
