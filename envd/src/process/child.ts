@@ -3,7 +3,7 @@ import { once } from "node:events";
 import { writeFileSync } from "node:fs";
 import type { Socket } from "node:net";
 import type { Readable, Writable } from "node:stream";
-import { type IPty, spawn as spawnPty } from "@lydell/node-pty";
+import type { IPty } from "@lydell/node-pty";
 import type { SpawnedProcess, Spawner } from "@warren/platform/spawner";
 import { failedPrecondition, invalidArgument, resourceExhausted, unavailable } from "../errors.js";
 import type { Logger } from "../log.js";
@@ -230,6 +230,16 @@ class PipeChild implements ChildHandle {
   }
 }
 
+/**
+ * node-pty, a native addon, is loaded at the first PTY: most sandboxes never open one, and loading it at start took
+ * ~3 ms of envd's CPU there (every sandbox start, pools and bursts included).
+ */
+let nodePty: Promise<typeof import("@lydell/node-pty")> | undefined;
+const loadNodePty = () => {
+  nodePty ??= import("@lydell/node-pty");
+  return nodePty;
+};
+
 /** node-pty's terminal as it really behaves with `encoding: null`: Buffers out, Buffers in. */
 type RawPty = Omit<IPty, "onData" | "write"> & {
   onData(listener: (data: Buffer) => void): void;
@@ -259,7 +269,8 @@ class PtyChild implements ChildHandle {
     });
   }
 
-  static spawn(plan: SpawnPlan, size: { cols: number; rows: number }, log: Logger): PtyChild {
+  static async spawn(plan: SpawnPlan, size: { cols: number; rows: number }, log: Logger): Promise<PtyChild> {
+    const { spawn: spawnPty } = await loadNodePty();
     let term: RawPty;
     try {
       term = spawnPty(plan.file, [...plan.args], {
