@@ -176,14 +176,24 @@ function killPids(pids: readonly number[]): void {
   }
 }
 
+/**
+ * How long SIGKILLed processes get to exit. One blocked in uninterruptible disk I/O dies only when that I/O ends:
+ * with another sandbox filling its disk on the same host disk, an idle pooled sandbox's processes took longer than
+ * the ~4 s (2000 polls) this once allowed, and its removal gave up with its mounts still in place.
+ */
+const EXIT_AFTER_KILL_MS = 60_000;
+
 async function waitEmpty(list: () => Promise<number[]>, retryKill: boolean): Promise<void> {
-  for (let i = 0; i < 2000; i++) {
+  const deadline = Date.now() + EXIT_AFTER_KILL_MS;
+  for (let i = 0; ; i++) {
     const pids = await list();
     if (pids.length === 0) return;
+    if (Date.now() > deadline) {
+      throw new Error(`cgroup processes did not exit within ${EXIT_AFTER_KILL_MS / 1000} s of SIGKILL: ${pids}`);
+    }
     if (retryKill && i % 50 === 49) killPids(pids);
     await new Promise((resolve) => setTimeout(resolve, 2));
   }
-  throw new Error("cgroup processes did not exit after SIGKILL");
 }
 
 async function removeDir(path: string): Promise<void> {
