@@ -142,7 +142,7 @@ async function readPids(file: string): Promise<number[]> {
   }
 }
 
-/** readPids, synchronously: for a list read while the sandbox is frozen (the kill waits on nothing else). */
+/** readPids, synchronously: for the kills, which then wait on no other file work in libuv's pool. */
 function readPidsNow(file: string): number[] {
   try {
     return readFileSync(file, "utf8").split("\n").filter(Boolean).map(Number);
@@ -153,7 +153,9 @@ function readPidsNow(file: string): number[] {
 
 /**
  * SIGKILLs the processes `procsFile` lists, again and again, until a read lists none it has not killed yet (a child
- * forked before its parent's kill shows up in the next read). False when a fork loop outran it for `rounds` reads.
+ * forked before its parent's kill shows up in the next read; one the kernel was still attaching to the cgroup as
+ * the last read ran is left to the teardown's freeze-and-kill, which follows at once). False when a fork loop
+ * outran it for `rounds` reads.
  */
 function killUntilNoneNew(procsFile: string, rounds = 20): boolean {
   const killed = new Set<number>();
@@ -242,7 +244,8 @@ class CgroupV1 implements CgroupManager {
     const freezerState = join(dir("freezer"), "freezer.state");
     // The freezer's files are read and written synchronously: the kernel answers in microseconds (a write starts
     // the freeze, it does not wait for it), while libuv's pool, busy with a refill's file work, made each of the
-    // ~8 operations of a kill's freeze and thaw wait ~0.5–1 ms (a kill's freeze + thaw took 5–8 ms, now ~2).
+    // ~8 operations of a freeze and thaw wait ~0.5–1 ms (a kill's freeze + thaw took 5–8 ms, ~2 when synchronous;
+    // a user's kill now skips the freeze: killAll).
     const reached = async (state: string, polls: number) => {
       for (let i = 0; i < polls; i++) {
         if (readFileSync(freezerState, "utf8").trim() === state) return true;
