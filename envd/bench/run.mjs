@@ -22,7 +22,7 @@ const args = new Set(process.argv.slice(2));
 const quick = args.has("--quick");
 
 function startEnvd() {
-  const child = spawn(process.execPath, ["--max-semi-space-size=1", MAIN, "--port", "0", "--default-user", "user"], {
+  const child = spawn(process.execPath, [MAIN, "--port", "0", "--default-user", "user"], {
     stdio: ["ignore", "ignore", "pipe"],
   });
   return new Promise((resolve, reject) => {

@@ -4,9 +4,8 @@ import { fileURLToPath } from "node:url";
 import { Sandbox } from "e2b";
 import { ENVD_VERSION } from "../src/version.js";
 
-// Tests run what ships: the bundled envd with the V8 flags sandboxes start it with.
+// Tests run what ships: the bundled envd, started as sandboxes start it (no V8 flags: instance-container.ts).
 const MAIN = fileURLToPath(new URL("../dist/envd.mjs", import.meta.url));
-export const ENVD_NODE_FLAGS = ["--max-semi-space-size=1"];
 
 export interface TestEnvd {
   readonly url: string;
@@ -29,7 +28,6 @@ export interface TestEnvdOptions {
 /** Starts the built envd as its own process, as root, the way a sandbox runs it. */
 export async function startTestEnvd(options: TestEnvdOptions = {}): Promise<TestEnvd> {
   const args = [
-    ...ENVD_NODE_FLAGS,
     MAIN,
     "--port",
     String(options.port ?? 0),

@@ -125,10 +125,9 @@ ioctl($f, 0x40085203, pack("i i", 8 * length($s), length($s)) . $s) or exit 1; i
     esac
   done
 ) </dev/ttyS0 >/dev/null 2>&1 &
-mem=$($B awk '/MemTotal/ {print int($2/2048)}' /proc/meminfo)
 ${codeGateway ? CODE_GATEWAY_START : ""}echo "WARREN-GUEST-INIT envd starting"
 exec /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \\
-  /usr/bin/tini -g -- /usr/local/bin/node --max-old-space-size=$mem --max-semi-space-size=1 \\
+  /usr/bin/tini -g -- /usr/local/bin/node \\
   /opt/warren/envd/dist/envd.mjs --host 0.0.0.0 --port ${ENVD_PORT} --default-user user --expose-loopback
 `;
 }
@@ -146,7 +145,7 @@ const CODE_GATEWAY_START = `$B setsid /usr/bin/env -i PATH=/usr/local/sbin:/usr/
   CODE_GATEWAY_ENVD_URL=http://127.0.0.1:${ENVD_PORT} CODE_GATEWAY_AUTH=envd \\
   CODE_GATEWAY_NODE=/usr/local/bin/node CODE_GATEWAY_PYTHON=/usr/bin/python3 \\
   CODE_GATEWAY_ENVD_TIMEOUT_MS=15000 CODE_GATEWAY_KERNEL_START_TIMEOUT_MS=180000 \\
-  /bin/sh -c 'while :; do /usr/local/bin/node --max-semi-space-size=1 /opt/warren/code-gateway/dist/main.js; sleep 1; done' \\
+  /bin/sh -c 'while :; do /usr/local/bin/node /opt/warren/code-gateway/dist/main.js; sleep 1; done' \\
   </dev/null &
 `;
 
