@@ -8,7 +8,7 @@ const TICK_MS = 10;
 
 /** What each process's command line says it is; the first match wins. */
 const COMPONENTS = [
-  [/\/envd\/dist\/envd\.mjs|\/envd\/dist\/main\.js/, "envd (in sandboxes)"],
+  [/\/envd\/dist\/envd\.cjs|\/envd\/dist\/main\.js/, "envd (in sandboxes)"],
   [/\/code-gateway\/dist\/main\.js|jupyter|ipykernel/, "code gateway and kernels"],
   [/^\/opt\/warren\/envd\/dist\/warren-exec/, "sandbox commands (envd's spawner and its children)"],
   [/warren-exec --serve/, "host tools (the node agent's spawner and its children)"],

@@ -272,7 +272,7 @@ http.server.HTTPServer(('0.0.0.0', 8124), H).serve_forever()"`,
   it("a sandbox whose envd dies is removed by its node and recorded lost with the reason, its route gone", async () => {
     const sandbox = await Sandbox.create();
     await sandbox.commands
-      .run("kill -9 $(pgrep -f '^/opt/warren/bin/node .*envd.mjs')", { user: "root", background: true })
+      .run("kill -9 $(pgrep -f '^/opt/warren/bin/node .*envd.cjs')", { user: "root", background: true })
       .catch(() => undefined);
     const lost = await eventually(async () => {
       const res = await fetch(`${process.env.E2B_API_URL}/warren/v1/sandboxes/${sandbox.sandboxId}/events`, {

@@ -16,7 +16,7 @@ import { createConnectTransport } from "@connectrpc/connect-node";
 import { Process } from "@warren/proto/process/process_pb";
 import { Sandbox } from "e2b";
 
-const MAIN = fileURLToPath(new URL("../dist/envd.mjs", import.meta.url));
+const MAIN = fileURLToPath(new URL("../dist/envd.cjs", import.meta.url));
 const GiB = 1 << 30;
 const args = new Set(process.argv.slice(2));
 const quick = args.has("--quick");

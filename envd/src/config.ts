@@ -102,7 +102,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
     envVars: { E2B_SANDBOX: "true" },
     warmup: warmupMode(values["warm-up"], env.ENVD_WARMUP),
     exposeLoopback: values["expose-loopback"] === true,
-    // Beside this module: dist/warren-exec for the bundle (dist/envd.mjs) and for tsc's output alike.
+    // Beside this module: dist/warren-exec for the bundle (dist/envd-main.cjs) and for tsc's output alike.
     execLauncher: env.ENVD_EXEC_LAUNCHER || fileURLToPath(new URL("./warren-exec", import.meta.url)),
     spawner: env.ENVD_SPAWNER !== "0",
     processLimit:

@@ -5,7 +5,7 @@ import { Sandbox } from "e2b";
 import { ENVD_VERSION } from "../src/version.js";
 
 // Tests run what ships: the bundled envd, started as sandboxes start it (no V8 flags: instance-container.ts).
-const MAIN = fileURLToPath(new URL("../dist/envd.mjs", import.meta.url));
+const MAIN = fileURLToPath(new URL("../dist/envd.cjs", import.meta.url));
 
 export interface TestEnvd {
   readonly url: string;

@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { once } from "node:events";
 import { writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import type { Socket } from "node:net";
 import type { Readable, Writable } from "node:stream";
 import type { IPty } from "@lydell/node-pty";
@@ -234,9 +235,13 @@ class PipeChild implements ChildHandle {
  * node-pty, a native addon, is loaded at the first PTY: most sandboxes never open one, and loading it at start took
  * ~3 ms of envd's CPU there (every sandbox start, pools and bursts included).
  */
-let nodePty: Promise<typeof import("@lydell/node-pty")> | undefined;
-const loadNodePty = () => {
-  nodePty ??= import("@lydell/node-pty");
+let nodePty: typeof import("@lydell/node-pty") | undefined;
+/**
+ * A CommonJS package, required rather than imported: envd's launcher runs the bundle as a script compiled from its
+ * code cache, where `import()` has no module loader to resolve from.
+ */
+const loadNodePty = async (): Promise<typeof import("@lydell/node-pty")> => {
+  nodePty ??= createRequire(import.meta.url)("@lydell/node-pty") as typeof import("@lydell/node-pty");
   return nodePty;
 };
 

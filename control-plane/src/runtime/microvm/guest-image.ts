@@ -128,7 +128,7 @@ ioctl($f, 0x40085203, pack("i i", 8 * length($s), length($s)) . $s) or exit 1; i
 ${codeGateway ? CODE_GATEWAY_START : ""}echo "WARREN-GUEST-INIT envd starting"
 exec /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \\
   /usr/bin/tini -g -- /usr/local/bin/node \\
-  /opt/warren/envd/dist/envd.mjs --host 0.0.0.0 --port ${ENVD_PORT} --default-user user --expose-loopback
+  /opt/warren/envd/dist/envd.cjs --host 0.0.0.0 --port ${ENVD_PORT} --default-user user --expose-loopback
 `;
 }
 
@@ -162,11 +162,12 @@ export interface GuestImageOptions {
   readonly linuxDir: string;
   readonly busybox: string;
   readonly nodeBinary: string;
-  /** Repository root: envd/dist/envd.mjs and node_modules/. */
+  /** Repository root: envd/dist/ (its launcher, bundle and code cache) and node_modules/. */
   readonly envdRoot: string;
   readonly uidBase: number;
 }
 
+const ENVD_FILES = ["envd.cjs", "envd-main.cjs", "envd-main.cjs.cache"];
 const ADDONS = ["@lydell/node-pty", "@lydell/node-pty-linux-x64", "fs-xattr"];
 /** What of code-gateway/ a code template's guest needs (the namespace driver bind-mounts the same). */
 const CODE_GATEWAY_FILES = ["dist", "python", "package.json"];
@@ -257,7 +258,9 @@ export async function ensureRootImage(
   template: TemplateImage,
   diskSizeMB: number,
 ): Promise<RootImage> {
-  const envd = join(options.envdRoot, "envd", "dist", "envd.mjs");
+  const envdDist = join(options.envdRoot, "envd", "dist");
+  // The launcher, the bundle and its code cache (when the build wrote one: src/launcher.ts in envd).
+  const envdFiles = ENVD_FILES.filter((name) => existsSync(join(envdDist, name)));
   // envd's static command launcher (envd/native/warren-exec.c), beside the bundle as envd expects it.
   const launcher = join(options.envdRoot, "envd", "dist", "warren-exec");
   const hasLauncher = existsSync(launcher);
@@ -267,7 +270,7 @@ export async function ensureRootImage(
   const key = sha(
     template.templateId,
     template.hash,
-    await readFile(envd),
+    ...(await Promise.all(envdFiles.map(async (name) => `${name}:${sha(await readFile(join(envdDist, name)))}`))),
     hasLauncher ? await readFile(launcher) : "",
     `${options.nodeBinary}:${node.size}:${node.mtimeMs}`,
     guestInit(codeGateway),
@@ -298,7 +301,8 @@ export async function ensureRootImage(
       await copyFile(options.nodeBinary, join(root, "usr", "local", "bin", "node"));
       await chmod(join(root, "usr", "local", "bin", "node"), 0o755);
       await mkdir(join(root, "opt", "warren", "envd", "dist"), { recursive: true });
-      await copyFile(envd, join(root, "opt", "warren", "envd", "dist", "envd.mjs"));
+      for (const name of envdFiles)
+        await copyFile(join(envdDist, name), join(root, "opt", "warren", "envd", "dist", name));
       if (hasLauncher) {
         await copyFile(launcher, join(root, "opt", "warren", "envd", "dist", "warren-exec"));
         await chmod(join(root, "opt", "warren", "envd", "dist", "warren-exec"), 0o755);

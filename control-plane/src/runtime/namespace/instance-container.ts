@@ -167,9 +167,9 @@ export class InstanceContainers {
     return `warren-${this.options.instance}-${instanceId}`;
   }
 
-  /** envd's esbuild bundle (one file: fast to load) when built, else its tsc output. */
+  /** envd's launcher of its esbuild bundle (one file, with a code cache: fast to load) when built, else tsc's output. */
   private get envdEntry(): string {
-    return existsSync(join(this.options.envdRoot, "envd", "dist", "envd.mjs")) ? "envd.mjs" : "main.js";
+    return existsSync(join(this.options.envdRoot, "envd", "dist", "envd.cjs")) ? "envd.cjs" : "main.js";
   }
 
   /**

@@ -54,7 +54,7 @@ describe("a restored sandbox's processes go back into its workload cgroup", () =
 
   it("moves the user's processes and leaves tini, envd and the gateway where they are", async () => {
     const tini = await restored("/usr/bin/tini");
-    const envd = await restored("/opt/warren/envd/dist/envd.mjs");
+    const envd = await restored("/opt/warren/envd/dist/envd.cjs");
     const gateway = await restored("/opt/warren/code-gateway/dist/main.js");
     const user = await restored("python3");
     const daemon = await restored("/usr/sbin/nginx");
