@@ -23,11 +23,14 @@ export interface TestEnvdOptions {
   env?: Record<string, string>;
   /** Run envd's start-up warm-up (off by default so tests see only their own processes): at once, or after /init. */
   warmup?: boolean | "after-init";
+  /** Node.js options before envd's launcher (a test's `--require` hook); sandboxes get none. */
+  nodeArgs?: string[];
 }
 
 /** Starts the built envd as its own process, as root, the way a sandbox runs it. */
 export async function startTestEnvd(options: TestEnvdOptions = {}): Promise<TestEnvd> {
   const args = [
+    ...(options.nodeArgs ?? []),
     MAIN,
     "--port",
     String(options.port ?? 0),
