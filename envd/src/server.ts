@@ -7,6 +7,7 @@ import { Process } from "@warren/proto/process/process_pb";
 import { secretsEqual } from "./auth.js";
 import type { EnvdConfig } from "./config.js";
 import type { EnvdContext } from "./context.js";
+import { loadFsXattr } from "./filesystem/metadata.js";
 import { createFilesystemService } from "./filesystem/service.js";
 import { handleFiles } from "./http/files.js";
 import { handleFilesCompose } from "./http/files-compose.js";
@@ -65,7 +66,14 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
   let warmed: Promise<void> | undefined;
   let listeningPort = 0;
   const warmUpOnce = () => {
-    warmed ??= warmUp(listeningPort, context.state.accessToken, log);
+    warmed ??= warmUp(listeningPort, context.state.accessToken, log).then(() => {
+      // The metadata addon too, so that a client's first file call does not load it (metadata.ts).
+      try {
+        loadFsXattr();
+      } catch (error) {
+        log.warn("could not load fs-xattr", { error: (error as Error).message });
+      }
+    });
   };
 
   const route = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {

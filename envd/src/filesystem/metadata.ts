@@ -1,4 +1,4 @@
-import { getAttribute, listAttributes, removeAttribute, setAttribute } from "fs-xattr";
+import { createRequire } from "node:module";
 import { fromFsError, invalidArgument } from "../errors.js";
 
 /** User metadata lives in extended attributes under this prefix (E2B's namespace). */
@@ -12,6 +12,18 @@ export const MAX_METADATA_TOTAL_BYTES = 4096;
 export type Metadata = ReadonlyArray<readonly [key: string, value: string]>;
 
 const PRINTABLE_ASCII = /^[\x20-\x7e]*$/;
+
+type FsXattr = typeof import("fs-xattr");
+let fsXattr: FsXattr | undefined;
+
+/**
+ * fs-xattr, a native addon (an ES module, required: envd's launcher runs its bundle as a script), loaded at the
+ * first metadata call or by the warm-up: at start it took ~5 ms of every sandbox's CPU before envd listened.
+ */
+export function loadFsXattr(): FsXattr {
+  fsXattr ??= createRequire(import.meta.url)("fs-xattr") as FsXattr;
+  return fsXattr;
+}
 
 /**
  * Checks client metadata (from `X-Metadata-<key>` headers): keys are lower-cased as E2B
@@ -54,7 +66,7 @@ function errnoOf(error: unknown): string | undefined {
 export async function readMetadata(path: string): Promise<Record<string, string>> {
   let names: string[];
   try {
-    names = await listAttributes(path);
+    names = await loadFsXattr().listAttributes(path);
   } catch {
     // Dangling links, vanished files and filesystems without xattrs simply have no metadata.
     return {};
@@ -63,7 +75,7 @@ export async function readMetadata(path: string): Promise<Record<string, string>
   for (const name of names) {
     if (!name.startsWith(METADATA_XATTR_PREFIX) || name.length === METADATA_XATTR_PREFIX.length) continue;
     try {
-      const value = await getAttribute(path, name);
+      const value = await loadFsXattr().getAttribute(path, name);
       pairs.push([name.slice(METADATA_XATTR_PREFIX.length), value.toString("utf8")]);
     } catch {
       // Removed between list and get.
@@ -77,7 +89,7 @@ export async function readMetadata(path: string): Promise<Record<string, string>
 export async function replaceMetadata(path: string, metadata: Metadata): Promise<void> {
   let existing: string[];
   try {
-    existing = (await listAttributes(path)).filter((name) => name.startsWith(METADATA_XATTR_PREFIX));
+    existing = (await loadFsXattr().listAttributes(path)).filter((name) => name.startsWith(METADATA_XATTR_PREFIX));
   } catch (error) {
     if (errnoOf(error) === "ENOTSUP" && metadata.length === 0) return;
     throw metadataError(error, path);
@@ -85,9 +97,9 @@ export async function replaceMetadata(path: string, metadata: Metadata): Promise
   const wanted = new Set(metadata.map(([key]) => METADATA_XATTR_PREFIX + key));
   try {
     for (const name of existing) {
-      if (!wanted.has(name)) await removeAttribute(path, name).catch(ignoreNoData);
+      if (!wanted.has(name)) await loadFsXattr().removeAttribute(path, name).catch(ignoreNoData);
     }
-    for (const [key, value] of metadata) await setAttribute(path, METADATA_XATTR_PREFIX + key, value);
+    for (const [key, value] of metadata) await loadFsXattr().setAttribute(path, METADATA_XATTR_PREFIX + key, value);
   } catch (error) {
     throw metadataError(error, path);
   }
