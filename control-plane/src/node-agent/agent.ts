@@ -388,7 +388,8 @@ export class NodeAgent {
 
   /**
    * Stops accepting creates, stops heartbeats and pools (pooled sandboxes are removed) and leaves claimed
-   * sandboxes running: a restarted agent re-adopts them. `killAll` removes them too.
+   * sandboxes running: a restarted agent re-adopts them. `killAll` removes them too, and any instance the driver
+   * still lists that no sandbox claims.
    */
   async close(options: { killAll?: boolean } = {}): Promise<void> {
     this.draining = true;
@@ -405,6 +406,10 @@ export class NodeAgent {
         await new Promise((resolve) => setTimeout(resolve, 50));
       for (const id of [...this.sandboxes.keys()])
         await this.kill(id).catch((error) => this.log.error("kill failed", { sandboxId: id, error }));
+      // And what no sandbox claims: a pooled instance whose removal failed earlier (its processes outlived the
+      // wait) is still in the driver's list with its mounts, and would otherwise outlive the agent.
+      for (const { instanceId } of this.driver.list())
+        await this.driver.kill(instanceId).catch((error) => this.log.error("kill failed", { instanceId, error }));
       await this.routes.removeNode(this.config.nodeId).catch(() => undefined);
     }
     await this.driver.close();
