@@ -29,7 +29,8 @@ export interface EnvdConfig {
   readonly envVars: Readonly<Record<string, string>>;
   /**
    * Run one login shell through the whole Start path, so the first client command does not pay for V8's lazy
-   * compilation, the modules and the fs-xattr addon its first calls load, and a cold page cache (a warm-pool sandbox is then really warm).
+   * compilation, the modules and the fs-xattr addon its first calls load, and a cold page cache (a warm-pool
+   * sandbox is then really warm).
    * `now`: right after listening (a pool's sandbox: nobody waits for it yet); `after-init`: once the first /init
    * has been answered (a cold start a user waits for: its /init must not queue behind the warm-up's ~70 ms of
    * CPU); `off`. `--warm-up`, else ENVD_WARMUP (`0` = off); default `now`.
