@@ -12,9 +12,15 @@ import { fileURLToPath } from "node:url";
 const dist = fileURLToPath(new URL("../dist/", import.meta.url));
 const out = `${dist}envd-main.cjs.cache`;
 const TIMEOUT_MS = 30_000;
+// A cache older than this run is an earlier build's, not one this run wrote.
+const started = Date.now() - 1000;
 
 function fail(reason) {
-  rmSync(out, { force: true });
+  try {
+    rmSync(out, { force: true });
+  } catch {
+    // Not ours to remove (another user's build): the launcher checks any cache against the bundle anyway.
+  }
   process.stderr.write(`envd code cache not written (envd still runs, compiling at each start): ${reason}\n`);
   process.exit(0);
 }
@@ -40,6 +46,7 @@ child.stderr.on("data", (chunk) => {
 });
 child.once("exit", (code, signal) => {
   clearTimeout(timer);
-  if (code !== 0 || !existsSync(out)) fail(`envd exited ${signal ?? code}: ${log.slice(-500)}`);
+  const written = existsSync(out) && statSync(out).mtimeMs >= started;
+  if (code !== 0 || !written) fail(`envd exited ${signal ?? code} without writing it: ${log.slice(-500)}`);
   console.log(`envd code cache written: ${out} (${Math.round(statSync(out).size / 1024)} KiB)`);
 });

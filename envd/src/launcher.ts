@@ -33,8 +33,13 @@ function run(): void {
   if (out) {
     delete process.env.ENVD_CODE_CACHE_OUT;
     process.once("exit", () => {
-      writeFileSync(`${out}.tmp`, codeCacheFile(key, script));
-      renameSync(`${out}.tmp`, out);
+      try {
+        writeFileSync(`${out}.tmp`, codeCacheFile(key, script));
+        renameSync(`${out}.tmp`, out);
+      } catch (error) {
+        process.stderr.write(`could not write the code cache ${out}: ${(error as Error).message}\n`);
+        process.exitCode = 1;
+      }
     });
   }
   const main = new Module(file);
