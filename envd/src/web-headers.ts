@@ -7,7 +7,7 @@ import { Headers as FetchFreeHeaders } from "headers-polyfill";
  * warm-up or first call), measured on 2026-12-05. Imported first by main.ts, so it is in place before any
  * request; envd's processes never see it (they are other programs).
  */
-export function useFetchFreeHeaders(): void {
+function useFetchFreeHeaders(): void {
   Object.defineProperty(globalThis, "Headers", {
     value: FetchFreeHeaders,
     writable: true,
