@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
-import { lstat, readFile, writeFile } from "node:fs/promises";
+import { lstat, mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
 import { exec } from "../exec.js";
@@ -94,14 +94,13 @@ export const RESOLV_CONF = "/etc/resolv.conf";
 export const BOOT_ID = "/proc/sys/kernel/random/boot_id";
 
 /**
- * The writable layer and the overlay root over the template (and snapshot layers). The layer is an ext4 image of
- * the sandbox's disk size (sandbox-disks.ts): a ready one moved into place (`--move` is refused under a shared
- * parent mount: then bound and unmounted), or one made here from the formatted image; where the node cannot
- * loop-mount, a size-limited tmpfs.
+ * The writable layer and the overlay root over the template (and snapshot layers), at mount points the agent made
+ * (`makeMountPoints`: one exec fewer per launch). The layer is an ext4 image of the sandbox's disk size
+ * (sandbox-disks.ts): a ready one moved into place (`--move` is refused under a shared parent mount: then bound and
+ * unmounted), or one made here from the formatted image; where the node cannot loop-mount, a size-limited tmpfs.
  */
 const MOUNT_ROOT = `set -e
 D="$1"
-mkdir -p "$D/disk" "$D/rootfs"
 if [ -n "$DISK_READY" ]; then
   mount --move "$DISK_READY" "$D/disk" 2>/dev/null || { mount --bind "$DISK_READY" "$D/disk"; umount "$DISK_READY"; }
 else
@@ -110,8 +109,8 @@ else
   if [ -n "$DISK_TEMPLATE" ]; then
 ${MAKE_DISK}  else
     mount -t tmpfs -o "size=\${DISK_MIB}m,mode=0755,nodev" warren-disk "$D/disk"
-  fi
-${MAKE_LAYER_DIRS}fi
+${MAKE_LAYER_DIRS}  fi
+fi
 mount -t overlay -o "lowerdir=$LOWER,upperdir=$D/disk/upper,workdir=$D/disk/work" warren-root "$D/rootfs"
 `;
 
@@ -251,6 +250,7 @@ export class InstanceContainers {
 
   /** Mounts the instance's writable layer and root, then starts its container in the cgroups of `procsFiles`. */
   async launch(record: InstanceRecord, cgroup: LaunchCgroups): Promise<void> {
+    await this.makeMountPoints(record);
     return this.startContainer(record, cgroup, LAUNCHER, await this.diskLaunch(record));
   }
 
@@ -261,7 +261,15 @@ export class InstanceContainers {
 
   /** Mounts the writable layer and root only (a CRIU restore then brings the processes). */
   async mountRoot(record: InstanceRecord, cgroup: LaunchCgroups): Promise<void> {
+    await this.makeMountPoints(record);
     return this.runLauncher(record, cgroup, MOUNT_ROOT, await this.diskLaunch(record));
+  }
+
+  /** MOUNT_ROOT's mount points: the writable layer's and the root's. */
+  private async makeMountPoints(record: InstanceRecord): Promise<void> {
+    const dir = this.options.records.dir(record.instanceId);
+    await mkdir(join(dir, "disk"), { recursive: true });
+    await mkdir(join(dir, "rootfs"), { recursive: true });
   }
 
   private diskLaunch(record: InstanceRecord): Promise<DiskLaunch> {

@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { readdir } from "node:fs/promises";
+import { readdir, writeFile } from "node:fs/promises";
 import type { Logger } from "@warren/platform/log";
 import { enableUplinkForwarding, SANDBOX_INTERFACES } from "../egress/uplink.js";
 import { exec, SerialQueue } from "../exec.js";
@@ -62,31 +62,21 @@ COMMIT
 `;
 
 /**
- * One sandbox network. `ip_nonlocal_bind` in the sandbox's namespace: a fork restored from a memory snapshot (CRIU)
- * into another slot re-binds the source's listening sockets at the source's address (envd's loopback forwards,
- * a server bound to that address), which fails without it; such sockets then never see traffic, and sending from
- * an address that is not local still fails (the kernel's route lookup refuses it without IP_TRANSPARENT, which
- * needs CAP_NET_ADMIN the sandbox does not have here), so no sandbox can speak with another's address.
+ * Inside a new slot's namespace (run by `nsenter --net`), its kernel settings, then its firewall (the rules on
+ * stdin). The settings are written by the shell itself (no `sysctl` exec: a refill's CPU is mostly its execs).
+ * `ip_nonlocal_bind`: a fork restored from a memory snapshot (CRIU) into another slot re-binds the source's
+ * listening sockets at the source's address (envd's loopback forwards, a server bound to that address), which fails
+ * without it; such sockets then never see traffic, and sending from an address that is not local still fails (the
+ * kernel's route lookup refuses it without IP_TRANSPARENT, which needs CAP_NET_ADMIN the sandbox does not have
+ * here), so no sandbox can speak with another's address.
  */
-const SLOT_SCRIPT = `set -e
-ip netns add "$NS"
-printf '%s\\n' \\
-  "link add $HV address $HMAC type veth peer name eth0 address $SMAC netns $NS" \\
-  "addr add $HIP/30 dev $HV" \\
-  "link set $HV up" \\
-  "neigh replace $SIP lladdr $SMAC dev $HV nud permanent" | ip -batch -
-sysctl -qw "net.ipv6.conf.$HV.disable_ipv6=1" "net.ipv4.conf.$HV.forwarding=1"
-printf '%s\\n' \\
-  "link set lo up" \\
-  "addr add $SIP/30 dev eth0" \\
-  "link set eth0 up" \\
-  "neigh replace $HIP lladdr $HMAC dev eth0 nud permanent" \\
-  "route add default via $HIP dev eth0" | ip -n "$NS" -batch -
-ip netns exec "$NS" sh -c '
-set -e
-sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 net.ipv4.ip_unprivileged_port_start=0 "net.ipv4.ping_group_range=0 2147483647" net.ipv4.ip_nonlocal_bind=1
-printf "%s" "$NS_RULES" | iptables-restore
-'
+const NAMESPACE_SETUP = `set -e
+echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6
+echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6
+echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start
+echo "0 2147483647" > /proc/sys/net/ipv4/ping_group_range
+echo 1 > /proc/sys/net/ipv4/ip_nonlocal_bind
+exec iptables-restore
 `;
 
 export class NetworkPool {
@@ -312,18 +302,33 @@ export class NetworkPool {
     const slot = this.slot(index);
     const net = this.base + index * 4;
     const rules = this.initialRules(slot);
+    const { netns, hostVeth, hostAddr, sandboxAddr } = slot;
+    const hostMac = mac(0x57, net + 1);
+    const sandboxMac = mac(0x58, net + 2);
     try {
-      await exec("sh", ["-c", SLOT_SCRIPT], {
-        env: {
-          NS: slot.netns,
-          HV: slot.hostVeth,
-          HIP: slot.hostAddr,
-          SIP: slot.sandboxAddr,
-          HMAC: mac(0x57, net + 1),
-          SMAC: mac(0x58, net + 2),
-          NS_RULES: rules,
-        },
+      // Four execs: the namespace and the host side, the sandbox side, the namespace's settings and firewall, and
+      // (below) the host rules. The host side's settings are the agent's own writes.
+      await exec("ip", ["-batch", "-"], {
+        input: lines(
+          `netns add ${netns}`,
+          `link add ${hostVeth} address ${hostMac} type veth peer name eth0 address ${sandboxMac} netns ${netns}`,
+          `addr add ${hostAddr}/30 dev ${hostVeth}`,
+          `link set ${hostVeth} up`,
+          `neigh replace ${sandboxAddr} lladdr ${sandboxMac} dev ${hostVeth} nud permanent`,
+        ),
       });
+      await writeFile(`/proc/sys/net/ipv6/conf/${hostVeth}/disable_ipv6`, "1");
+      await writeFile(`/proc/sys/net/ipv4/conf/${hostVeth}/forwarding`, "1");
+      await exec("ip", ["-n", netns, "-batch", "-"], {
+        input: lines(
+          "link set lo up",
+          `addr add ${sandboxAddr}/30 dev eth0`,
+          "link set eth0 up",
+          `neigh replace ${hostAddr} lladdr ${hostMac} dev eth0 nud permanent`,
+          `route add default via ${hostAddr} dev eth0`,
+        ),
+      });
+      await exec("nsenter", [`--net=${slot.netnsPath}`, "sh", "-c", NAMESPACE_SETUP], { input: rules });
       this.namespaceRules.set(index, rules);
       await this.restore(this.hostRules(slot), false);
       this.hostRulesAdded.add(index);
@@ -412,4 +417,9 @@ export class NetworkPool {
       }
     });
   }
+}
+
+/** `ip -batch` input: one command per line. */
+function lines(...commands: readonly string[]): string {
+  return `${commands.join("\n")}\n`;
 }

@@ -1,10 +1,10 @@
 import { execFileSync, spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { silentLogger } from "@warren/platform/log";
 import { afterAll, describe, expect, it } from "vitest";
-import { MAKE_DISK, MAKE_LAYER_DIRS, SandboxDisks } from "./sandbox-disks.js";
+import { MAKE_DISK, SandboxDisks } from "./sandbox-disks.js";
 
 // Real mkfs, loop devices and mounts (the tests run as root, like the node agent).
 const root = mkdtempSync(join(tmpdir(), "warren-disks-"));
@@ -26,7 +26,7 @@ if [ -n "$DISK_READY" ]; then
 else
   IMG="$D/disk.img"
   MNT="$D/disk"
-${MAKE_DISK}${MAKE_LAYER_DIRS}fi`;
+${MAKE_DISK}fi`;
   const run = spawnSync("sh", ["-c", script, "launcher", instanceDir], {
     env: { ...process.env, ...env, UID_BASE: "100000" },
   });
@@ -37,8 +37,12 @@ ${MAKE_DISK}${MAKE_LAYER_DIRS}fi`;
 describe("SandboxDisks", () => {
   it("the probe picks ext4 images where loop devices work; creates get ready disks; full is ENOSPC; close unmounts", async () => {
     const dir = join(root, "disks");
+    // A formatted image of an earlier Warren (no layer dirs in it) is not used: the probe removes it.
+    mkdirSync(dir);
+    writeFileSync(join(dir, "ext4-64m.img"), "");
     const disks = new SandboxDisks(dir, 100000, silentLogger);
     await disks.probe();
+    expect(existsSync(join(dir, "ext4-64m.img"))).toBe(false);
     // What this host has decides: loop devices (and root) give images, else tmpfs.
     expect(disks.kind).toBe(existsSync("/dev/loop-control") ? "image" : "tmpfs");
     if (disks.kind === "tmpfs") {
@@ -50,9 +54,13 @@ describe("SandboxDisks", () => {
     const first = join(root, "i1");
     mkdirSync(first);
     const cold = await disks.forInstance(first, 64);
-    expect(cold.DISK_TEMPLATE).toBe(join(dir, "ext4-64m.img"));
+    expect(cold.DISK_TEMPLATE).toBe(join(dir, "disk-64m.img"));
     mountDisk(first, cold);
     await disks.launched(cold);
+    // The formatted image holds the overlay's dirs (upper owned by sandbox root): a copy is ready once mounted.
+    const upper = statSync(join(first, "disk", "upper"));
+    expect([upper.uid, upper.gid, upper.mode & 0o7777]).toEqual([100000, 100000, 0o755]);
+    expect(statSync(join(first, "disk", "work")).uid).toBe(0);
     for (let i = 0; i < 200 && mountsUnder(join(dir, "ready")).length < 2; i++)
       await new Promise((r) => setTimeout(r, 50));
     expect(mountsUnder(join(dir, "ready"))).toHaveLength(2);

@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, readdir, rename, rm, rmdir } from "node:fs/promises";
+import { chmod, chown, mkdir, readdir, rename, rm, rmdir } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
 import { exec } from "../exec.js";
@@ -16,18 +16,25 @@ import { unmountTree } from "./mounts.js";
  */
 export type DiskKind = "image" | "tmpfs";
 
+/** A sandbox disk's mount options (`noinit_itable`: see MKFS_ARGS). */
+const DISK_MOUNT_OPTIONS = "nodev,noatime,noinit_itable";
+
 /**
  * Shell (`set -e`): makes a sandbox disk at $MNT from the formatted $DISK_TEMPLATE, as the sparse image file $IMG,
  * loop-mounted with direct I/O (no second copy of its pages in the host's page cache). `losetup -d` of the mounted
- * device only marks it to be freed when the filesystem is unmounted.
+ * device only marks it to be freed when the filesystem is unmounted. The formatted image already holds the overlay's
+ * upper and work dirs (`format`), so the disk is ready once mounted. SandboxDisks.makeReady runs the same steps.
  */
 export const MAKE_DISK = `cp --sparse=always "$DISK_TEMPLATE" "$IMG"
 L=$(losetup --find --show --direct-io=on "$IMG")
-mount -o nodev,noatime,noinit_itable "$L" "$MNT" || { losetup -d "$L"; exit 1; }
+mount -o ${DISK_MOUNT_OPTIONS} "$L" "$MNT" || { losetup -d "$L"; exit 1; }
 losetup -d "$L"
 `;
 
-/** Shell (`set -e`): the overlay's upper and work dirs on the writable layer at $MNT, upper owned by sandbox root. */
+/**
+ * Shell (`set -e`): the overlay's upper and work dirs on a tmpfs writable layer at $MNT, upper owned by sandbox root
+ * (a disk image has them from its formatted image).
+ */
 export const MAKE_LAYER_DIRS = `mkdir "$MNT/upper" "$MNT/work"
 chown "$UID_BASE:$UID_BASE" "$MNT/upper"
 chmod 0755 "$MNT/upper"
@@ -55,9 +62,16 @@ export type DiskLaunch = Readonly<Record<string, string>>;
 const MKFS_ARGS = ["-q", "-F", "-m", "0", "-O", "^has_journal", "-I", "256"];
 
 /**
+ * The formatted image of a disk size: `disk-<MiB>m.img`, with the overlay's layer dirs in it. Images of an earlier
+ * Warren (`ext4-<MiB>m.img`, without them) are removed by the probe.
+ */
+const formattedImageName = (diskSizeMB: number) => `disk-${diskSizeMB}m.img`;
+const EARLIER_FORMATTED_IMAGE = /^ext4-\d+m\.img$/;
+
+/**
  * Writable layers of this agent's sandboxes: which kind the node gets (the start-up probe); one formatted, sparse
  * ext4 image per disk size, made once (mkfs: 30–60 ms here); and a few ready disks of each recently used size
- * (`<dir>/ready/<id>`: copied, loop-mounted, layer dirs made), so a create only moves one into place — the copy and
+ * (`<dir>/ready/<id>`: copied and loop-mounted), so a create only moves one into place — the copy and
  * the loop device set-up (tens of ms on a busy host) happen off the create path. A create that finds none makes
  * its disk in the launcher. Ready disks are unmounted at close and, after a crash, by the next start's probe.
  *
@@ -96,14 +110,15 @@ export class SandboxDisks {
   async probe(): Promise<void> {
     await mkdir(this.dir, { recursive: true });
     for (const name of await readdir(this.dir)) {
-      if (name.startsWith(".")) await rm(join(this.dir, name), { recursive: true, force: true });
+      if (name.startsWith(".") || EARLIER_FORMATTED_IMAGE.test(name))
+        await rm(join(this.dir, name), { recursive: true, force: true });
     }
     // Ready disks of a previous run (a crash, or a stop while one was being made).
     await unmountTree(this.readyDir);
     await rm(this.readyDir, { recursive: true, force: true });
     await mkdir(this.readyDir);
     try {
-      // The very steps of a sandbox's disk (copy, loop device with direct I/O, mount, layer dirs), at 64 MiB.
+      // The very steps of a sandbox's disk (format, copy, loop device with direct I/O, mount), at 64 MiB.
       await this.discard(await this.makeReady(64));
       this.kindFound = "image";
       this.log.info("sandbox disks are ext4 images on the node's disk", { dir: this.dir });
@@ -188,14 +203,15 @@ export class SandboxDisks {
     const mount = join(this.readyDir, randomBytes(6).toString("hex"));
     await mkdir(mount);
     try {
-      await exec("sh", ["-c", `set -e\n${MAKE_DISK}${MAKE_LAYER_DIRS}`], {
-        env: {
-          DISK_TEMPLATE: await this.template(diskSizeMB),
-          IMG: `${mount}.img`,
-          MNT: mount,
-          UID_BASE: String(this.uidBase),
-        },
-      });
+      // MAKE_DISK's steps, each exec'd directly: no shell, no subshell (execs are the CPU a refill costs here).
+      const image = `${mount}.img`;
+      await exec("cp", ["--sparse=always", await this.template(diskSizeMB), image]);
+      const loop = (await exec("losetup", ["--find", "--show", "--direct-io=on", image])).stdout.trim();
+      try {
+        await exec("mount", ["-o", DISK_MOUNT_OPTIONS, loop, mount]);
+      } finally {
+        await exec("losetup", ["-d", loop], { allowFailure: true });
+      }
       return mount;
     } catch (error) {
       await this.discard(mount);
@@ -212,7 +228,7 @@ export class SandboxDisks {
   /** The formatted image of `diskSizeMB` (made once; concurrent callers share the making). */
   private template(diskSizeMB: number): Promise<string> {
     if (!Number.isInteger(diskSizeMB) || diskSizeMB < 16) throw new Error(`invalid disk size ${diskSizeMB} MiB`);
-    const path = join(this.dir, `ext4-${diskSizeMB}m.img`);
+    const path = join(this.dir, formattedImageName(diskSizeMB));
     if (existsSync(path)) return Promise.resolve(path);
     let making = this.making.get(diskSizeMB);
     if (!making) {
@@ -223,15 +239,24 @@ export class SandboxDisks {
   }
 
   private async format(path: string, diskSizeMB: number): Promise<string> {
-    const tmp = join(this.dir, `.${randomBytes(6).toString("hex")}.img`);
+    const tmp = join(this.dir, `.${randomBytes(6).toString("hex")}`);
     try {
-      // The root directory belongs to sandbox root, as the tmpfs's did (the launcher makes upper/work in it).
+      // The root directory and the overlay's upper dir belong to sandbox root, as on a tmpfs layer (MAKE_LAYER_DIRS);
+      // the work dir to host root. mkfs copies them in (`-d`), so every copy of the image is ready once mounted.
+      const layout = `${tmp}.layout`;
+      await mkdir(join(layout, "upper"), { recursive: true, mode: 0o755 });
+      await mkdir(join(layout, "work"), { mode: 0o755 });
+      for (const owned of [layout, join(layout, "upper")]) {
+        await chown(owned, this.uidBase, this.uidBase);
+        await chmod(owned, 0o755);
+      }
       const extended = `nodiscard,lazy_itable_init=1,root_owner=${this.uidBase}:${this.uidBase}`;
-      await exec("mkfs.ext4", [...MKFS_ARGS, "-E", extended, tmp, `${diskSizeMB}M`]);
-      await rename(tmp, path);
+      await exec("mkfs.ext4", [...MKFS_ARGS, "-E", extended, "-d", layout, `${tmp}.img`, `${diskSizeMB}M`]);
+      await rename(`${tmp}.img`, path);
       return path;
     } finally {
-      await rm(tmp, { force: true });
+      await rm(`${tmp}.img`, { force: true });
+      await rm(`${tmp}.layout`, { recursive: true, force: true });
     }
   }
 }
