@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
-import { lstat, mkdir, readFile, writeFile } from "node:fs/promises";
+import { lstat, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
 import { exec } from "../exec.js";
@@ -385,8 +385,20 @@ export class InstanceContainers {
     }
   }
 
-  /** Removes the instance's container from crun's state, whatever state it is in (none is fine). */
+  /**
+   * Removes the instance's container from crun's state, whatever state it is in (none is fine). A container whose
+   * init is gone (a teardown has killed every process in the sandbox's cgroups first) is nothing but crun's state
+   * directory — no hooks, no cgroups of crun's own (--cgroup-manager=disabled) — so it is removed here, without an
+   * exec of `crun delete` (~5–8 ms of CPU per teardown on the 2-CPU machines Warren is measured on). A container
+   * still running, or one whose state cannot be read, goes through crun.
+   */
   async remove(instanceId: string): Promise<void> {
+    const state = join(this.options.crunRoot, this.containerId(instanceId));
+    if (!existsSync(state)) return;
+    if (await initGone(state)) {
+      await rm(state, { recursive: true, force: true });
+      return;
+    }
     await exec("crun", ["--root", this.options.crunRoot, "delete", "-f", this.containerId(instanceId)], {
       allowFailure: true,
     });
@@ -401,4 +413,28 @@ export class InstanceContainers {
         await exec("crun", ["--root", this.options.crunRoot, "delete", "-f", cid], { allowFailure: true });
     }
   }
+}
+
+/**
+ * Whether the init process crun recorded for a container (its `status`: pid and start time) no longer runs: no such
+ * process, a zombie (dead, not yet reaped by the process it was reparented to), or another process reusing the pid.
+ * False when the status cannot be read.
+ */
+async function initGone(stateDir: string): Promise<boolean> {
+  let status: { pid?: unknown; "process-start-time"?: unknown };
+  try {
+    status = JSON.parse(await readFile(join(stateDir, "status"), "utf8"));
+  } catch {
+    return false;
+  }
+  const pid = status.pid;
+  if (typeof pid !== "number" || !Number.isInteger(pid) || pid <= 0) return false;
+  let stat: string;
+  try {
+    stat = await readFile(`/proc/${pid}/stat`, "utf8");
+  } catch {
+    return true;
+  }
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return fields[0] === "Z" || fields[19] !== String(status["process-start-time"]);
 }
