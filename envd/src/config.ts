@@ -1,6 +1,7 @@
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { ConfigError, parseInteger as integer } from "@warren/platform/env";
+import { type InheritedSpawner, parseInheritedSpawner } from "@warren/platform/spawner";
 import { ENVD_PORT } from "@warren/proto/ports";
 
 export { ConfigError };
@@ -60,6 +61,11 @@ export interface EnvdConfig {
    */
   readonly spawner: boolean;
   /**
+   * WARREN_SPAWNER (set by `warren-exec --serve-beside`, which started the spawner before it exec'd envd): the
+   * spawner to adopt instead of spawning one (`@warren/platform/spawner`). Removed from envd's environment at start.
+   */
+  readonly inheritedSpawner: InheritedSpawner | undefined;
+  /**
    * `--workload-fd N`: an inherited descriptor of the sandbox's workload cgroup (process/workload.ts), which every
    * process envd starts joins. Unset: processes stay in envd's cgroup.
    */
@@ -106,6 +112,7 @@ export function loadConfig(argv: readonly string[], env: NodeJS.ProcessEnv): Env
     // Beside this module: dist/warren-exec for the bundle (dist/envd-main.cjs) and for tsc's output alike.
     execLauncher: env.ENVD_EXEC_LAUNCHER || fileURLToPath(new URL("./warren-exec", import.meta.url)),
     spawner: env.ENVD_SPAWNER !== "0",
+    inheritedSpawner: parseInheritedSpawner(env.WARREN_SPAWNER),
     processLimit:
       values["process-limit"] === undefined
         ? undefined

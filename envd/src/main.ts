@@ -11,8 +11,10 @@ const log = createLogger("envd");
 runMain(
   async () => {
     const config = loadConfig(process.argv.slice(2), process.env);
-    // The token came in through the environment; processes envd starts must not inherit it.
+    // The token came in through the environment; processes envd starts must not inherit it (nor the spawner's
+    // descriptors, which are envd's own).
     delete process.env.ENVD_ACCESS_TOKEN;
+    delete process.env.WARREN_SPAWNER;
     const envd = await startEnvd(config, log);
     return { stop: () => envd.close() };
   },

@@ -25,7 +25,12 @@ export interface TestEnvdOptions {
   warmup?: boolean | "after-init";
   /** Node.js options before envd's launcher (a test's `--require` hook); sandboxes get none. */
   nodeArgs?: string[];
+  /** Started behind its command spawner (`warren-exec --serve-beside`), as sandboxes start it. */
+  spawnerBeside?: boolean;
 }
+
+/** The launcher sandboxes start envd behind (instance-container.ts). */
+export const WARREN_EXEC = fileURLToPath(new URL("../dist/warren-exec", import.meta.url));
 
 /** Starts the built envd as its own process, as root, the way a sandbox runs it. */
 export async function startTestEnvd(options: TestEnvdOptions = {}): Promise<TestEnvd> {
@@ -44,7 +49,12 @@ export async function startTestEnvd(options: TestEnvdOptions = {}): Promise<Test
     ...options.env,
   };
   if (options.accessToken) env.ENVD_ACCESS_TOKEN = options.accessToken;
-  const child = spawn(process.execPath, args, { env, stdio: ["ignore", "inherit", "pipe"] });
+  const child = options.spawnerBeside
+    ? spawn(WARREN_EXEC, ["--serve-beside", "--", process.execPath, ...args], {
+        env,
+        stdio: ["ignore", "inherit", "pipe"],
+      })
+    : spawn(process.execPath, args, { env, stdio: ["ignore", "inherit", "pipe"] });
   let stderr = "";
   const port = await new Promise<number>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`envd did not start: ${stderr}`)), 10_000);

@@ -11,14 +11,15 @@ const cmdline = (pid: number) => readFileSync(`/proc/${pid}/cmdline`, "utf8").sp
 const parentOf = (pid: number) => Number(/^PPid:\s+(\d+)$/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1]);
 
 describe.each([
-  { name: "the spawner", env: {} },
-  { name: "envd itself (ENVD_SPAWNER=0)", env: { ENVD_SPAWNER: "0" } },
-])("commands forked by $name", ({ env }) => {
+  { name: "the spawner", env: {}, beside: false },
+  { name: "the spawner started before envd (warren-exec --serve-beside)", env: {}, beside: true },
+  { name: "envd itself (ENVD_SPAWNER=0)", env: { ENVD_SPAWNER: "0" }, beside: false },
+])("commands forked by $name", ({ env, beside }) => {
   let envd: TestEnvd;
   let sandbox: Sandbox;
 
   beforeAll(async () => {
-    envd = await startTestEnvd({ env });
+    envd = await startTestEnvd({ env, spawnerBeside: beside });
     sandbox = sdkSandbox(envd);
   });
 
@@ -33,9 +34,14 @@ describe.each([
       if (env.ENVD_SPAWNER === "0") {
         expect(parent).toBe(envd.child.pid);
       } else {
-        expect(cmdline(parent)).toMatch(/warren-exec --serve$/);
+        // Beside: forked by warren-exec before it exec'd envd (same pid); its command line is not envd's.
+        expect(cmdline(parent)).toMatch(beside ? /warren-exec --serve-beside$/ : /warren-exec --serve$/);
         expect(parentOf(parent)).toBe(envd.child.pid);
+        expect(cmdline(envd.child.pid)).toMatch(/envd\.cjs/);
       }
+      // envd's own descriptors stay envd's: the command's environment does not name them.
+      const environ = readFileSync(`/proc/${handle.pid}/environ`, "utf8");
+      expect(environ).not.toContain("WARREN_SPAWNER");
       const stat = readFileSync(`/proc/${handle.pid}/stat`, "utf8").split(") ")[1]?.split(" ") ?? [];
       // Fields after the command: state, ppid, pgrp, session: the command leads both.
       expect([Number(stat[2]), Number(stat[3])]).toEqual([handle.pid, handle.pid]);
@@ -85,14 +91,17 @@ describe("the spawner's wait status", () => {
   });
 });
 
-describe("when the spawner dies", () => {
+describe.each([
+  { name: "the spawner", beside: false },
+  { name: "the spawner started before envd", beside: true },
+])("when $name dies", ({ beside }) => {
   it("envd forks commands itself from then on", async () => {
-    const envd = await startTestEnvd();
+    const envd = await startTestEnvd({ spawnerBeside: beside });
     try {
       const sandbox = sdkSandbox(envd);
       const first = await sandbox.commands.run("sleep 30", { background: true });
       const spawnerPid = parentOf(first.pid);
-      expect(cmdline(spawnerPid)).toMatch(/warren-exec --serve$/);
+      expect(cmdline(spawnerPid)).toMatch(beside ? /warren-exec --serve-beside$/ : /warren-exec --serve$/);
       process.kill(spawnerPid, "SIGKILL");
       await first.kill();
       const deadline = Date.now() + 5_000;

@@ -1,8 +1,35 @@
-import { type ChildProcess, spawn } from "node:child_process";
+import { spawn } from "node:child_process";
 import { closeSync, constants, openSync } from "node:fs";
 import { Socket } from "node:net";
 import { constants as osConstants } from "node:os";
+import type { Readable, Writable } from "node:stream";
 import type { Logger } from "./log.js";
+
+/**
+ * A spawner started before this process (`warren-exec --serve-beside`, which then exec'd it): its pid and this
+ * process's ends of its stdin (requests) and stdout (replies), from WARREN_SPAWNER=<pid>:<request fd>:<reply fd>.
+ */
+export interface InheritedSpawner {
+  readonly pid: number;
+  readonly requestFd: number;
+  readonly replyFd: number;
+}
+
+/** WARREN_SPAWNER's value; undefined when absent or malformed (the spawner is then started as a child). */
+export function parseInheritedSpawner(value: string | undefined): InheritedSpawner | undefined {
+  const match = /^(\d+):(\d+):(\d+)$/.exec(value ?? "");
+  if (!match) return undefined;
+  const [pid, requestFd, replyFd] = match.slice(1).map(Number) as [number, number, number];
+  return pid > 0 && requestFd > 2 && replyFd > 2 && requestFd !== replyFd ? { pid, requestFd, replyFd } : undefined;
+}
+
+/** The spawner this process talks to: its pid, its stdin and stdout, and whether it still runs. */
+interface SpawnerChannel {
+  readonly pid: number;
+  readonly requests: Writable;
+  readonly replies: Readable;
+  running(): boolean;
+}
 
 /** What the spawner is asked to start: its argv, environment, directory and stdin. */
 export interface SpawnRequest {
@@ -59,7 +86,7 @@ export function decodeWaitStatus(status: number): { code: number | null; signal:
  * it twice).
  */
 export class Spawner {
-  private child: ChildProcess | undefined;
+  private channel: SpawnerChannel | undefined;
   private nextId = 1;
   private readonly pending = new Map<string, PendingSpawn>();
   private readonly exits = new Map<number, (exit: { code: number | null; signal: NodeJS.Signals | null }) => void>();
@@ -70,21 +97,24 @@ export class Spawner {
     private readonly log: Logger,
   ) {}
 
-  /** Starts the spawner beside its user (when it cannot run, it is logged and `spawn` answers undefined). */
-  static start(launcher: string, log: Logger): Spawner {
+  /**
+   * Starts the spawner beside its user (when it cannot run, it is logged and `spawn` answers undefined), or adopts
+   * the one `inherited` names.
+   */
+  static start(launcher: string, log: Logger, inherited?: InheritedSpawner): Spawner {
     const spawner = new Spawner(launcher, log);
-    spawner.launch();
+    if (!inherited || !spawner.adoptInherited(inherited)) spawner.launch();
     return spawner;
   }
 
   get available(): boolean {
-    return this.child?.pid !== undefined && this.child.exitCode === null && this.child.signalCode === null;
+    return this.channel?.running() === true;
   }
 
   /** Starts `request`'s process; undefined when the spawner is not there (the caller then forks it itself). */
   spawn(request: SpawnRequest): Promise<SpawnedProcess> | undefined {
-    const child = this.child;
-    if (!this.available || !child?.stdin?.writable) return undefined;
+    const channel = this.channel;
+    if (!channel?.running() || !channel.requests.writable) return undefined;
     const id = String(this.nextId++);
     const fields = [
       "spawn",
@@ -99,29 +129,67 @@ export class Spawner {
     ];
     return new Promise<SpawnedProcess>((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
-      child.stdin?.write(frame(fields));
+      channel.requests.write(frame(fields));
     });
   }
 
   close(): void {
-    this.child?.stdin?.end();
+    this.channel?.requests.end();
   }
 
   private launch(): void {
     const child = spawn(this.launcher, ["--serve"], { stdio: ["pipe", "pipe", "inherit"] });
-    this.child = child;
     child.on("error", (error) => this.log.warn("the command spawner failed", { error: error.message }));
-    child.stdin?.on("error", () => undefined);
-    child.stdout?.setEncoding("latin1").on("data", (text: string) => this.read(text));
-    child.once("exit", (code, signal) => {
-      if (this.child === child) this.child = undefined;
-      this.log.warn("the command spawner ended; commands are forked without it", { code, signal });
-      const gone = new Error("the command spawner ended");
-      for (const pending of this.pending.values()) pending.reject(gone);
-      this.pending.clear();
-      for (const exit of this.exits.values()) exit({ code: null, signal: null });
-      this.exits.clear();
-    });
+    if (child.pid === undefined || !child.stdin || !child.stdout) return;
+    const channel: SpawnerChannel = {
+      pid: child.pid,
+      requests: child.stdin,
+      replies: child.stdout,
+      running: () => child.exitCode === null && child.signalCode === null,
+    };
+    this.attach(channel);
+    child.once("exit", (code, signal) => this.ended(channel, { code, signal }));
+  }
+
+  /** Talks to the spawner `inherited` names; false when its descriptors cannot be opened (none then). */
+  private adoptInherited(inherited: InheritedSpawner): boolean {
+    let requests: Socket | undefined;
+    try {
+      requests = new Socket({ fd: inherited.requestFd, readable: false, writable: true });
+      const replies = new Socket({ fd: inherited.replyFd, readable: true, writable: false });
+      let open = true;
+      const channel: SpawnerChannel = { pid: inherited.pid, requests, replies, running: () => open };
+      this.attach(channel);
+      // Its stdout closes when it ends (it is this process's child, but Node.js reaps only the children it spawned).
+      replies.once("close", () => {
+        open = false;
+        this.ended(channel, {});
+      });
+      return true;
+    } catch (error) {
+      requests?.destroy();
+      this.log.warn("the inherited command spawner could not be used", { error: (error as Error).message });
+      return false;
+    }
+  }
+
+  private attach(channel: SpawnerChannel): void {
+    this.channel = channel;
+    channel.requests.on("error", () => undefined);
+    channel.replies.on("error", () => undefined);
+    channel.replies.setEncoding("latin1");
+    channel.replies.on("data", (text: string) => this.read(text));
+  }
+
+  private ended(channel: SpawnerChannel, how: { code?: number | null; signal?: NodeJS.Signals | null }): void {
+    if (this.channel !== channel) return;
+    this.channel = undefined;
+    this.log.warn("the command spawner ended; commands are forked without it", how);
+    const gone = new Error("the command spawner ended");
+    for (const pending of this.pending.values()) pending.reject(gone);
+    this.pending.clear();
+    for (const exit of this.exits.values()) exit({ code: null, signal: null });
+    this.exits.clear();
   }
 
   private read(text: string): void {
@@ -161,7 +229,7 @@ export class Spawner {
 
   /** Opens this process's own ends of the command's pipes, then lets the spawner close its copies. */
   private adopt(id: string, pid: number, stdinFd: number, stdoutFd: number, stderrFd: number): SpawnedProcess {
-    const spawnerPid = this.child?.pid;
+    const spawnerPid = this.channel?.pid;
     const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
       this.exits.set(pid, resolve),
     );
@@ -196,7 +264,7 @@ export class Spawner {
       }
       throw error;
     } finally {
-      this.child?.stdin?.write(frame(["close", id]));
+      this.channel?.requests.write(frame(["close", id]));
     }
   }
 }

@@ -1,4 +1,4 @@
-import { accessSync, constants, existsSync } from "node:fs";
+import { accessSync, closeSync, constants, existsSync } from "node:fs";
 import { Code, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { Spawner } from "@warren/platform/spawner";
 import { WorkloadCgroup } from "@warren/platform/workload";
@@ -40,8 +40,13 @@ export function createProcessService(
   const envdPath = ctx.config.processPath;
   const execLauncher = usableLauncher(ctx);
   const processLimit = usableProcessLimit(ctx, execLauncher);
-  // The launcher is also the spawner (`warren-exec --serve`): commands are forked by it, not by envd.
-  const spawner = execLauncher && ctx.config.spawner ? Spawner.start(execLauncher, ctx.log) : undefined;
+  // The launcher is also the spawner (`warren-exec --serve`): commands are forked by it, not by envd. In a sandbox
+  // it was started before envd (`--serve-beside`) and is adopted.
+  const { inheritedSpawner } = ctx.config;
+  const spawner =
+    execLauncher && ctx.config.spawner ? Spawner.start(execLauncher, ctx.log, inheritedSpawner) : undefined;
+  // Not used: closing envd's end of its stdin ends it.
+  if (!spawner && inheritedSpawner) closeQuietly(inheritedSpawner.requestFd, inheritedSpawner.replyFd);
   const workload = new WorkloadCgroup(
     { procsFd: ctx.config.workloadFd, oomControlFd: ctx.config.workloadOomFd },
     ctx.log,
@@ -250,4 +255,14 @@ function usableProcessLimit(ctx: EnvdContext, execLauncher: string | undefined):
   if (limit === undefined || execLauncher !== undefined || existsSync(PRLIMIT)) return limit;
   ctx.log.warn("no prlimit in this sandbox: processes start without the process limit", { limit });
   return undefined;
+}
+
+function closeQuietly(...fds: number[]): void {
+  for (const fd of fds) {
+    try {
+      closeSync(fd);
+    } catch {
+      // Not open (a malformed WARREN_SPAWNER): nothing to end.
+    }
+  }
 }

@@ -172,6 +172,17 @@ export class InstanceContainers {
   }
 
   /**
+   * What envd starts behind: its command spawner (`warren-exec --serve-beside`, which forks the spawner and then
+   * execs envd in place) when built, so envd's start forks nothing (a fork of a fresh Node.js process: ~8 ms of
+   * its CPU here); else nothing (envd spawns the spawner itself).
+   */
+  private get envdSpawnerPrefix(): string[] {
+    return existsSync(join(this.options.envdRoot, "envd", "dist", "warren-exec"))
+      ? ["/opt/warren/envd/dist/warren-exec", "--serve-beside", "--"]
+      : [];
+  }
+
+  /**
    * The bundle (OCI config), boot id and resolv.conf of an instance: what crun and its bind mounts need. envd warms
    * up `now` in a pool's sandbox (nobody waits for it yet), `after-init` when a create waits: its /init then does
    * not queue behind the warm-up (about 70 ms here), which runs while the create's answer travels to the user.
@@ -191,6 +202,7 @@ export class InstanceContainers {
       // cold start p50 126–130 → 107–110 ms, 2026-12-05). V8 sizes the heap from the host's memory instead of
       // half the sandbox's: the sandbox's memory cgroup bounds it, and the young generation starts at 1 MiB anyway
       // (idle memory per sandbox 15.6 → 15.1 MiB).
+      ...this.envdSpawnerPrefix,
       ENVD_NODE,
       `/opt/warren/envd/dist/${this.envdEntry}`,
       "--host",
