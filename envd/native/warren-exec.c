@@ -35,6 +35,16 @@
  * ends of the spawner's stdin and stdout. envd (platform/src/spawner.ts) adopts them instead of spawning the
  * spawner itself: a fork of a fresh Node.js process cost ~8 ms of envd's start on the machines Warren is measured
  * on. The spawner is envd's child as before, and ends when envd's end of its stdin closes.
+ *
+ *   warren-exec --launch-sandbox <instance dir>
+ *
+ * The node agent's launch of a sandbox whose disk is ready (control-plane/src/runtime/namespace/instance-container.ts,
+ * whose shell launcher does the same and more): output to <dir>/envd.log; the ready disk at $DISK_READY moved to
+ * <dir>/disk (bound, then unmounted, where a shared parent refuses the move); the overlay of $LOWER under that
+ * disk's upper and work dirs at <dir>/rootfs; this process into every cgroup.procs in $CGROUP_PROCS; the workload's
+ * cgroup.procs ($WORKLOAD_PROCS, appended) as fd 3 and its memory.oom_control ($WORKLOAD_OOM_CONTROL) as fd 4; then
+ * `crun run --detach` of <dir>/bundle as container $CID under $CRUN_ROOT. Mounts by system call instead of a shell
+ * and two `mount` execs: ~15 ms of CPU per cold start on the machines Warren is measured on.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -48,6 +58,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
@@ -413,7 +424,62 @@ static int serve_beside(int argc, char **argv) {
   return 127;
 }
 
+/* --launch-sandbox */
+
+static const char *need_env(const char *name) {
+  const char *value = getenv(name);
+  if (value == NULL || value[0] == '\0') fail(127, "missing environment variable", name);
+  return value;
+}
+
+static void path_in(char *out, size_t size, const char *dir, const char *name) {
+  if ((size_t)snprintf(out, size, "%s/%s", dir, name) >= size) fail(127, "path too long", dir);
+}
+
+static int launch_sandbox(const char *dir) {
+  char path[PATH_MAX], disk[PATH_MAX], rootfs[PATH_MAX];
+  path_in(path, sizeof path, dir, "envd.log");
+  int log = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (log < 0 || dup2(log, 1) < 0 || dup2(log, 2) < 0) fail(126, "envd.log", strerror(errno));
+  path_in(disk, sizeof disk, dir, "disk");
+  path_in(rootfs, sizeof rootfs, dir, "rootfs");
+  const char *ready = need_env("DISK_READY");
+  if (mount(ready, disk, NULL, MS_MOVE, NULL) != 0) {
+    if (mount(ready, disk, NULL, MS_BIND, NULL) != 0) fail(126, "bind the ready disk", strerror(errno));
+    if (umount2(ready, 0) != 0) fail(126, "unmount the ready disk", strerror(errno));
+  }
+  static char options[4096];
+  if ((size_t)snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", need_env("LOWER"),
+                       disk, disk) >= sizeof options)
+    fail(127, "overlay options too long", NULL);
+  if (mount("warren-root", rootfs, "overlay", 0, options) != 0) fail(126, "mount the overlay root", strerror(errno));
+  char pid[32];
+  int pid_length = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+  char *procs = strdup(need_env("CGROUP_PROCS"));
+  for (char *file = strtok(procs, " "); file != NULL; file = strtok(NULL, " ")) {
+    int fd = open(file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, pid, (size_t)pid_length) != pid_length) fail(126, file, strerror(errno));
+    close(fd);
+  }
+  int procs_fd = open(need_env("WORKLOAD_PROCS"), O_WRONLY | O_APPEND);
+  int oom_fd = open(need_env("WORKLOAD_OOM_CONTROL"), O_RDONLY);
+  if (procs_fd < 0 || oom_fd < 0) fail(126, "workload cgroup", strerror(errno));
+  if (dup2(procs_fd, 3) < 0 || dup2(oom_fd, 4) < 0) fail(126, "dup2", strerror(errno));
+  if (procs_fd > 4) close(procs_fd);
+  if (oom_fd > 4) close(oom_fd);
+  char bundle[PATH_MAX], pid_file[PATH_MAX];
+  path_in(bundle, sizeof bundle, dir, "bundle");
+  path_in(pid_file, sizeof pid_file, dir, "pid");
+  char *crun[] = {"crun", "--root", (char *)need_env("CRUN_ROOT"), "--cgroup-manager=disabled", "run",
+                  "--preserve-fds", "2", "--detach", "--bundle", bundle, "--pid-file", pid_file,
+                  (char *)need_env("CID"), NULL};
+  execvp("crun", crun);
+  fail(errno == ENOENT ? 127 : 126, "crun", strerror(errno));
+  return 127;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--launch-sandbox") == 0 && argv[2][0] == '/') return launch_sandbox(argv[2]);
   if (argc == 2 && strcmp(argv[1], "--serve") == 0) return serve();
   if (argc >= 4 && strcmp(argv[1], "--serve-beside") == 0 && strcmp(argv[2], "--") == 0 && argv[3][0] == '/')
     return serve_beside(argc, argv);

@@ -1,5 +1,7 @@
-import { spawnSync } from "node:child_process";
-import { existsSync } from "node:fs";
+import { execFileSync, spawnSync } from "node:child_process";
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 
@@ -79,5 +81,76 @@ describe("warren-exec", () => {
       status: 126,
       stderr: expect.stringMatching(/Permission denied/),
     });
+  });
+});
+
+describe("warren-exec --launch-sandbox", () => {
+  // The node agent's launch of a sandbox whose disk is ready; crun itself runs in the node agent's tests
+  // (control-plane/test/node-agent-*.test.ts). Here a stand-in `crun` first in PATH reports what it was given.
+  it("moves the ready disk, mounts the overlay root, joins the cgroups, hands over the workload's files, execs crun", () => {
+    const root = mkdtempSync(join(tmpdir(), "warren-launch-"));
+    const dir = join(root, "instance");
+    const ready = join(root, "ready");
+    const lower = join(root, "lower");
+    const bin = join(root, "bin");
+    for (const d of [join(dir, "disk"), join(dir, "rootfs"), ready, lower, bin]) mkdirSync(d, { recursive: true });
+    writeFileSync(join(lower, "from-template"), "t");
+    execFileSync("mount", ["-t", "tmpfs", "-o", "size=1m", "warren-test", ready]);
+    mkdirSync(join(ready, "upper"));
+    mkdirSync(join(ready, "work"));
+    writeFileSync(join(root, "procs-a"), "");
+    writeFileSync(join(root, "procs-b"), "");
+    writeFileSync(join(root, "workload-procs"), "");
+    writeFileSync(join(root, "oom-control"), "oom_kill 0\n");
+    writeFileSync(
+      join(bin, "crun"),
+      `#!/bin/sh\necho "args: $*"\necho "pid: $$"\nls "${dir}/rootfs"\nreadlink /proc/$$/fd/3 /proc/$$/fd/4\n`,
+    );
+    chmodSync(join(bin, "crun"), 0o755);
+    try {
+      const run = spawnSync(LAUNCHER, ["--launch-sandbox", dir], {
+        encoding: "utf8",
+        env: {
+          PATH: `${bin}:/usr/bin:/bin`,
+          DISK_READY: ready,
+          LOWER: lower,
+          CGROUP_PROCS: `${join(root, "procs-a")} ${join(root, "procs-b")}`,
+          WORKLOAD_PROCS: join(root, "workload-procs"),
+          WORKLOAD_OOM_CONTROL: join(root, "oom-control"),
+          CRUN_ROOT: join(root, "crun"),
+          CID: "warren-test-1",
+        },
+      });
+      expect([run.status, run.stdout, run.stderr]).toEqual([0, "", ""]);
+      const log = readFileSync(join(dir, "envd.log"), "utf8").split("\n");
+      expect(log[0]).toBe(
+        `args: --root ${join(root, "crun")} --cgroup-manager=disabled run --preserve-fds 2 --detach ` +
+          `--bundle ${dir}/bundle --pid-file ${dir}/pid warren-test-1`,
+      );
+      const pid = log[1]?.replace("pid: ", "");
+      expect(readFileSync(join(root, "procs-a"), "utf8")).toBe(`${pid}\n`);
+      expect(readFileSync(join(root, "procs-b"), "utf8")).toBe(`${pid}\n`);
+      expect(log.slice(2, 5)).toEqual(["from-template", join(root, "workload-procs"), join(root, "oom-control")]);
+      const mounts = readFileSync("/proc/self/mountinfo", "utf8");
+      expect(mounts).toContain(` ${dir}/disk `);
+      expect(mounts).toContain(` ${dir}/rootfs `);
+      expect(mounts).not.toContain(` ${ready} `);
+    } finally {
+      for (const point of [join(dir, "rootfs"), join(dir, "disk"), ready]) spawnSync("umount", [point]);
+      rmSync(root, { recursive: true, force: true });
+    }
+  });
+
+  it("says which setting is missing, in envd.log, with a shell's status", () => {
+    const dir = mkdtempSync(join(tmpdir(), "warren-launch-"));
+    try {
+      const run = spawnSync(LAUNCHER, ["--launch-sandbox", dir], { encoding: "utf8", env: { PATH: "/usr/bin:/bin" } });
+      expect(run.status).toBe(127);
+      expect(readFileSync(join(dir, "envd.log"), "utf8")).toBe(
+        "warren-exec: missing environment variable: DISK_READY\n",
+      );
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

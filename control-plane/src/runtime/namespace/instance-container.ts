@@ -98,6 +98,8 @@ export const BOOT_ID = "/proc/sys/kernel/random/boot_id";
  * (`makeMountPoints`: one exec fewer per launch). The layer is an ext4 image of the sandbox's disk size
  * (sandbox-disks.ts): a ready one moved into place (`--move` is refused under a shared parent mount: then bound and
  * unmounted), or one made here from the formatted image; where the node cannot loop-mount, a size-limited tmpfs.
+ * A launch with a ready disk, the usual one, runs the same steps in `warren-exec --launch-sandbox` instead (keep
+ * the two alike: envd/native/warren-exec.c).
  */
 const MOUNT_ROOT = `set -e
 D="$1"
@@ -171,13 +173,18 @@ export class InstanceContainers {
     return existsSync(join(this.options.envdRoot, "envd", "dist", "envd.cjs")) ? "envd.cjs" : "main.js";
   }
 
+  /** envd's static launcher on the host (`envd/native/warren-exec.c`). */
+  private get launcherBinary(): string {
+    return join(this.options.envdRoot, "envd", "dist", "warren-exec");
+  }
+
   /**
    * What envd starts behind: its command spawner (`warren-exec --serve-beside`, which forks the spawner and then
    * execs envd in place) when built, so envd's start forks nothing (a fork of a fresh Node.js process: ~8 ms of
    * its CPU here); else nothing (envd spawns the spawner itself).
    */
   private get envdSpawnerPrefix(): string[] {
-    return existsSync(join(this.options.envdRoot, "envd", "dist", "warren-exec"))
+    return existsSync(this.launcherBinary)
       ? ["/opt/warren/envd/dist/warren-exec", "--serve-beside", "--"]
       : [];
   }
@@ -312,7 +319,13 @@ export class InstanceContainers {
       // Through the node agent's tool spawner (exec): a fork of the agent itself blocked its event loop ~20–30 ms
       // per launch. The script sends its own output, and so the sandbox's (crun, envd and the code gateway inherit
       // it), to envd.log: nothing holds the spawner's pipes once the container has started.
-      const { code } = await exec("sh", ["-c", `exec >>"$1/envd.log" 2>&1\n${script}`, "launcher", dir], {
+      // The common launch (a ready disk: every create the disk pool kept up with) is envd's static launcher's own
+      // (`warren-exec --launch-sandbox`: mounts by system call, then crun), the same steps as LAUNCHER's.
+      const direct = script === LAUNCHER && disk.DISK_READY !== undefined && existsSync(this.launcherBinary);
+      const [file, args] = direct
+        ? [this.launcherBinary, ["--launch-sandbox", dir]]
+        : ["sh", ["-c", `exec >>"$1/envd.log" 2>&1\n${script}`, "launcher", dir]];
+      const { code } = await exec(file, args, {
         env: {
           DISK_MIB: String(record.resources.diskSizeMB),
           ...disk,
