@@ -147,7 +147,7 @@ describe("warren-exec --launch-sandbox", () => {
       const run = spawnSync(LAUNCHER, ["--launch-sandbox", dir], { encoding: "utf8", env: { PATH: "/usr/bin:/bin" } });
       expect(run.status).toBe(127);
       expect(readFileSync(join(dir, "envd.log"), "utf8")).toBe(
-        "warren-exec: missing environment variable: DISK_READY\n",
+        "warren-exec: missing environment variable: DISK_TEMPLATE\n",
       );
     } finally {
       rmSync(dir, { recursive: true, force: true });

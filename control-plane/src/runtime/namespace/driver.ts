@@ -135,7 +135,12 @@ export class NamespaceDriver implements RuntimeDriver {
     this.crunRoot = join(options.stateDir, "crun");
     const { records, cgroups, network } = this;
     const { criu, uidBase, log } = options;
-    this.disks = new SandboxDisks(join(options.stateDir, "disks"), uidBase, log.child({ part: "disks" }));
+    this.disks = new SandboxDisks(
+      join(options.stateDir, "disks"),
+      uidBase,
+      log.child({ part: "disks" }),
+      join(options.envdRoot, "envd", "dist", "warren-exec"),
+    );
     this.diskBudget = new DiskBudget(options.stateDir, options.diskOvercommit ?? 1);
     this.oomLog = new KernelOomLog(log.child({ part: "oom-log" }));
     const containers = new InstanceContainers({

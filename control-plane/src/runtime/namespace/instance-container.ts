@@ -98,7 +98,7 @@ export const BOOT_ID = "/proc/sys/kernel/random/boot_id";
  * (`makeMountPoints`: one exec fewer per launch). The layer is an ext4 image of the sandbox's disk size
  * (sandbox-disks.ts): a ready one moved into place (`--move` is refused under a shared parent mount: then bound and
  * unmounted), or one made here from the formatted image; where the node cannot loop-mount, a size-limited tmpfs.
- * A launch with a ready disk, the usual one, runs the same steps in `warren-exec --launch-sandbox` instead (keep
+ * A launch onto a disk image (not a tmpfs) runs the same steps in `warren-exec --launch-sandbox` instead (keep
  * the two alike: envd/native/warren-exec.c).
  */
 const MOUNT_ROOT = `set -e
@@ -317,9 +317,12 @@ export class InstanceContainers {
       // Through the node agent's tool spawner (exec): a fork of the agent itself blocked its event loop ~20–30 ms
       // per launch. The script sends its own output, and so the sandbox's (crun, envd and the code gateway inherit
       // it), to envd.log: nothing holds the spawner's pipes once the container has started.
-      // The common launch (a ready disk: every create the disk pool kept up with) is envd's static launcher's own
-      // (`warren-exec --launch-sandbox`: mounts by system call, then crun), the same steps as LAUNCHER's.
-      const direct = script === LAUNCHER && disk.DISK_READY !== undefined && existsSync(this.launcherBinary);
+      // A launch onto a disk image (a ready one, or one made now from the formatted image) is envd's static
+      // launcher's own (`warren-exec --launch-sandbox`: disk and mounts by system call, then crun), LAUNCHER's steps.
+      const direct =
+        script === LAUNCHER &&
+        (disk.DISK_READY !== undefined || disk.DISK_TEMPLATE !== undefined) &&
+        existsSync(this.launcherBinary);
       const [file, args] = direct
         ? [this.launcherBinary, ["--launch-sandbox", dir]]
         : ["sh", ["-c", `exec >>"$1/envd.log" 2>&1\n${script}`, "launcher", dir]];

@@ -2,6 +2,7 @@ import { execFileSync, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { silentLogger } from "@warren/platform/log";
 import { afterAll, describe, expect, it } from "vitest";
 import { MAKE_DISK, SandboxDisks } from "./sandbox-disks.js";
@@ -34,24 +35,31 @@ ${MAKE_DISK}fi`;
   expect(run.status).toBe(0);
 }
 
-describe("SandboxDisks", () => {
+// envd's static launcher as the build makes it (it makes a disk in one exec), and the tools themselves.
+const LAUNCHER = fileURLToPath(new URL("../../../../envd/dist/warren-exec", import.meta.url));
+
+describe.each([
+  { made: "by warren-exec --ready-disk", launcher: LAUNCHER },
+  { made: "by cp, losetup and mount", launcher: undefined },
+])("SandboxDisks, disks made $made", ({ launcher }) => {
   it("the probe picks ext4 images where loop devices work; creates get ready disks; full is ENOSPC; close unmounts", async () => {
-    const dir = join(root, "disks");
+    const base = join(root, launcher ? "made-by-launcher" : "made-by-tools");
+    const dir = join(base, "disks");
     // A formatted image of an earlier Warren (no layer dirs in it) is not used: the probe removes it.
-    mkdirSync(dir);
+    mkdirSync(dir, { recursive: true });
     writeFileSync(join(dir, "ext4-64m.img"), "");
-    const disks = new SandboxDisks(dir, 100000, silentLogger);
+    const disks = new SandboxDisks(dir, 100000, silentLogger, launcher);
     await disks.probe();
     expect(existsSync(join(dir, "ext4-64m.img"))).toBe(false);
     // What this host has decides: loop devices (and root) give images, else tmpfs.
     expect(disks.kind).toBe(existsSync("/dev/loop-control") ? "image" : "tmpfs");
     if (disks.kind === "tmpfs") {
-      expect(await disks.forInstance(join(root, "i0"), 64)).toEqual({});
+      expect(await disks.forInstance(join(base, "i0"), 64)).toEqual({});
       return;
     }
 
     // The first create of a size makes its disk in the launcher; later ones find a ready disk.
-    const first = join(root, "i1");
+    const first = join(base, "i1");
     mkdirSync(first);
     const cold = await disks.forInstance(first, 64);
     expect(cold.DISK_TEMPLATE).toBe(join(dir, "disk-64m.img"));
@@ -65,7 +73,7 @@ describe("SandboxDisks", () => {
       await new Promise((r) => setTimeout(r, 50));
     expect(mountsUnder(join(dir, "ready"))).toHaveLength(2);
 
-    const second = join(root, "i2");
+    const second = join(base, "i2");
     mkdirSync(second);
     const warm = await disks.forInstance(second, 64);
     expect(warm.DISK_READY).toMatch(new RegExp(`^${join(dir, "ready")}/[0-9a-f]{12}$`));
@@ -73,6 +81,14 @@ describe("SandboxDisks", () => {
     mountDisk(second, warm);
     await disks.launched(warm);
     expect(existsSync(warm.DISK_READY as string)).toBe(false);
+    // Its loop device does direct I/O (no second copy of its pages in the host's cache) and frees itself at unmount.
+    const device = readFileSync("/proc/self/mountinfo", "utf8")
+      .split("\n")
+      .find((line) => line.split(" ")[4] === join(second, "disk"))
+      ?.split(" - ")[1]
+      ?.split(" ")[1];
+    const loopFlags = (name: string) => readFileSync(`/sys/block/${device?.slice(5)}/loop/${name}`, "utf8").trim();
+    expect([loopFlags("dio"), loopFlags("autoclear")]).toEqual(["1", "1"]);
     expect(statSync(join(second, "disk", "upper")).uid).toBe(100000);
 
     // A sandbox user filling it gets ENOSPC at about the disk's size; the image holds the bytes on the disk.

@@ -23,7 +23,8 @@ const DISK_MOUNT_OPTIONS = "nodev,noatime,noinit_itable";
  * Shell (`set -e`): makes a sandbox disk at $MNT from the formatted $DISK_TEMPLATE, as the sparse image file $IMG,
  * loop-mounted with direct I/O (no second copy of its pages in the host's page cache). `losetup -d` of the mounted
  * device only marks it to be freed when the filesystem is unmounted. The formatted image already holds the overlay's
- * upper and work dirs (`format`), so the disk is ready once mounted. SandboxDisks.makeReady runs the same steps.
+ * upper and work dirs (`format`), so the disk is ready once mounted. SandboxDisks.makeReady runs the same steps (or
+ * `warren-exec --ready-disk` does, in one exec).
  */
 export const MAKE_DISK = `cp --sparse=always "$DISK_TEMPLATE" "$IMG"
 L=$(losetup --find --show --direct-io=on "$IMG")
@@ -95,6 +96,8 @@ export class SandboxDisks {
     private readonly dir: string,
     private readonly uidBase: number,
     private readonly log: Logger,
+    /** envd's static launcher, which makes a disk in one exec (`warren-exec --ready-disk`) where it is built. */
+    private readonly launcher?: string,
   ) {
     this.readyDir = join(dir, "ready");
   }
@@ -203,9 +206,15 @@ export class SandboxDisks {
     const mount = join(this.readyDir, randomBytes(6).toString("hex"));
     await mkdir(mount);
     try {
-      // MAKE_DISK's steps, each exec'd directly: no shell, no subshell (execs are the CPU a refill costs here).
       const image = `${mount}.img`;
-      await exec("cp", ["--sparse=always", await this.template(diskSizeMB), image]);
+      const formatted = await this.template(diskSizeMB);
+      if (this.launcher && existsSync(this.launcher)) {
+        // MAKE_DISK's steps by system call: one exec instead of four (execs are most of the CPU a refill costs).
+        await exec(this.launcher, ["--ready-disk", formatted, image, mount]);
+        return mount;
+      }
+      // MAKE_DISK's steps, each exec'd directly: no shell, no subshell.
+      await exec("cp", ["--sparse=always", formatted, image]);
       const loop = (await exec("losetup", ["--find", "--show", "--direct-io=on", image])).stdout.trim();
       try {
         await exec("mount", ["-o", DISK_MOUNT_OPTIONS, loop, mount]);
