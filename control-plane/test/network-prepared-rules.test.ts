@@ -1,17 +1,13 @@
 import { execFileSync } from "node:child_process";
+import { existsSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import { silentLogger } from "@warren/platform/log";
 import { afterAll, describe, expect, it } from "vitest";
 import { NetworkPool } from "../src/runtime/namespace/network.js";
 
-// Needs root (network namespaces, host iptables chains of its own).
-const INSTANCE = "nr";
-const pool = new NetworkPool({
-  instance: INSTANCE,
-  cidr: "10.249.0.0/24",
-  poolSize: 0,
-  log: silentLogger,
-  uplinkForwarding: false,
-});
+// Needs root (network namespaces, host iptables chains of its own). Slots' namespaces are set up by envd's static
+// launcher (`warren-exec --netns-setup`) where it is built, else by nsenter and a shell: both are checked.
+const LAUNCHER = fileURLToPath(new URL("../../envd/dist/warren-exec", import.meta.url));
 
 const rules = (marker: string) => `*filter
 :INPUT ACCEPT [0:0]
@@ -33,23 +29,73 @@ function iptables(...args: string[]): void {
   }
 }
 
-afterAll(async () => {
-  await pool.close();
-  // Whatever a failed run left of this instance's slots (namespaces, veths, rules).
-  await pool.sweep(new Set());
-  const tag = INSTANCE.toUpperCase();
-  iptables("-D", "INPUT", "-j", `WARREN-${tag}-IN`);
-  iptables("-D", "FORWARD", "-j", `WARREN-${tag}-FWD`);
-  iptables("-t", "nat", "-D", "POSTROUTING", "-j", `WARREN-${tag}-NAT`);
-  for (const chain of [`WARREN-${tag}-IN`, `WARREN-${tag}-FWD`]) {
-    iptables("-F", chain);
-    iptables("-X", chain);
-  }
-  iptables("-t", "nat", "-F", `WARREN-${tag}-NAT`);
-  iptables("-t", "nat", "-X", `WARREN-${tag}-NAT`);
-});
+describe.each([
+  { instance: "nr", cidr: "10.249.0.0/24", launcher: undefined, setUpBy: "nsenter and a shell" },
+  { instance: "nrl", cidr: "10.249.1.0/24", launcher: LAUNCHER, setUpBy: "warren-exec --netns-setup" },
+])("network slots set up by $setUpBy", ({ instance: INSTANCE, cidr, launcher }) => {
+  const pool = new NetworkPool({
+    instance: INSTANCE,
+    cidr,
+    poolSize: 0,
+    log: silentLogger,
+    uplinkForwarding: false,
+    ...(launcher ? { launcher } : {}),
+  });
 
-describe("network slots made with prepared rules", () => {
+  afterAll(async () => {
+    await pool.close();
+    // Whatever a failed run left of this instance's slots (namespaces, veths, rules).
+    await pool.sweep(new Set());
+    const tag = INSTANCE.toUpperCase();
+    iptables("-D", "INPUT", "-j", `WARREN-${tag}-IN`);
+    iptables("-D", "FORWARD", "-j", `WARREN-${tag}-FWD`);
+    iptables("-t", "nat", "-D", "POSTROUTING", "-j", `WARREN-${tag}-NAT`);
+    for (const chain of [`WARREN-${tag}-IN`, `WARREN-${tag}-FWD`]) {
+      iptables("-F", chain);
+      iptables("-X", chain);
+    }
+    iptables("-t", "nat", "-F", `WARREN-${tag}-NAT`);
+    iptables("-t", "nat", "-X", `WARREN-${tag}-NAT`);
+  });
+
+  it("have the namespace's and the veth's settings", async () => {
+    // The launcher is what `npm run build` makes: this case must not quietly fall back to nsenter.
+    if (launcher) expect(existsSync(launcher)).toBe(true);
+    await pool.start();
+    const slot = await pool.acquire();
+    try {
+      const inside = execFileSync(
+        "ip",
+        [
+          "netns",
+          "exec",
+          slot.netns,
+          "sysctl",
+          "-n",
+          "net.ipv6.conf.all.disable_ipv6",
+          "net.ipv6.conf.default.disable_ipv6",
+          "net.ipv6.conf.eth0.disable_ipv6",
+          "net.ipv4.ip_unprivileged_port_start",
+          "net.ipv4.ping_group_range",
+          "net.ipv4.ip_nonlocal_bind",
+        ],
+        { encoding: "utf8" },
+      );
+      expect(inside.trim().split("\n")).toEqual(["1", "1", "1", "0", "0\t2147483647", "1"]);
+      const host = execFileSync(
+        "sysctl",
+        ["-n", `net.ipv6.conf.${slot.hostVeth}.disable_ipv6`, `net.ipv4.conf.${slot.hostVeth}.forwarding`],
+        { encoding: "utf8" },
+      );
+      expect(host.trim().split("\n")).toEqual(["1", "1"]);
+      expect(execFileSync("ip", ["-n", slot.netns, "route"], { encoding: "utf8" })).toContain(
+        `default via ${slot.hostAddr} dev eth0`,
+      );
+    } finally {
+      await pool.release(slot);
+    }
+  });
+
   it("start with the prepared firewall, skip applying the same rules again, and apply any other rules", async () => {
     await pool.start();
     // Before any preparation a slot is closed: nothing but loopback and replies leaves.

@@ -47,6 +47,12 @@
  * and two `mount` execs: ~15 ms of CPU per cold start on the machines Warren is measured on. Without a ready disk
  * ($DISK_TEMPLATE instead of $DISK_READY) it first makes one at <dir>/disk from <dir>/disk.img, as below.
  *
+ *   warren-exec --netns-setup <network namespace path>      (the rules on stdin)
+ *
+ * A new sandbox network's own side (control-plane/src/runtime/namespace/network.ts, whose NAMESPACE_SETUP shell
+ * does the same under nsenter): joins the namespace, writes its settings (IPv6 off, every port and ping for
+ * everyone, non-local binds), then execs `iptables-restore` with the rules: two execs fewer than nsenter + sh.
+ *
  *   warren-exec --ready-disk <formatted image> <new image> <mount point>
  *
  * A sandbox disk (control-plane/src/runtime/namespace/sandbox-disks.ts, whose MAKE_DISK shell does the same): a
@@ -67,6 +73,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/loop.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -435,6 +442,31 @@ static int serve_beside(int argc, char **argv) {
   return 127;
 }
 
+/* --netns-setup */
+
+static void write_setting(const char *path, const char *value) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  size_t length = strlen(value);
+  if (fd < 0 || write(fd, value, length) != (ssize_t)length) fail(126, path, strerror(errno));
+  close(fd);
+}
+
+static int netns_setup(const char *netns) {
+  int fd = open(netns, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) fail(126, netns, strerror(errno));
+  close(fd);
+  /* /proc/sys/net is the namespace of the process that opens it: this one's, from here on. */
+  write_setting("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1");
+  write_setting("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1");
+  write_setting("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0");
+  write_setting("/proc/sys/net/ipv4/ping_group_range", "0 2147483647");
+  write_setting("/proc/sys/net/ipv4/ip_nonlocal_bind", "1");
+  char *restore[] = {"iptables-restore", NULL};
+  execvp("iptables-restore", restore);
+  fail(errno == ENOENT ? 127 : 126, "iptables-restore", strerror(errno));
+  return 127;
+}
+
 /* --ready-disk */
 
 /* A sparse copy: the same size, only the source's data extents written. */
@@ -563,6 +595,7 @@ static int launch_sandbox(const char *dir) {
 
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--launch-sandbox") == 0 && argv[2][0] == '/') return launch_sandbox(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "--netns-setup") == 0) return netns_setup(argv[2]);
   if (argc == 5 && strcmp(argv[1], "--ready-disk") == 0) {
     make_disk(argv[2], argv[3], argv[4]);
     return 0;

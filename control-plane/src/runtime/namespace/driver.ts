@@ -130,6 +130,7 @@ export class NamespaceDriver implements RuntimeDriver {
       poolSize: options.netPoolSize,
       log: options.log,
       ...(options.uplinkForwarding === false ? { uplinkForwarding: false } : {}),
+      launcher: join(options.envdRoot, "envd", "dist", "warren-exec"),
     });
     this.records = new InstanceRecords(join(options.stateDir, "instances"));
     this.crunRoot = join(options.stateDir, "crun");

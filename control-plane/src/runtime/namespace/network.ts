@@ -47,6 +47,11 @@ export interface NetworkPoolOptions {
    * manages forwarding (or wants no egress at all).
    */
   readonly uplinkForwarding?: boolean;
+  /**
+   * envd's static launcher, which sets a new namespace up in one exec (`warren-exec --netns-setup`: NAMESPACE_SETUP's
+   * steps) where it is built; otherwise `nsenter` runs NAMESPACE_SETUP.
+   */
+  readonly launcher?: string;
 }
 
 /** Firewall of the sandbox's own namespace: nothing leaves except replies and loopback. */
@@ -62,8 +67,8 @@ COMMIT
 `;
 
 /**
- * Inside a new slot's namespace (run by `nsenter --net`), its kernel settings, then its firewall (the rules on
- * stdin). The settings are written by the shell itself (no `sysctl` exec: a refill's CPU is mostly its execs).
+ * Inside a new slot's namespace (run by `nsenter --net`; `warren-exec --netns-setup` does the same in one exec), its
+ * kernel settings, then its firewall (the rules on stdin). The settings are written by the shell itself (no `sysctl` exec: a refill's CPU is mostly its execs).
  * `ip_nonlocal_bind`: a fork restored from a memory snapshot (CRIU) into another slot re-binds the source's
  * listening sockets at the source's address (envd's loopback forwards, a server bound to that address), which fails
  * without it; such sockets then never see traffic, and sending from an address that is not local still fails (the
@@ -328,7 +333,9 @@ export class NetworkPool {
           `route add default via ${hostAddr} dev eth0`,
         ),
       });
-      await exec("nsenter", [`--net=${slot.netnsPath}`, "sh", "-c", NAMESPACE_SETUP], { input: rules });
+      const { launcher } = this.options;
+      if (launcher && existsSync(launcher)) await exec(launcher, ["--netns-setup", slot.netnsPath], { input: rules });
+      else await exec("nsenter", [`--net=${slot.netnsPath}`, "sh", "-c", NAMESPACE_SETUP], { input: rules });
       this.namespaceRules.set(index, rules);
       await this.restore(this.hostRules(slot), false);
       this.hostRulesAdded.add(index);
