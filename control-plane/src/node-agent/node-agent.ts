@@ -3,7 +3,7 @@ import { createServer, type Server } from "node:http";
 import { join } from "node:path";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { RuntimeDriver } from "../runtime/driver.js";
-import { useToolSpawner } from "../runtime/exec.js";
+import { envdLauncherPath, useToolSpawner } from "../runtime/exec.js";
 import type { HeldFileLock } from "../runtime/file-lock.js";
 import { sandboxLogCap } from "../runtime/log-cap.js";
 import { NamespaceDriver } from "../runtime/namespace/driver.js";
@@ -67,7 +67,7 @@ export async function startNodeAgent(
 
 /** Host tools forked by envd's `warren-exec --serve` (runtime/exec.ts) when it is built and not turned off. */
 function toolSpawnerFor(config: NodeAgentConfig, log: Logger): () => void {
-  const launcher = join(config.envdRoot, "envd", "dist", "warren-exec");
+  const launcher = envdLauncherPath(config.envdRoot);
   if (!config.toolSpawner || !existsSync(launcher)) return () => undefined;
   return useToolSpawner(launcher, log.child({ part: "tools" }));
 }

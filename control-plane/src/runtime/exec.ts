@@ -71,6 +71,15 @@ export function useToolSpawner(launcher: string, log: Logger): () => void {
   };
 }
 
+/**
+ * envd's static launcher (`envd/native/warren-exec.c`, built beside envd's bundle) under a node's `envdRoot`: the
+ * host tools' spawner (`--serve`) and the namespace driver's one-exec steps (`--netns-setup`, `--ready-disk`,
+ * `--launch-sandbox`).
+ */
+export function envdLauncherPath(envdRoot: string): string {
+  return join(envdRoot, "envd", "dist", "warren-exec");
+}
+
 /** Absolute paths of tools by name, looked up once in TOOL_ENV's PATH (the spawner execs a path, not a name). */
 const toolPaths = new Map<string, string | undefined>();
 

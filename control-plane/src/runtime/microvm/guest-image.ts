@@ -15,7 +15,7 @@ import {
 } from "node:fs/promises";
 import { join } from "node:path";
 import type { TemplateImage } from "../driver.js";
-import { exec } from "../exec.js";
+import { envdLauncherPath, exec } from "../exec.js";
 import { withFileLock } from "../file-lock.js";
 import { CODE_GATEWAY_PORT, ENVD_PORT } from "../sandbox-process.js";
 
@@ -262,7 +262,7 @@ export async function ensureRootImage(
   // The launcher, the bundle and its code cache (when the build wrote one: src/launcher.ts in envd).
   const envdFiles = ENVD_FILES.filter((name) => existsSync(join(envdDist, name)));
   // envd's static command launcher (envd/native/warren-exec.c), beside the bundle as envd expects it.
-  const launcher = join(options.envdRoot, "envd", "dist", "warren-exec");
+  const launcher = envdLauncherPath(options.envdRoot);
   const hasLauncher = existsSync(launcher);
   const node = await stat(options.nodeBinary);
   const codeGateway = template.codeGateway === true;

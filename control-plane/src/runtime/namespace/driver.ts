@@ -17,6 +17,7 @@ import type {
   TemplateImage,
 } from "../driver.js";
 import { CLOSED_EGRESS, compileEgress, type EgressPolicy } from "../egress/policy.js";
+import { envdLauncherPath } from "../exec.js";
 import { DEFAULT_LOG_CAP, LogCap, type LogCapLimits } from "../log-cap.js";
 import { processStartTime, processState } from "../sandbox-process.js";
 import { type CgroupManager, detectCgroupManager, favorDynamicModifications } from "./cgroups.js";
@@ -130,7 +131,7 @@ export class NamespaceDriver implements RuntimeDriver {
       poolSize: options.netPoolSize,
       log: options.log,
       ...(options.uplinkForwarding === false ? { uplinkForwarding: false } : {}),
-      launcher: join(options.envdRoot, "envd", "dist", "warren-exec"),
+      launcher: envdLauncherPath(options.envdRoot),
     });
     this.records = new InstanceRecords(join(options.stateDir, "instances"));
     this.crunRoot = join(options.stateDir, "crun");
@@ -140,7 +141,7 @@ export class NamespaceDriver implements RuntimeDriver {
       join(options.stateDir, "disks"),
       uidBase,
       log.child({ part: "disks" }),
-      join(options.envdRoot, "envd", "dist", "warren-exec"),
+      envdLauncherPath(options.envdRoot),
     );
     this.diskBudget = new DiskBudget(options.stateDir, options.diskOvercommit ?? 1);
     this.oomLog = new KernelOomLog(log.child({ part: "oom-log" }));

@@ -3,7 +3,7 @@ import { existsSync } from "node:fs";
 import { lstat, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "@warren/platform/log";
-import { exec } from "../exec.js";
+import { envdLauncherPath, exec } from "../exec.js";
 import { CODE_GATEWAY_PORT, ENVD_PORT, healthy, processStartTime } from "../sandbox-process.js";
 import type { SandboxCgroup } from "./cgroups.js";
 import type { InstanceRecord, InstanceRecords } from "./instance-records.js";
@@ -175,7 +175,7 @@ export class InstanceContainers {
 
   /** envd's static launcher on the host (`envd/native/warren-exec.c`). */
   private get launcherBinary(): string {
-    return join(this.options.envdRoot, "envd", "dist", "warren-exec");
+    return envdLauncherPath(this.options.envdRoot);
   }
 
   /**

@@ -7,7 +7,11 @@ import { mountPoints, unmountTree } from "./mounts.js";
 
 // Real mounts (the tests run as root, like the node agent).
 const root = mkdtempSync(join(tmpdir(), "warren-mounts-"));
-afterAll(() => rmSync(root, { recursive: true, force: true }));
+// A failed test's mounts go too, before their directories.
+afterAll(async () => {
+  await unmountTree(root);
+  rmSync(root, { recursive: true, force: true });
+});
 
 const under = async (dir: string) => (await mountPoints()).filter((p) => p === dir || p.startsWith(`${dir}/`));
 const tmpfs = (point: string) => {

@@ -68,7 +68,8 @@ COMMIT
 
 /**
  * Inside a new slot's namespace (run by `nsenter --net`; `warren-exec --netns-setup` does the same in one exec), its
- * kernel settings, then its firewall (the rules on stdin). The settings are written by the shell itself (no `sysctl` exec: a refill's CPU is mostly its execs).
+ * kernel settings, then its firewall (the rules on stdin). The settings are written by the shell itself (no `sysctl`
+ * exec: a refill's CPU is mostly its execs).
  * `ip_nonlocal_bind`: a fork restored from a memory snapshot (CRIU) into another slot re-binds the source's
  * listening sockets at the source's address (envd's loopback forwards, a server bound to that address), which fails
  * without it; such sockets then never see traffic, and sending from an address that is not local still fails (the
