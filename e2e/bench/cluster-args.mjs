@@ -13,3 +13,8 @@ export function clusterEnvFromArgs(argv = process.argv) {
   });
   return env;
 }
+
+/** `--separate-master`: the api and the master as two processes (as on several hosts) instead of `warren up`'s one. */
+export function clusterLayoutFromArgs(argv = process.argv) {
+  return argv.includes("--separate-master") ? { separateMaster: true } : {};
+}

@@ -13,6 +13,7 @@ const COMPONENTS = [
   [/^\/opt\/warren\/envd\/dist\/warren-exec/, "sandbox commands (envd's spawner and its children)"],
   [/warren-exec --serve/, "host tools (the node agent's spawner and its children)"],
   [/node-agent\/main\.js/, "node agent"],
+  [/api-master\/main\.js/, "api and master (one process)"],
   [/master\/main\.js/, "master"],
   [/api\/main\.js/, "api"],
   [/proxy\/dist\/main\.js/, "proxy"],

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // A one-shot sandbox and a command round trip, side by side with podman on the same rootfs (issue 20): prints
 // figures, asserts nothing. Run as root after `npm run build` (scripts/setup-host.sh installs podman):
-//   node e2e/bench/one-shot.mjs [--runs N] [--env NAME=VALUE ...]
+//   node e2e/bench/one-shot.mjs [--runs N] [--env NAME=VALUE ...] [--separate-master]
 // One node agent with the default configuration (`warren up`'s), driven with the official e2b SDK through the proxy.
 // Interleaved, N runs each:
 //   - Warren: Sandbox.create() → commands.run('true') → kill();
@@ -16,7 +16,7 @@ import { promisify } from "node:util";
 import { LocalCluster } from "@warren/local";
 import { Sandbox } from "e2b";
 import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
-import { clusterEnvFromArgs } from "./cluster-args.mjs";
+import { clusterEnvFromArgs, clusterLayoutFromArgs } from "./cluster-args.mjs";
 
 const run = promisify(execFile);
 const runsArg = process.argv.indexOf("--runs");
@@ -58,6 +58,7 @@ try {
 
 const dataDir = mkdtempSync(join(tmpdir(), "warren-bench-oneshot-"));
 const cluster = new LocalCluster({
+  ...clusterLayoutFromArgs(),
   dataDir,
   nodeAgents: 1,
   instancePrefix: "os",

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Warm pools and bursts (issue 20): prints figures, asserts nothing. Run as root after `npm run build`:
-//   node e2e/bench/pools.mjs [--quick] [--env NAME=VALUE ...]
+//   node e2e/bench/pools.mjs [--quick] [--env NAME=VALUE ...] [--separate-master]
 // One node agent with the default pool configuration (`--env` overrides it, e.g. --env WARREN_POOL_REFILL=1),
 // driven with the official e2b SDK through the proxy:
 //   1. 30 creates back to back (create → first commands.run('true') → kill), twice: the first round starts from
@@ -22,7 +22,7 @@ import { NODES_SET_KEY, nodeKey } from "@warren/proto/redis";
 import { Sandbox } from "e2b";
 import { Redis } from "ioredis";
 import { QUIET_CLUSTER_ENV, useClusterForSdk } from "./bench-cluster.mjs";
-import { clusterEnvFromArgs } from "./cluster-args.mjs";
+import { clusterEnvFromArgs, clusterLayoutFromArgs } from "./cluster-args.mjs";
 import { cpuBetween, printCpuPer, sampleCpu } from "./cpu-accounting.mjs";
 
 const quick = process.argv.includes("--quick");
@@ -31,6 +31,7 @@ const BACK_TO_BACK = quick ? 10 : 30;
 const CONCURRENT = quick ? 20 : 100;
 const dataDir = mkdtempSync(join(tmpdir(), "warren-bench-pools-"));
 const cluster = new LocalCluster({
+  ...clusterLayoutFromArgs(),
   dataDir,
   nodeAgents: 1,
   instancePrefix: "ib",

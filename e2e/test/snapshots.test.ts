@@ -16,8 +16,9 @@ const dataDir = mkdtempSync(join(tmpdir(), "warren-snap-"));
 
 /** The master's log lines about moving `sandboxId` (why a move did not happen, when a test expected one). */
 function moveLog(sandboxId: string): string {
-  const log = join(dataDir, "logs", "master.log");
-  if (!existsSync(log)) return "no master log";
+  // The master's own process, or the one it shares with the api (LocalCluster's default).
+  const log = ["master.log", "api-master.log"].map((name) => join(dataDir, "logs", name)).find(existsSync);
+  if (!log) return "no master log";
   const lines = readFileSync(log, "utf8")
     .split("\n")
     .filter((line) => line.includes(sandboxId) && /mov|relocat|resum/i.test(line));

@@ -20,6 +20,8 @@ const cluster = new LocalCluster({
   poolSize: 1,
   instancePrefix: "w",
   nodeCidr: () => "10.224.0.0/22",
+  // The master restarts under a build the SDK follows through the api: the api must stay up meanwhile.
+  separateMaster: true,
   // Small enough for a test to go over it; one build at a time on the node, so a second one queues.
   env: { WARREN_TEMPLATE_UPLOAD_MAX_BYTES: String(1 << 20), WARREN_BUILD_CONCURRENCY: "1" },
 });

@@ -20,6 +20,8 @@ import {
 const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const dist = (...parts: string[]) => join(REPO_ROOT, ...parts);
 const NODE_AGENT_MAIN = dist("control-plane/dist/node-agent/main.js");
+const MASTER_MAIN = dist("control-plane/dist/master/main.js");
+const API_MASTER_MAIN = dist("control-plane/dist/api-master/main.js");
 
 export interface ClusterOptions {
   /** Where state, logs and the private databases live (default `<repo>/.warren`). */
@@ -56,6 +58,11 @@ export interface ClusterOptions {
    * WARREN_RELAY_TOKEN / PROXY_RELAY_TOKEN), as a proxy on another node must.
    */
   readonly relay?: boolean;
+  /**
+   * Run the api and the master as two processes talking over loopback HTTP (as on several hosts), instead of one
+   * process where the api calls the master in-process (the default: a single control-plane host's layout).
+   */
+  readonly separateMaster?: boolean;
 }
 
 /**
@@ -103,7 +110,10 @@ export class LocalCluster {
   private redisChild: ManagedChild | undefined;
   private postgresChild: ManagedChild | undefined;
   private readonly agentEnv: NodeJS.ProcessEnv[] = [];
-  private master: { child: ManagedChild; env: NodeJS.ProcessEnv; url: string } | undefined;
+  /** The master's process: the master alone, or the api and the master together (`separateMaster` unset). */
+  private master:
+    | { child: ManagedChild; name: string; script: string; env: NodeJS.ProcessEnv; readyUrl: string }
+    | undefined;
 
   constructor(private readonly options: ClusterOptions = {}) {
     this.dataDir = resolve(options.dataDir ?? join(REPO_ROOT, ".warren"));
@@ -138,16 +148,27 @@ export class LocalCluster {
         relayToken,
       });
 
-      progress("starting the master");
-      const masterEnv = env.master();
-      const master = this.spawn("master", dist("control-plane/dist/master/main.js"), masterEnv);
-      this.master = { child: master, env: masterEnv, url: `http://127.0.0.1:${masterPort}/` };
-      await waitForHttp(master, this.master.url, 30_000);
-
-      progress("starting the api");
-      const api = this.spawn("api", dist("control-plane/dist/api/main.js"), env.api());
       const apiUrl = env.apiUrl;
-      await waitForHttp(api, `${apiUrl}/health`, 30_000);
+      if (this.options.separateMaster) {
+        progress("starting the master");
+        const masterEnv = env.master();
+        const master = this.spawn("master", MASTER_MAIN, masterEnv);
+        const readyUrl = `http://127.0.0.1:${masterPort}/`;
+        this.master = { child: master, name: "master", script: MASTER_MAIN, env: masterEnv, readyUrl };
+        await waitForHttp(master, readyUrl, 30_000);
+
+        progress("starting the api");
+        const api = this.spawn("api", dist("control-plane/dist/api/main.js"), env.api());
+        await waitForHttp(api, `${apiUrl}/health`, 30_000);
+      } else {
+        progress("starting the api and the master");
+        const controlEnv = { ...env.master(), ...env.api() };
+        const control = this.spawn("api-master", API_MASTER_MAIN, controlEnv);
+        // The api starts once the master serves: its health answers when both do.
+        const readyUrl = `${apiUrl}/health`;
+        this.master = { child: control, name: "api-master", script: API_MASTER_MAIN, env: controlEnv, readyUrl };
+        await waitForHttp(control, readyUrl, 60_000);
+      }
 
       const agents = await this.startNodeAgents(env, progress);
       await this.waitForNodeAgents(agents, apiUrl, secrets.adminToken, progress);
@@ -347,17 +368,18 @@ export class LocalCluster {
   /**
    * Stops the master and starts it again on the same port: SIGTERM as a rolling upgrade of a one-replica master
    * does (it hands the template builds it runs over), SIGKILL as a crash (fault injection: it hands nothing over).
+   * Without `separateMaster` the api goes down and comes back with it.
    */
   async restartMaster(signal: "SIGTERM" | "SIGKILL" = "SIGTERM"): Promise<void> {
     const master = this.master;
     if (!master) throw new Error("the cluster has no master");
     await master.child.stop(signal, 30_000);
-    const next = this.spawn("master-restarted", dist("control-plane/dist/master/main.js"), master.env);
+    const next = this.spawn(`${master.name}-restarted`, master.script, master.env);
     // In the old one's place, so `stop()` still ends the processes in their order.
     this.processes.pop();
     this.replace(master.child, next);
     this.master = { ...master, child: next };
-    await waitForHttp(next, master.url, 30_000);
+    await waitForHttp(next, master.readyUrl, 30_000);
   }
 
   /** Fault injection: restarts the private Redis on the same port (it keeps nothing, as configured). */

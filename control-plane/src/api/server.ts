@@ -1,6 +1,6 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
-import { createClient } from "@connectrpc/connect";
+import { createClient, type Transport } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { createLogger, type Logger } from "@warren/platform/log";
 import { MasterService } from "@warren/proto/master/v1/master_pb";
@@ -16,6 +16,8 @@ export interface ApiServerOptions {
   readonly config: ApiConfig;
   readonly log?: Logger;
   readonly ssePollMs?: number;
+  /** How to reach the master when it runs in this process (`api-master`); otherwise Connect over HTTP to masterUrl. */
+  readonly masterTransport?: Transport;
 }
 
 /**
@@ -43,8 +45,9 @@ export class ApiServer {
     }
     const master = createClient(
       MasterService,
-      // Binary protobuf: the control plane's own calls need no readable bodies, and JSON's encoding cost ~ms per call.
-      createConnectTransport({ baseUrl: config.masterUrl, httpVersion: "1.1", useBinaryFormat: true }),
+      options.masterTransport ??
+        // Binary protobuf: the control plane's own calls need no readable bodies, and JSON's encoding cost ~ms per call.
+        createConnectTransport({ baseUrl: config.masterUrl, httpVersion: "1.1", useBinaryFormat: true }),
     );
     const streams = new Set<() => void>();
     const identities =

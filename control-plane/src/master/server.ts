@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
+import { type ConnectRouter, createRouterTransport, type Interceptor, type Transport } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { Redis } from "ioredis";
 import { createDb, type Db } from "../store/db.js";
@@ -52,6 +53,8 @@ export class Master {
   /** Set in Kubernetes mode: pauses the sandboxes of draining nodes (leader only). */
   private readonly drainer: NodeDrainer | undefined;
   private server: http.Server | undefined;
+  /** MasterService's routes and interceptors, as served on `server` (and in-process: `inProcessTransport`). */
+  private service: { routes: (router: ConnectRouter) => void; interceptors: Interceptor[] } | undefined;
   private leaderTasks = new Set<Promise<unknown>>();
   /** The leader's LISTEN for nudges from every replica. */
   private nudges: Listener | undefined;
@@ -171,7 +174,7 @@ export class Master {
       : undefined;
     const master = new Master(config, db, redis, options.nodeAgent, log, liveness, kubernetes);
     const metrics = new MasterMetrics(db, () => master.isLeader);
-    const handler = connectNodeAdapter({
+    master.service = {
       routes: masterRoutes(
         master.lifecycle,
         master.metrics,
@@ -181,7 +184,8 @@ export class Master {
         master.execPolicies,
       ),
       interceptors: [metrics.interceptor(log)],
-    });
+    };
+    const handler = connectNodeAdapter(master.service);
     const server = http.createServer((req, res) => {
       if (req.method === "GET" && req.url === "/metrics") {
         metrics.registry.metrics().then(
@@ -199,6 +203,15 @@ export class Master {
     master.leader.start();
     log.info("master listening", { url: master.url });
     return master;
+  }
+
+  /**
+   * MasterService called in this process (an api started beside the master: `control-plane/src/api-master`): the
+   * same routes and interceptors as over HTTP, minus the loopback round trip each way.
+   */
+  inProcessTransport(): Transport {
+    if (!this.service) throw new Error("the master is not serving yet");
+    return createRouterTransport(this.service.routes, { router: { interceptors: this.service.interceptors } });
   }
 
   /** Kubernetes mode: the pod and Node view (listed before the master serves) and the Lease's settings. */
