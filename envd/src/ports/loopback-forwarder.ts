@@ -77,8 +77,13 @@ export class LoopbackForwarder {
       this.options.log.warn("reading the listening sockets failed", { error: (error as Error).message });
       return;
     }
-    const bindAddresses = (this.options.bindAddresses ?? sandboxAddresses)();
     const wanted = loopbackOnlyPorts(listeners, this.forwards);
+    // The sandbox's addresses (a netlink dump) only when a forward is wanted or runs: an idle sandbox has neither.
+    if (wanted.size === 0 && this.forwards.size === 0) {
+      this.failed.clear();
+      return;
+    }
+    const bindAddresses = (this.options.bindAddresses ?? sandboxAddresses)();
     const addressesKey = bindAddresses.join(",");
     for (const [port, forward] of this.forwards) {
       if (wanted.get(port) !== forward.target || forward.addresses.join(",") !== addressesKey) await this.end(forward);

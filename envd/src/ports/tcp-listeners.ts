@@ -1,4 +1,4 @@
-import { readFile } from "node:fs/promises";
+import { readFileSync } from "node:fs";
 
 /** A listening TCP socket of this network namespace. */
 export interface TcpListener {
@@ -12,13 +12,23 @@ const LISTEN = "0A";
 
 /**
  * The listening sockets of envd's network namespace, from /proc/net/tcp and /proc/net/tcp6 (the kernel's own
- * table: no `ss` in minimal templates). A missing tcp6 (IPv6 off) counts as empty.
+ * table: no `ss` in minimal templates). A missing tcp6 (IPv6 off) counts as empty. Read synchronously: the kernel
+ * writes these tables into the read as it is made (nothing waits on a disk), and an asynchronous read took five
+ * or more hops through libuv's thread pool per file, once a second in every sandbox — most of an idle envd's CPU.
  */
 export async function readTcpListeners(procNet = "/proc/net"): Promise<TcpListener[]> {
-  const [v4, v6] = await Promise.all(
-    ["tcp", "tcp6"].map((name) => readFile(`${procNet}/${name}`, "utf8").catch(() => "")),
-  );
-  return [...parseProcNetTcp(v4 ?? "", 4), ...parseProcNetTcp(v6 ?? "", 6)];
+  return [
+    ...parseProcNetTcp(readProcTable(`${procNet}/tcp`), 4),
+    ...parseProcNetTcp(readProcTable(`${procNet}/tcp6`), 6),
+  ];
+}
+
+function readProcTable(path: string): string {
+  try {
+    return readFileSync(path, "utf8");
+  } catch {
+    return "";
+  }
 }
 
 /** Parses one /proc/net/tcp{,6} table: `sl local_address rem_address st ...`, addresses as hex `ADDR:PORT`. */
