@@ -153,9 +153,8 @@ function readPidsNow(file: string): number[] {
 
 /**
  * SIGKILLs the processes `procsFile` lists, again and again, until a read lists none it has not killed yet (a child
- * forked before its parent's kill shows up in the next read; one the kernel was still attaching to the cgroup as
- * the last read ran is left to the teardown's freeze-and-kill, which follows at once). False when a fork loop
- * outran it for `rounds` reads.
+ * forked before its parent's kill shows up in the next read; a straggler is killed again while `waitEmpty` waits).
+ * False when a fork loop outran it for `rounds` reads: then the freezer stops it.
  */
 function killUntilNoneNew(procsFile: string, rounds = 20): boolean {
   const killed = new Set<number>();
@@ -295,17 +294,23 @@ class CgroupV1 implements CgroupManager {
       thaw: () => setFreezer("THAWED"),
       killAll: async ({ wait = true } = {}) => {
         if (!existsSync(dir("freezer"))) return;
-        // The kill a user waits for (its teardown follows at once and kills again the thorough way below): every
-        // listed process SIGKILLed until a read lists none not yet killed, without the freeze and thaw (4–6 ms of
-        // a 35 ms kill here, waiting for tasks to freeze). A killed process cannot fork any more; a frozen one (a
-        // paused sandbox) dies at the teardown's thaw.
-        if (!wait && killUntilNoneNew(join(dir("freezer"), "cgroup.procs"))) return;
-        // v1 has no cgroup.kill: freeze so no process forks between reading the list and the kills.
-        await setFreezer("FROZEN").catch(() => undefined);
-        killPids(readPidsNow(join(dir("freezer"), "cgroup.procs")));
-        await setFreezer("THAWED").catch(() => undefined);
+        const procs = join(dir("freezer"), "cgroup.procs");
+        // Every listed process SIGKILLed until a read lists none not yet killed, without freezing first: a killed
+        // process cannot fork any more, and a child forked before its parent's kill is listed by the next read.
+        // The freeze and thaw cost 4–6 ms of a 35 ms kill here, and as much again of the kernel's CPU at the
+        // teardown that follows every kill (the freezer walking tasks that are already dying).
+        if (killUntilNoneNew(procs)) {
+          // A paused sandbox's processes were frozen: a SIGKILL takes them only once they are thawed.
+          if (readFileSync(freezerState, "utf8").trim() !== "THAWED") await setFreezer("THAWED").catch(() => undefined);
+        } else {
+          // A fork loop outran the kills. v1 has no cgroup.kill: freeze so no process forks between reading the
+          // list and the kills.
+          await setFreezer("FROZEN").catch(() => undefined);
+          killPids(readPidsNow(procs));
+          await setFreezer("THAWED").catch(() => undefined);
+        }
         if (!wait) return;
-        await waitEmpty(() => readPids(join(dir("freezer"), "cgroup.procs")), true);
+        await waitEmpty(() => readPids(procs), true);
         await waitEmpty(pids, true);
       },
       remove: async () => {
