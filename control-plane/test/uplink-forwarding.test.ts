@@ -1,14 +1,14 @@
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { SANDBOX_INTERFACES, uplinkRules } from "../src/runtime/egress/uplink.js";
+import { SANDBOX_INTERFACES, UPLINK_GUARD_CHAIN, uplinkRules } from "../src/runtime/egress/uplink.js";
 
 /**
  * The uplink rule when agents of both drivers share a host. A whole "node" is built from network namespaces this
  * test creates (no packet leaves them): `h` is the node, with an uplink `up0` to `o` (the outside, its default
  * route), a namespace-driver sandbox behind `wr-ut-1`, a microVM sandbox behind `wv-ut-1` and a LAN host behind
  * `lan0` (an interface the node forwarded from before). Two agents' forward chains are hooked in as on a real
- * node; the first agent to start turns uplink forwarding on, with its rules in its own chain.
+ * node; the first agent to start turns uplink forwarding on behind the host's one guard chain.
  */
 const P = "wupl";
 const NS = { node: `${P}-h`, outside: `${P}-o`, nsSandbox: `${P}-s1`, vmSandbox: `${P}-s2`, lan: `${P}-l` };
@@ -20,6 +20,12 @@ const ADDR = {
   lan: "10.242.3.2",
 };
 const CHAINS = { namespaceAgent: "WARREN-UT1-FWD", microvmAgent: "WARREN-UT2-FWD" };
+const GUARD = UPLINK_GUARD_CHAIN;
+const CURRENT_GUARD = [
+  `-A ${GUARD} -i up0 -o wr-+ -m comment --comment "warren:uplink" -j RETURN`,
+  `-A ${GUARD} -i up0 -o wv-+ -m comment --comment "warren:uplink" -j RETURN`,
+  `-A ${GUARD} -i up0 -m comment --comment "warren:uplink" -j DROP`,
+];
 const UPLINK_MODULE = fileURLToPath(new URL("../dist/runtime/egress/uplink.js", import.meta.url));
 const servers: ChildProcess[] = [];
 
@@ -89,6 +95,20 @@ await enableUplinkForwarding(${JSON.stringify(chain)}, ${JSON.stringify(tag)}, l
   inNode([process.execPath, "--input-type=module", "-e", script]);
 }
 
+/** The host guard's rules (`-A` lines). */
+function guardRules(): string[] {
+  return inNode(["iptables", "-w", "-S", GUARD])
+    .split("\n")
+    .filter((line) => line.startsWith("-A "));
+}
+
+/** Takes the host's guard away (jump and chain), as on a node an older version set up. */
+function removeGuard(): void {
+  inNode(["iptables", "-w", "-D", "FORWARD", "-j", GUARD]);
+  inNode(["iptables", "-w", "-F", GUARD]);
+  inNode(["iptables", "-w", "-X", GUARD]);
+}
+
 beforeAll(async () => {
   teardown();
   sh(`ip netns add ${NS.node} && ip -n ${NS.node} link set lo up`);
@@ -127,37 +147,37 @@ describe("uplink forwarding on a node shared by namespace and microVM agents", (
     ]);
   });
 
-  it("with the first agent's rules, replies reach both drivers' sandboxes and the outside still cannot reach the LAN", () => {
+  it("the first agent turns forwarding on behind the host's guard: replies reach both drivers' sandboxes, the outside still not the LAN", () => {
     // Before: the uplink forwards nothing, so no reply comes back to either sandbox.
     expect(fetchFrom(NS.nsSandbox, ADDR.outside)).toBe("unreachable");
     expect(fetchFrom(NS.vmSandbox, ADDR.outside)).toBe("unreachable");
     expect(fetchFrom(NS.outside, ADDR.lan)).toBe("unreachable");
 
-    // The namespace agent starts first: it turns forwarding on with its rules; the microVM agent then finds
-    // forwarding on and adds none (the node's state is the first agent's).
+    // The namespace agent starts first: it turns forwarding on behind the host's one guard chain; the microVM
+    // agent then finds the guard as it should be and changes nothing.
     startAgentUplink(CHAINS.namespaceAgent, "warren:ut1:uplink");
+    const after = inNode(["iptables", "-w", "-S"]);
     startAgentUplink(CHAINS.microvmAgent, "warren:ut2:uplink");
+    expect(inNode(["iptables", "-w", "-S"])).toBe(after);
     expect(inNode(["sysctl", "-n", "net.ipv4.conf.up0.forwarding"]).trim()).toBe("1");
-    expect(inNode(["iptables", "-w", "-S", CHAINS.microvmAgent]).trim()).toBe(`-N ${CHAINS.microvmAgent}`);
-    expect(inNode(["iptables", "-w", "-S", CHAINS.namespaceAgent]).trim().split("\n")).toEqual([
-      `-N ${CHAINS.namespaceAgent}`,
-      `-A ${CHAINS.namespaceAgent} -i up0 -o wr-+ -m comment --comment "warren:ut1:uplink" -j RETURN`,
-      `-A ${CHAINS.namespaceAgent} -i up0 -o wv-+ -m comment --comment "warren:ut1:uplink" -j RETURN`,
-      `-A ${CHAINS.namespaceAgent} -i up0 -m comment --comment "warren:ut1:uplink" -j DROP`,
-    ]);
+    expect(guardRules()).toEqual(CURRENT_GUARD);
+    // First in FORWARD, before any agent's chain; the agents' own chains hold nothing of it.
+    expect(inNode(["iptables", "-w", "-S", "FORWARD"]).split("\n")[1]).toBe(`-A FORWARD -j ${GUARD}`);
+    for (const chain of Object.values(CHAINS))
+      expect(inNode(["iptables", "-w", "-S", chain]).trim()).toBe(`-N ${chain}`);
 
-    // Replies come back to the namespace driver's sandbox and to the microVM's alike (the microVM's were dropped
-    // when the first agent's rule exempted only its own driver's interfaces).
+    // Replies come back to the namespace driver's sandbox and to the microVM's alike.
     expect(fetchFrom(NS.nsSandbox, ADDR.outside)).toBe("outside");
     expect(fetchFrom(NS.vmSandbox, ADDR.outside)).toBe("outside");
     // What the node did not forward from its uplink before, it still does not.
     expect(fetchFrom(NS.outside, ADDR.lan)).toBe("unreachable");
   });
 
-  it("an agent rewrites the rules an older version of it left (atomically, in order) when it starts again", () => {
-    // The old form: one DROP exempting only the namespace driver's interfaces.
+  it("an agent moves the uplink rule an older version kept in its own chain to the host's guard, atomically", () => {
+    // The old layout: no shared guard, and in the agent's own chain the old form of the rule — one DROP exempting
+    // only the namespace driver's interfaces.
+    removeGuard();
     const chain = CHAINS.namespaceAgent;
-    inNode(["iptables", "-w", "-F", chain]);
     inNode([
       "iptables",
       "-w",
@@ -176,14 +196,39 @@ describe("uplink forwarding on a node shared by namespace and microVM agents", (
       "DROP",
     ]);
     expect(fetchFrom(NS.vmSandbox, ADDR.outside)).toBe("unreachable");
+    expect(fetchFrom(NS.outside, ADDR.lan)).toBe("unreachable");
     startAgentUplink(chain, "warren:ut1:uplink");
-    expect(inNode(["iptables", "-w", "-S", chain]).trim().split("\n")).toHaveLength(4);
+    expect(inNode(["iptables", "-w", "-S", chain]).trim()).toBe(`-N ${chain}`);
+    expect(guardRules()).toEqual(CURRENT_GUARD);
     expect(fetchFrom(NS.vmSandbox, ADDR.outside)).toBe("outside");
     expect(fetchFrom(NS.nsSandbox, ADDR.outside)).toBe("outside");
     expect(fetchFrom(NS.outside, ADDR.lan)).toBe("unreachable");
     // And leaves current rules as they are.
-    const before = inNode(["iptables", "-w", "-S", chain]);
+    const before = inNode(["iptables", "-w", "-S"]);
     startAgentUplink(chain, "warren:ut1:uplink");
-    expect(inNode(["iptables", "-w", "-S", chain])).toBe(before);
+    expect(inNode(["iptables", "-w", "-S"])).toBe(before);
+  });
+
+  it("the guard outlives the agents' chains: with both removed (agents stopped), the outside still cannot reach the LAN", () => {
+    for (const chain of Object.values(CHAINS)) {
+      inNode(["iptables", "-w", "-D", "FORWARD", "-j", chain]);
+      inNode(["iptables", "-w", "-X", chain]);
+    }
+    expect(inNode(["sysctl", "-n", "net.ipv4.conf.up0.forwarding"]).trim()).toBe("1");
+    expect(fetchFrom(NS.outside, ADDR.lan)).toBe("unreachable");
+    expect(fetchFrom(NS.nsSandbox, ADDR.outside)).toBe("outside");
+    // An agent starting later finds Warren's guard and keeps it.
+    inNode(["iptables", "-w", "-N", CHAINS.namespaceAgent]);
+    inNode(["iptables", "-w", "-I", "FORWARD", "2", "-j", CHAINS.namespaceAgent]);
+    startAgentUplink(CHAINS.namespaceAgent, "warren:ut1:uplink");
+    expect(guardRules()).toEqual(CURRENT_GUARD);
+    expect(fetchFrom(NS.outside, ADDR.lan)).toBe("unreachable");
+  });
+
+  it("forwarding someone else turned on (no guard of Warren's anywhere) is left to them", () => {
+    removeGuard();
+    startAgentUplink(CHAINS.namespaceAgent, "warren:ut1:uplink");
+    expect(() => inNode(["iptables", "-w", "-S", GUARD])).toThrow();
+    expect(inNode(["iptables", "-w", "-S", CHAINS.namespaceAgent]).trim()).toBe(`-N ${CHAINS.namespaceAgent}`);
   });
 });

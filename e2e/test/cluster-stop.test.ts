@@ -26,12 +26,19 @@ const netnsOfInstance = () =>
   execFileSync("ip", ["netns", "list"], { encoding: "utf8" })
     .split("\n")
     .filter((line) => line.startsWith(`warren-${INSTANCE}-`));
+/** The host's firewall lines (filter and nat) naming the agent's chains: its chains and the jumps to them. */
+const chainsOfInstance = () =>
+  ["filter", "nat"].flatMap((table) =>
+    execFileSync("iptables", ["-w", "-t", table, "-S"], { encoding: "utf8" })
+      .split("\n")
+      .filter((line) => line.includes(`WARREN-${INSTANCE.toUpperCase()}-`)),
+  );
 const mountsUnder = (dir: string) =>
   readFileSync("/proc/self/mounts", "utf8")
     .split("\n")
     .filter((line) => line.split(" ")[1]?.startsWith(dir));
 
-it("a node agent SIGKILLed at stop is swept: its sandboxes' namespaces and mounts are gone afterwards", async () => {
+it("a node agent SIGKILLed at stop is swept: its sandboxes' namespaces, mounts and firewall chains are gone afterwards", async () => {
   const env = await cluster.start();
   const sandbox = await Sandbox.create({
     apiKey: env.E2B_API_KEY,
@@ -41,6 +48,7 @@ it("a node agent SIGKILLed at stop is swept: its sandboxes' namespaces and mount
   expect((await sandbox.commands.run("echo up")).stdout).toBe("up\n");
   expect(netnsOfInstance().length).toBeGreaterThan(0);
   expect(mountsUnder(dataDir).length).toBeGreaterThan(0);
+  expect(chainsOfInstance().length).toBeGreaterThan(0);
   // A stalled agent: it cannot act on SIGTERM within the grace, so stop SIGKILLs it.
   const agent = cluster.nodeAgentChildren[0];
   const pid = agent?.child.pid as number;
@@ -50,4 +58,6 @@ it("a node agent SIGKILLed at stop is swept: its sandboxes' namespaces and mount
   expect(existsSync(join(dataDir, "logs", `node-agent-${INSTANCE}-restarted.log`))).toBe(true);
   expect(netnsOfInstance()).toEqual([]);
   expect(mountsUnder(dataDir)).toEqual([]);
+  // The agent's stop removed every sandbox, so its chains (and the jumps from INPUT, FORWARD, POSTROUTING) went too.
+  expect(chainsOfInstance()).toEqual([]);
 }, 600_000);

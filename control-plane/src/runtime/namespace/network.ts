@@ -170,6 +170,35 @@ export class NetworkPool {
   }
 
   /**
+   * Removes this agent's chains and the jumps to them: called when it stops with no sandbox left, so a host that ran
+   * many agents (test runs, upgrades) does not walk one jump per agent that ever ran on every packet. The host's
+   * uplink guard (`UPLINK_GUARD_CHAIN`) stays, since forwarding does. A chain that still holds an uplink rule of an
+   * earlier version (an agent told not to manage forwarding never moved it to the shared guard) is kept.
+   */
+  async removeChains(): Promise<void> {
+    await this.firewall.run(async () => {
+      const forward = await exec("iptables", ["-w", "-S", this.forwardChain], { allowFailure: true });
+      if (forward.stdout.includes(`warren:${this.options.instance}:uplink`)) {
+        this.options.log.warn("keeping this agent's firewall chains: one still holds the uplink rule", {
+          chain: this.forwardChain,
+        });
+        return;
+      }
+      for (const [table, chain, parent] of [
+        ["filter", this.inputChain, "INPUT"],
+        ["filter", this.forwardChain, "FORWARD"],
+        ["nat", this.natChain, "POSTROUTING"],
+      ] as const) {
+        const iptables = (...args: string[]) => exec("iptables", ["-w", "-t", table, ...args], { allowFailure: true });
+        // Every jump: two agent versions racing once could each have inserted one.
+        for (let i = 0; i < 10 && (await iptables("-D", parent, "-j", chain)).code === 0; i++);
+        await iptables("-F", chain);
+        await iptables("-X", chain);
+      }
+    });
+  }
+
+  /**
    * Lets this agent's sandboxes reach the egress gateway's ports on their host-side address (and nothing else of
    * the host): rules at the top of the input chain, replaced whenever the gateway's ports change (agent restart).
    */
