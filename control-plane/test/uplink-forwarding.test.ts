@@ -27,6 +27,7 @@ const CURRENT_GUARD = [
   `-A ${GUARD} -i up0 -m comment --comment "warren:uplink" -j DROP`,
 ];
 const UPLINK_MODULE = fileURLToPath(new URL("../dist/runtime/egress/uplink.js", import.meta.url));
+const HOST_CHAINS_MODULE = fileURLToPath(new URL("../dist/runtime/egress/host-chains.js", import.meta.url));
 const servers: ChildProcess[] = [];
 
 function sh(script: string): string {
@@ -107,6 +108,32 @@ function removeGuard(): void {
   inNode(["iptables", "-w", "-D", "FORWARD", "-j", GUARD]);
   inNode(["iptables", "-w", "-F", GUARD]);
   inNode(["iptables", "-w", "-X", GUARD]);
+}
+
+/** Runs an agent's stop-time chain removal (the built module) inside the test's node namespace; its answer. */
+function removeAgentChains(prefix: string, tag: string): boolean {
+  const chains = [
+    { table: "filter", chain: `${prefix}-IN`, parent: "INPUT" },
+    { table: "filter", chain: `${prefix}-FWD`, parent: "FORWARD" },
+    { table: "nat", chain: `${prefix}-NAT`, parent: "POSTROUTING" },
+  ];
+  const script = `const { removeHostChains } = await import(${JSON.stringify(HOST_CHAINS_MODULE)});
+const log = { info() {}, warn() {}, error() {}, debug() {} };
+console.log(await removeHostChains(${JSON.stringify(chains)}, ${JSON.stringify(`${prefix}-FWD`)}, ${JSON.stringify(tag)}, log));`;
+  return inNode([process.execPath, "--input-type=module", "-e", script]).trim() === "true";
+}
+
+/** An agent's three chains with a rule each and their jumps, as a running agent has them. */
+function makeAgentChains(prefix: string): void {
+  for (const [table, suffix, parent] of [
+    ["filter", "IN", "INPUT"],
+    ["filter", "FWD", "FORWARD"],
+    ["nat", "NAT", "POSTROUTING"],
+  ]) {
+    inNode(["iptables", "-w", "-t", table as string, "-N", `${prefix}-${suffix}`]);
+    inNode(["iptables", "-w", "-t", table as string, "-A", `${prefix}-${suffix}`, "-i", "wr-zz-1", "-j", "RETURN"]);
+    inNode(["iptables", "-w", "-t", table as string, "-I", parent as string, "-j", `${prefix}-${suffix}`]);
+  }
 }
 
 beforeAll(async () => {
@@ -223,6 +250,30 @@ describe("uplink forwarding on a node shared by namespace and microVM agents", (
     startAgentUplink(CHAINS.namespaceAgent, "warren:ut1:uplink");
     expect(guardRules()).toEqual(CURRENT_GUARD);
     expect(fetchFrom(NS.outside, ADDR.lan)).toBe("unreachable");
+  });
+
+  it("an agent's chains and jumps go at its stop, the host's guard stays; not while one holds the uplink's only guard", () => {
+    makeAgentChains("WARREN-UT3");
+    expect(removeAgentChains("WARREN-UT3", "warren:ut3:uplink")).toBe(true);
+    const left = ["filter", "nat"].map((table) => inNode(["iptables", "-w", "-t", table, "-S"])).join("\n");
+    expect(left).not.toContain("WARREN-UT3");
+    expect(guardRules()).toEqual(CURRENT_GUARD);
+    expect(fetchFrom(NS.outside, ADDR.lan)).toBe("unreachable");
+
+    // An older version's uplink rule still in the agent's own chain (an agent that does not manage forwarding never
+    // moves it): it may be the uplink's only guard, so all of the agent's chains stay.
+    makeAgentChains("WARREN-UT4");
+    inNode([
+      "iptables",
+      "-w",
+      "-A",
+      "WARREN-UT4-FWD",
+      ...["-i", "up0", "-m", "comment", "--comment", "warren:ut4:uplink", "-j", "DROP"],
+    ]);
+    expect(removeAgentChains("WARREN-UT4", "warren:ut4:uplink")).toBe(false);
+    expect(inNode(["iptables", "-w", "-S", "FORWARD"])).toContain("-j WARREN-UT4-FWD");
+    expect(inNode(["iptables", "-w", "-S", "WARREN-UT4-FWD"])).toContain("warren:ut4:uplink");
+    expect(inNode(["iptables", "-w", "-t", "nat", "-S", "POSTROUTING"])).toContain("-j WARREN-UT4-NAT");
   });
 
   it("forwarding someone else turned on (no guard of Warren's anywhere) is left to them", () => {

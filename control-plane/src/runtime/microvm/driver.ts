@@ -349,6 +349,8 @@ export class MicrovmDriver implements RuntimeDriver {
   async close(): Promise<void> {
     this.logCap.close();
     await this.egress.close();
+    // Nothing of this agent is left on the node (a stop that killed every sandbox): neither are its chains.
+    if (this.instances.size === 0) await this.network.removeChains();
   }
 
   /** Replaces the instance's egress policy: its namespace's firewall and the gateway's view, atomically each. */

@@ -1,6 +1,7 @@
 import { existsSync } from "node:fs";
 import { readdir } from "node:fs/promises";
 import type { Logger } from "@warren/platform/log";
+import { removeHostChains } from "../egress/host-chains.js";
 import { CLOSED_EGRESS, type CompiledEgress, compileEgress } from "../egress/policy.js";
 import type { GatewayPorts } from "../egress/rules.js";
 import { enableUplinkForwarding, SANDBOX_INTERFACES } from "../egress/uplink.js";
@@ -196,6 +197,22 @@ export class VmNetwork {
       if (this.options.uplinkForwarding !== false)
         await enableUplinkForwarding(this.forwardChain, this.uplinkTag, this.options.log);
     });
+  }
+
+  /** Removes this agent's host chains and the jumps to them (host-chains.ts): it stopped with no sandbox left. */
+  async removeChains(): Promise<void> {
+    await this.firewall.run(() =>
+      removeHostChains(
+        [
+          { table: "filter", chain: this.inputChain, parent: "INPUT" },
+          { table: "filter", chain: this.forwardChain, parent: "FORWARD" },
+          { table: "nat", chain: this.natChain, parent: "POSTROUTING" },
+        ],
+        this.forwardChain,
+        this.uplinkTag,
+        this.options.log,
+      ),
+    );
   }
 
   /** The namespace firewall of a slot for a policy (egress.ts), with this node's gateway ports. */

@@ -1,6 +1,7 @@
 import { existsSync } from "node:fs";
 import { readdir, writeFile } from "node:fs/promises";
 import type { Logger } from "@warren/platform/log";
+import { removeHostChains } from "../egress/host-chains.js";
 import { enableUplinkForwarding, SANDBOX_INTERFACES } from "../egress/uplink.js";
 import { exec, SerialQueue } from "../exec.js";
 import { ipString, mac, parseCidr } from "../net-addr.js";
@@ -169,33 +170,20 @@ export class NetworkPool {
     });
   }
 
-  /**
-   * Removes this agent's chains and the jumps to them: called when it stops with no sandbox left, so a host that ran
-   * many agents (test runs, upgrades) does not walk one jump per agent that ever ran on every packet. The host's
-   * uplink guard (`UPLINK_GUARD_CHAIN`) stays, since forwarding does. A chain that still holds an uplink rule of an
-   * earlier version (an agent told not to manage forwarding never moved it to the shared guard) is kept.
-   */
+  /** Removes this agent's chains and the jumps to them (host-chains.ts): it stopped with no sandbox left. */
   async removeChains(): Promise<void> {
-    await this.firewall.run(async () => {
-      const forward = await exec("iptables", ["-w", "-S", this.forwardChain], { allowFailure: true });
-      if (forward.stdout.includes(`warren:${this.options.instance}:uplink`)) {
-        this.options.log.warn("keeping this agent's firewall chains: one still holds the uplink rule", {
-          chain: this.forwardChain,
-        });
-        return;
-      }
-      for (const [table, chain, parent] of [
-        ["filter", this.inputChain, "INPUT"],
-        ["filter", this.forwardChain, "FORWARD"],
-        ["nat", this.natChain, "POSTROUTING"],
-      ] as const) {
-        const iptables = (...args: string[]) => exec("iptables", ["-w", "-t", table, ...args], { allowFailure: true });
-        // Every jump: two agent versions racing once could each have inserted one.
-        for (let i = 0; i < 10 && (await iptables("-D", parent, "-j", chain)).code === 0; i++);
-        await iptables("-F", chain);
-        await iptables("-X", chain);
-      }
-    });
+    await this.firewall.run(() =>
+      removeHostChains(
+        [
+          { table: "filter", chain: this.inputChain, parent: "INPUT" },
+          { table: "filter", chain: this.forwardChain, parent: "FORWARD" },
+          { table: "nat", chain: this.natChain, parent: "POSTROUTING" },
+        ],
+        this.forwardChain,
+        `warren:${this.options.instance}:uplink`,
+        this.options.log,
+      ),
+    );
   }
 
   /**
