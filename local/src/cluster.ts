@@ -94,9 +94,9 @@ export interface ClusterEnv {
 }
 
 /**
- * Warren on one machine: PostgreSQL and Redis (reused or private), the master, the api, node agents
- * and the proxy, each a separate process, then a team and an API key. `stop()` ends everything in
- * reverse order; node agents kill their sandboxes on SIGTERM, so nothing is left behind.
+ * Warren on one machine: PostgreSQL and Redis (reused or private), the master and the api (one process unless
+ * `separateMaster`), node agents and the proxy, each a process of its own, then a team and an API key. `stop()`
+ * ends everything in reverse order; node agents kill their sandboxes on SIGTERM, so nothing is left behind.
  */
 export class LocalCluster {
   readonly processes: ManagedChild[] = [];
