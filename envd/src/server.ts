@@ -21,7 +21,7 @@ import { createProcessService } from "./process/service.js";
 import { relabelUnaryDecodeErrors, streamDecodeErrors } from "./rpc-decode-errors.js";
 import { SandboxState } from "./state.js";
 import { UserDirectory } from "./users.js";
-import { warmUp } from "./warmup.js";
+import { AHEAD_OF_DEMAND_ROUNDS, warmUp } from "./warmup.js";
 
 export interface RunningEnvd {
   readonly url: string;
@@ -66,7 +66,8 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
   let warmed: Promise<void> | undefined;
   let listeningPort = 0;
   const warmUpOnce = () => {
-    warmed ??= warmUp(listeningPort, context.state.accessToken, log).then(() => {
+    const laterRounds = config.warmup === "now" ? AHEAD_OF_DEMAND_ROUNDS : 0;
+    warmed ??= warmUp(listeningPort, context.state.accessToken, log, laterRounds).then(() => {
       // The metadata addon too, so that a client's first file call does not load it (metadata.ts).
       try {
         loadFsXattr();
