@@ -112,14 +112,10 @@ function removeGuard(): void {
 
 /** Runs an agent's stop-time chain removal (the built module) inside the test's node namespace; its answer. */
 function removeAgentChains(prefix: string, tag: string): boolean {
-  const chains = [
-    { table: "filter", chain: `${prefix}-IN`, parent: "INPUT" },
-    { table: "filter", chain: `${prefix}-FWD`, parent: "FORWARD" },
-    { table: "nat", chain: `${prefix}-NAT`, parent: "POSTROUTING" },
-  ];
+  const chains = { input: `${prefix}-IN`, forward: `${prefix}-FWD`, nat: `${prefix}-NAT` };
   const script = `const { removeHostChains } = await import(${JSON.stringify(HOST_CHAINS_MODULE)});
 const log = { info() {}, warn() {}, error() {}, debug() {} };
-console.log(await removeHostChains(${JSON.stringify(chains)}, ${JSON.stringify(`${prefix}-FWD`)}, ${JSON.stringify(tag)}, log));`;
+console.log(await removeHostChains(${JSON.stringify(chains)}, ${JSON.stringify(tag)}, log));`;
   return inNode([process.execPath, "--input-type=module", "-e", script]).trim() === "true";
 }
 

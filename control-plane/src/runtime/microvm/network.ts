@@ -201,18 +201,8 @@ export class VmNetwork {
 
   /** Removes this agent's host chains and the jumps to them (host-chains.ts): it stopped with no sandbox left. */
   async removeChains(): Promise<void> {
-    await this.firewall.run(() =>
-      removeHostChains(
-        [
-          { table: "filter", chain: this.inputChain, parent: "INPUT" },
-          { table: "filter", chain: this.forwardChain, parent: "FORWARD" },
-          { table: "nat", chain: this.natChain, parent: "POSTROUTING" },
-        ],
-        this.forwardChain,
-        this.uplinkTag,
-        this.options.log,
-      ),
-    );
+    const chains = { input: this.inputChain, forward: this.forwardChain, nat: this.natChain };
+    await this.firewall.run(() => removeHostChains(chains, this.uplinkTag, this.options.log));
   }
 
   /** The namespace firewall of a slot for a policy (egress.ts), with this node's gateway ports. */

@@ -301,7 +301,14 @@ class CgroupV1 implements CgroupManager {
         // teardown that follows every kill (the freezer walking tasks that are already dying).
         if (killUntilNoneNew(procs)) {
           // A paused sandbox's processes were frozen: a SIGKILL takes them only once they are thawed.
-          if (readFileSync(freezerState, "utf8").trim() !== "THAWED") await setFreezer("THAWED").catch(() => undefined);
+          const state = (() => {
+            try {
+              return readFileSync(freezerState, "utf8").trim();
+            } catch {
+              return "THAWED"; // removed meanwhile: nothing left to thaw
+            }
+          })();
+          if (state !== "THAWED") await setFreezer("THAWED").catch(() => undefined);
         } else {
           // A fork loop outran the kills. v1 has no cgroup.kill: freeze so no process forks between reading the
           // list and the kills.

@@ -170,20 +170,10 @@ export class NetworkPool {
     });
   }
 
-  /** Removes this agent's chains and the jumps to them (host-chains.ts): it stopped with no sandbox left. */
+  /** Removes this agent's host chains and the jumps to them (host-chains.ts): it stopped with no sandbox left. */
   async removeChains(): Promise<void> {
-    await this.firewall.run(() =>
-      removeHostChains(
-        [
-          { table: "filter", chain: this.inputChain, parent: "INPUT" },
-          { table: "filter", chain: this.forwardChain, parent: "FORWARD" },
-          { table: "nat", chain: this.natChain, parent: "POSTROUTING" },
-        ],
-        this.forwardChain,
-        `warren:${this.options.instance}:uplink`,
-        this.options.log,
-      ),
-    );
+    const chains = { input: this.inputChain, forward: this.forwardChain, nat: this.natChain };
+    await this.firewall.run(() => removeHostChains(chains, this.uplinkTag, this.options.log));
   }
 
   /**
@@ -202,9 +192,14 @@ export class NetworkPool {
     );
   }
 
+  /** The tag of the uplink rules an earlier version kept in this agent's forward chain (uplink.ts moves them). */
+  private get uplinkTag(): string {
+    return `warren:${this.options.instance}:uplink`;
+  }
+
   private enableUplinkForwarding(): Promise<void> {
     // The node forwarded nothing arriving on its uplink before; keep it so for everything but sandbox traffic.
-    return enableUplinkForwarding(this.forwardChain, `warren:${this.options.instance}:uplink`, this.options.log);
+    return enableUplinkForwarding(this.forwardChain, this.uplinkTag, this.options.log);
   }
 
   /**
