@@ -36,7 +36,13 @@ export class ArtifactBlobs {
 
   /** Writes `chunks` to a staging file, hashing as it goes. The file is removed when writing fails. */
   async stage(chunks: AsyncIterable<Uint8Array>, suffix: string): Promise<StagedBlob> {
-    const file = await this.stagingFile(suffix);
+    return this.writeStaged(await this.stagingFile(suffix), chunks);
+  }
+
+  private async writeStaged(file: string, chunks: AsyncIterable<Uint8Array>): Promise<StagedBlob> {
+    // Opened here rather than by a path-based stream, which opens lazily: a failure early in the pipeline then
+    // removed the file before that open created it, and the file outlived the failure (seen in CI).
+    const handle = await open(file, "w", 0o600);
     const hash = createHash("sha256");
     let sizeBytes = 0;
     try {
@@ -49,9 +55,10 @@ export class ArtifactBlobs {
             yield chunk;
           }
         },
-        createWriteStream(file, { mode: 0o600 }),
+        handle.createWriteStream(),
       );
     } catch (error) {
+      await handle.close().catch(() => undefined);
       await this.discard(file);
       throw error;
     }
@@ -64,7 +71,10 @@ export class ArtifactBlobs {
    */
   async zipFromTar(tar: StagedBlob): Promise<StagedBlob> {
     const zip = new ZipFile();
-    const written = this.stage(zip.outputStream as AsyncIterable<Buffer>, "zip");
+    // The pipeline that writes the zip may not listen yet when a bad tar fails it; this keeps that failure from
+    // being an uncaught stream error. The pipeline still sees it.
+    zip.outputStream.on("error", () => undefined);
+    const written = this.writeStaged(await this.stagingFile("zip"), zip.outputStream as AsyncIterable<Buffer>);
     try {
       const archive = extract();
       const reading = pipeline(createReadStream(tar.file), archive);
@@ -88,7 +98,7 @@ export class ArtifactBlobs {
       await reading;
       zip.end();
     } catch (error) {
-      zip.outputStream.emit("error", error);
+      (zip.outputStream as PassThrough).destroy(error as Error);
       await written.then(
         (staged) => this.discard(staged.file),
         () => undefined,
