@@ -105,6 +105,8 @@ export class LocalCluster {
   databaseUrl = "";
   redisUrl = "";
   dbSchema = "";
+  /** The master's Connect endpoint (node agents and the api call it; tests reach internal calls through it). */
+  masterUrl = "";
   private readonly dataDir: string;
   private readonly logDir: string;
   private redisChild: ManagedChild | undefined;
@@ -127,6 +129,7 @@ export class LocalCluster {
       await this.startDatabases(progress);
       const secrets = clusterSecrets(this.dataDir);
       const masterPort = await freePort();
+      this.masterUrl = `http://127.0.0.1:${masterPort}`;
       const apiPort = this.options.apiPort ?? (await freePort());
       const proxyPort = this.options.proxyPort ?? (await freePort());
       const proxyHost = this.options.proxyHost ?? "127.0.0.1";

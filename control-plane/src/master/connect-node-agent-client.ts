@@ -209,10 +209,18 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
       return [...response.removedLayers];
     });
 
-  importImage: NodeAgentClient["importImage"] = (snapshotId, image, credentials) =>
+  importImage: NodeAgentClient["importImage"] = (snapshotId, source) =>
     call(async () => {
+      const credentials = "image" in source ? source.credentials : undefined;
       const response = await this.client.importImage(
-        { snapshotId, image, username: credentials?.username ?? "", password: credentials?.password ?? "" },
+        {
+          snapshotId,
+          ...("image" in source
+            ? { image: source.image }
+            : { debian: { suite: source.debian.suite, packages: [...source.debian.packages] } }),
+          username: credentials?.username ?? "",
+          password: credentials?.password ?? "",
+        },
         { timeoutMs: TIMEOUT_MS.transfer },
       );
       return importedImageOf(response);

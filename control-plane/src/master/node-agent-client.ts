@@ -54,6 +54,14 @@ export type CommandEventOnNode =
   | { readonly kind: "exit"; readonly exitCode: number; readonly status: string };
 
 /** An image a node pulled and keeps as a snapshot (ImportImage). */
+/** Where a template base comes from: an image in a registry, or a Debian suite and packages made on the node. */
+export type ImageSource =
+  | {
+      readonly image: string;
+      readonly credentials: { readonly username: string; readonly password: string } | undefined;
+    }
+  | { readonly debian: { readonly suite: string; readonly packages: readonly string[] } };
+
 export interface ImportedImage {
   readonly snapshot: SnapshotOnNode;
   readonly resolved: string;
@@ -209,12 +217,11 @@ export interface NodeAgentClient {
   collectStoreLayers(graceMs: number): Promise<string[]>;
   /** Pulls a published snapshot onto the node (digests checked, only the layers it lacks); at once when it has it. */
   pullSnapshot(snapshotId: string, digest: string): Promise<SnapshotOnNode & Transferred>;
-  /** Pulls an OCI image and keeps its prepared rootfs as a files-only snapshot over `scratch` on the node. */
-  importImage(
-    snapshotId: string,
-    image: string,
-    credentials: { readonly username: string; readonly password: string } | undefined,
-  ): Promise<ImportedImage>;
+  /**
+   * Pulls an OCI image (or makes a Debian system: Warren's own recipes, never a team's request) and keeps its
+   * prepared rootfs as a files-only snapshot over `scratch` on the node.
+   */
+  importImage(snapshotId: string, source: ImageSource): Promise<ImportedImage>;
   /** Writes a file (as root, parents created) into a running sandbox through its envd. */
   writeFile(sandboxId: string, envdAccessToken: string, path: string, data: Uint8Array): Promise<void>;
   /** Deletes a snapshot's files on the node; idempotent. */

@@ -1,13 +1,12 @@
 import { cpus } from "node:os";
 import type { InstanceStats, RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
 import type { EgressPolicy } from "../runtime/egress/policy.js";
-import type { ImageCredentials } from "../templates/oci/pull.js";
 import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
 import { adoptSandboxes } from "./adoption.js";
 import type { NodeAgentConfig } from "./config.js";
 import { fetchLeaseEvents } from "./envd-client.js";
 import { AgentError } from "./errors.js";
-import { type ImportedImage, importImage } from "./image-import.js";
+import { type ImageSource, type ImportedImage, importImage } from "./image-import.js";
 import type { Logger } from "./log.js";
 import { NodeHeartbeat } from "./node-heartbeat.js";
 import { NodeSnapshots } from "./node-snapshots.js";
@@ -240,14 +239,13 @@ export class NodeAgent {
     return this.published.pull(snapshotId, digest);
   }
 
-  /** An OCI image as a files-only snapshot over `scratch`, the base of a template built `fromImage` (image-import.ts). */
-  async importImage(
-    snapshotId: string,
-    image: string,
-    credentials: ImageCredentials | undefined,
-  ): Promise<ImportedImage> {
+  /**
+   * An OCI image (or a Debian system made here) as a files-only snapshot over `scratch`, the base of a template
+   * built `fromImage` (image-import.ts).
+   */
+  async importImage(snapshotId: string, source: ImageSource): Promise<ImportedImage> {
     const deps = { driver: this.driver, config: this.config, log: this.log };
-    return importImage(deps, () => this.ensureTemplate("scratch"), { snapshotId, image, credentials });
+    return importImage(deps, () => this.ensureTemplate("scratch"), { snapshotId, source });
   }
 
   /** Writes a file into a running sandbox through its envd, as root (a template build's COPY archive). */

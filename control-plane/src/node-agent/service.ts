@@ -127,19 +127,26 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
         return {};
       }),
     importImage: (req) =>
-      guard("ImportImage", { snapshotId: req.snapshotId, image: req.image }, async () => {
-        const credentials = req.username ? { username: req.username, password: req.password } : undefined;
-        const { snapshot, pulled, log } = await agent.importImage(req.snapshotId, req.image, credentials);
-        return {
-          snapshot: snapshotInfoOf(snapshot),
-          resolved: pulled.ref,
-          digest: pulled.digest,
-          env: [...pulled.config.env],
-          user: pulled.config.user,
-          workdir: pulled.config.workdir,
-          log,
-        };
-      }),
+      guard(
+        "ImportImage",
+        { snapshotId: req.snapshotId, image: req.debian ? `debian:${req.debian.suite}` : req.image },
+        async () => {
+          const credentials = req.username ? { username: req.username, password: req.password } : undefined;
+          const source = req.debian
+            ? { debian: { suite: req.debian.suite, packages: [...req.debian.packages] } }
+            : { image: req.image, credentials };
+          const imported = await agent.importImage(req.snapshotId, source);
+          return {
+            snapshot: snapshotInfoOf(imported.snapshot),
+            resolved: imported.resolved,
+            digest: imported.digest,
+            env: [...imported.config.env],
+            user: imported.config.user,
+            workdir: imported.config.workdir,
+            log: imported.log,
+          };
+        },
+      ),
     writeFile: (req) =>
       guard("WriteFile", { sandboxId: req.sandboxId, path: req.path, bytes: req.data.byteLength }, async () => {
         await agent.writeFile(req.sandboxId, req.envdAccessToken, req.path, req.data);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { BuildSpecError, parseBuildSpec } from "./template-spec.js";
+import { BuildSpecError, parseBuildSpec, parseStoredBuildSpec } from "./template-spec.js";
 
 const key = JSON.stringify({ type: "service_account", project_id: "p", private_key_id: "k" });
 
@@ -60,5 +60,26 @@ describe("parseBuildSpec: registry credentials", () => {
     expect(
       parseBuildSpec({ fromImage: ref, fromImageRegistry: { ...given, awsRegion: "us-gov-west-1" } }).fromImageRegistry,
     ).toMatchObject({ aws: { region: "us-gov-west-1" } });
+  });
+});
+
+describe("fromDebian: Warren's recipes only", () => {
+  const debian = { suite: "bookworm", packages: ["tini"] };
+
+  it("a stored spec keeps it", () => {
+    expect(parseStoredBuildSpec({ fromDebian: debian, steps: [] }).fromDebian).toEqual(debian);
+  });
+
+  it("a request's is ignored, so the request names no base", () => {
+    expect(() => parseBuildSpec({ fromDebian: debian, steps: [] })).toThrow(/one of fromImage or fromTemplate/);
+    expect(parseBuildSpec({ fromDebian: debian, fromTemplate: "base" }).fromDebian).toBeUndefined();
+  });
+
+  it("goes with no other base, and its fields have their types", () => {
+    expect(() => parseStoredBuildSpec({ fromDebian: debian, fromImage: "debian:bookworm" })).toThrow(BuildSpecError);
+    expect(() => parseStoredBuildSpec({ fromDebian: { suite: 12 } })).toThrow(/fromDebian.suite/);
+    expect(() => parseStoredBuildSpec({ fromDebian: { suite: "bookworm", packages: "tini" } })).toThrow(
+      /fromDebian.packages/,
+    );
   });
 });

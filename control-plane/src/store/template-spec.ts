@@ -68,6 +68,11 @@ function gcpLogin(serviceAccountJson: unknown): RegistryCredentials {
 export interface TemplateBuildSpec {
   readonly fromTemplate?: string;
   readonly fromImage?: string;
+  /**
+   * A Debian system the node makes with debootstrap (the suite's minbase and these packages): the base of Warren's
+   * own recipes (templates/catalog.ts). Never taken from a request: only a stored spec Warren wrote holds it.
+   */
+  readonly fromDebian?: { readonly suite: string; readonly packages: readonly string[] };
   readonly fromImageRegistry?: RegistryCredentials;
   readonly force: boolean;
   readonly startCmd: string | null;
@@ -130,13 +135,39 @@ function parseStep(raw: unknown, index: number): TemplateStep {
 
 /** Parses E2B's TemplateBuildStartV2; unknown keys (the SDK leaks some client options) are ignored. */
 export function parseBuildSpec(raw: unknown): TemplateBuildSpec {
+  return parseSpec(raw, false);
+}
+
+/** A spec as the builder reads it back from its row: a request's, or one of Warren's recipes (`fromDebian`). */
+export function parseStoredBuildSpec(raw: unknown): TemplateBuildSpec {
+  return parseSpec(raw, true);
+}
+
+function parseDebian(raw: unknown): { suite: string; packages: string[] } {
+  const d = raw as Record<string, unknown>;
+  if (typeof d !== "object" || d === null || typeof d.suite !== "string") {
+    throw new BuildSpecError("fromDebian.suite must be a string");
+  }
+  const packages = d.packages ?? [];
+  if (!Array.isArray(packages) || packages.some((p) => typeof p !== "string")) {
+    throw new BuildSpecError("fromDebian.packages must be an array of strings");
+  }
+  return { suite: d.suite, packages: packages as string[] };
+}
+
+function parseSpec(raw: unknown, stored: boolean): TemplateBuildSpec {
   if (!raw || typeof raw !== "object" || Array.isArray(raw))
     throw new BuildSpecError("request body must be a JSON object");
   const b = raw as Record<string, unknown>;
   const fromTemplate = optionalString(b.fromTemplate, "fromTemplate");
   const fromImage = optionalString(b.fromImage, "fromImage");
-  if (fromTemplate && fromImage) throw new BuildSpecError("give either fromImage or fromTemplate, not both");
-  if (!fromTemplate && !fromImage) throw new BuildSpecError("one of fromImage or fromTemplate is required");
+  const fromDebian = stored && b.fromDebian !== undefined ? parseDebian(b.fromDebian) : undefined;
+  if ([fromTemplate, fromImage, fromDebian].filter(Boolean).length > 1) {
+    throw new BuildSpecError("give either fromImage or fromTemplate, not both");
+  }
+  if (!fromTemplate && !fromImage && !fromDebian) {
+    throw new BuildSpecError("one of fromImage or fromTemplate is required");
+  }
   if (b.force !== undefined && typeof b.force !== "boolean") throw new BuildSpecError("force must be a boolean");
   const steps = b.steps ?? [];
   if (!Array.isArray(steps)) throw new BuildSpecError("steps must be an array");
@@ -163,6 +194,7 @@ export function parseBuildSpec(raw: unknown): TemplateBuildSpec {
   return {
     ...(fromTemplate ? { fromTemplate } : {}),
     ...(fromImage ? { fromImage } : {}),
+    ...(fromDebian ? { fromDebian } : {}),
     ...(registry ? { fromImageRegistry: registry } : {}),
     force: b.force === true,
     startCmd: optionalString(b.startCmd, "startCmd") ?? null,

@@ -7,7 +7,7 @@ import type { TemplateImage } from "../runtime/driver.js";
 import { exec } from "../runtime/exec.js";
 import { withFileLock } from "../runtime/file-lock.js";
 import { TEMPLATE_RECIPES, type TemplateRecipe } from "./catalog.js";
-import { hostDebianMirror } from "./mirror.js";
+import { debianMirror, debootstrap } from "./debian-rootfs.js";
 import { diffRootfs, markCopyEnd, removeInside } from "./rootfs-diff.js";
 import {
   type FetchedTemplate,
@@ -405,30 +405,15 @@ export class TemplateStore {
     let parentCopiedCtimeNs: bigint | undefined;
     try {
       if (recipe.debootstrap) {
-        const mirror =
-          this.options.mirror ?? hostDebianMirror(recipe.debootstrap.suite) ?? "http://deb.debian.org/debian";
+        const mirror = debianMirror(recipe.debootstrap.suite, this.options.mirror);
         progress(`debootstrap ${recipe.debootstrap.suite} minbase from ${mirror}`);
-        await exec(
-          "unshare",
-          [
-            "--mount",
-            "--propagation",
-            "private",
-            "debootstrap",
-            "--variant=minbase",
-            `--include=${recipe.debootstrap.include.join(",")}`,
-            recipe.debootstrap.suite,
-            rootfs,
-            mirror,
-          ],
-          {
-            onLine: (line) => {
-              // debootstrap's phases, not its per-package chatter.
-              if (/^I: (Retrieving|Validating|Extracting|Unpacking|Configuring) [a-z0-9]/.test(line)) return;
-              if (line.trim()) log.info("debootstrap", { line: line.trim() });
-            },
-          },
-        );
+        await debootstrap({
+          suite: recipe.debootstrap.suite,
+          include: recipe.debootstrap.include,
+          rootfs,
+          mirror,
+          onLine: (line) => log.info("debootstrap", { line }),
+        });
       } else if (recipe.parent) {
         const parent = this.ready(recipe.parent);
         if (!parent) throw new Error(`parent template '${recipe.parent}' is not ready`);

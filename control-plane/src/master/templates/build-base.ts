@@ -7,7 +7,7 @@ import { findLayer, putLayer } from "../../store/template-layers.js";
 import { findTemplateByRef, readyBuildOf } from "../../store/template-refs.js";
 import type { TemplateBuildSpec } from "../../store/template-spec.js";
 import { addBuildLayerKey, type BuildContext, type BuildRecord } from "../../store/templates.js";
-import type { ImportedImage, NodeAgentConnector } from "../node-agent-client.js";
+import type { ImageSource, ImportedImage, NodeAgentConnector } from "../node-agent-client.js";
 import type { NodeRegistry } from "../node-registry.js";
 import { rankNodes } from "../placement.js";
 import type { BuildLog } from "./build-log.js";
@@ -85,6 +85,7 @@ export async function resolveBuildBase(deps: BuildBaseDeps, request: BuildBaseRe
       readyCmd: parent.readyCmd,
     };
   }
+  if (spec.fromDebian) return imageBase(deps, request, debianSource(spec.fromDebian));
   const image = spec.fromImage ?? "";
   if (E2B_BASE_IMAGE.test(image)) {
     return {
@@ -96,20 +97,40 @@ export async function resolveBuildBase(deps: BuildBaseDeps, request: BuildBaseRe
       readyCmd: null,
     };
   }
-  return imageBase(deps, request);
+  return imageBase(deps, request, {
+    source: { image, credentials: request.credentials },
+    key: hashKeys("warren-v1", "image", image),
+    description: `FROM ${image}`,
+  });
+}
+
+/** Where an imported base comes from, its cache key and how the log names it. */
+interface ImportSource {
+  readonly source: ImageSource;
+  readonly key: string;
+  readonly description: string;
+}
+
+/** A Debian base: the same suite and set of packages (in any order) is the same layer. */
+function debianSource(debian: NonNullable<TemplateBuildSpec["fromDebian"]>): ImportSource {
+  const packages = [...new Set(debian.packages)].sort();
+  return {
+    source: { debian: { suite: debian.suite, packages } },
+    key: hashKeys("warren-v1", "debian", debian.suite, ...packages),
+    description: `FROM debian:${debian.suite} (debootstrap${packages.length ? ` + ${packages.length} packages` : ""})`,
+  };
 }
 
 /**
- * An OCI image as the base: pulled by a node (ImportImage) into a files-only snapshot over the empty `scratch`
- * template, cached as the team's layer under E2B's base key (the reference as text: a moved tag needs `force`).
- * The context is E2B's after the default-user phase: `user`, no workdir, the image's environment.
+ * An OCI image (or a Debian system) as the base: pulled or made by a node (ImportImage) into a files-only snapshot
+ * over the empty `scratch` template, cached as the team's layer under E2B's base key (the reference as text: a
+ * moved tag needs `force`). The context is E2B's after the default-user phase: `user`, no workdir, the image's
+ * environment.
  */
-async function imageBase(deps: BuildBaseDeps, request: BuildBaseRequest): Promise<BuildBase> {
-  const { team, spec, build, credentials, buildLog } = request;
+async function imageBase(deps: BuildBaseDeps, request: BuildBaseRequest, from: ImportSource): Promise<BuildBase> {
+  const { team, spec, build, buildLog } = request;
   const { db } = deps;
-  const image = spec.fromImage ?? "";
-  const key = hashKeys("warren-v1", "image", image);
-  const description = `FROM ${image}`;
+  const { key, description } = from;
   const cached = spec.force ? undefined : await findLayer(db, team.id, key);
   if (cached && (await deps.reachable(cached.snapshotId))) {
     buildLog.info(`CACHED [base] ${description}`, "base");
@@ -133,10 +154,13 @@ async function imageBase(deps: BuildBaseDeps, request: BuildBaseRequest): Promis
   )[0];
   if (!node) throw new PhaseError("base", "no node can pull an image now");
   const id = `l${randomBytes(10).toString("hex")}`;
-  buildLog.info(`[base] pulling ${image} on node ${node.nodeId}`, "base");
+  buildLog.info(
+    `[base] ${"image" in from.source ? `pulling ${from.source.image}` : "making a Debian system"} on node ${node.nodeId}`,
+    "base",
+  );
   let imported: ImportedImage;
   try {
-    imported = await deps.nodeAgent(node.nodeId, node.addr).importImage(id, image, credentials);
+    imported = await deps.nodeAgent(node.nodeId, node.addr).importImage(id, from.source);
   } catch (error) {
     throw new PhaseError("base", (error as Error).message.replace(/^[A-Z][a-z]+: /, ""));
   }

@@ -1,7 +1,7 @@
 import type { Db } from "../../store/db.js";
 import { getTeam, type Team } from "../../store/teams.js";
 import { findLayer, type LayerRecord, putLayer } from "../../store/template-layers.js";
-import { parseBuildSpec, type TemplateBuildSpec, type TemplateStep } from "../../store/template-spec.js";
+import { parseStoredBuildSpec, type TemplateBuildSpec, type TemplateStep } from "../../store/template-spec.js";
 import {
   abandonedBuilds,
   addBuildLayerKey,
@@ -211,7 +211,7 @@ export class TemplateBuilder {
       );
     }
     try {
-      const spec = parseBuildSpec(build.spec);
+      const spec = parseStoredBuildSpec(build.spec);
       const team = await getTeam(db, build.teamId);
       if (!team) throw new PhaseError("base", "the build's team no longer exists");
       const result = await this.execute(build, spec, team, buildLog, abort.signal, credentials, (p) => {

@@ -1,0 +1,23 @@
+import { describe, expect, it } from "vitest";
+import { DebianSourceError, normalizeDebianSource } from "./debian-rootfs.js";
+
+describe("normalizeDebianSource", () => {
+  it("sorts the packages and drops repeats: the same set is the same base", () => {
+    expect(normalizeDebianSource({ suite: "bookworm", packages: ["tini", "procps", "tini", "g++-12"] })).toEqual({
+      suite: "bookworm",
+      packages: ["g++-12", "procps", "tini"],
+    });
+  });
+
+  it("refuses what is not a Debian name before debootstrap sees it", () => {
+    for (const bad of ["--foreign", "Tini", "a", "x;rm", "../etc", ""]) {
+      expect(() => normalizeDebianSource({ suite: "bookworm", packages: [bad] })).toThrow(DebianSourceError);
+    }
+    for (const suite of ["--variant=buildd", "Bookworm", "bookworm/updates", ""]) {
+      expect(() => normalizeDebianSource({ suite, packages: [] })).toThrow(/is not a Debian suite name/);
+    }
+    expect(() => normalizeDebianSource({ suite: "bookworm", packages: Array(513).fill("tini") })).toThrow(
+      /at most 512 packages/,
+    );
+  });
+});
