@@ -1,12 +1,13 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { SHIPPED_BUILD_SPECS } from "@warren/control-plane/dist/templates/shipped-specs.js";
 import { type ClusterEnv, LocalCluster } from "@warren/local";
 import { Sandbox } from "e2b";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-// The template builder's Debian base (the base of Warren's own recipes): a build whose stored spec says
+// The template builder's Debian base (the base of Warren's own recipes, here `base`'s): a build whose stored spec says
 // `fromDebian` has the node make the suite's minimal system and packages with debootstrap (host-side, as an image
 // pull), prepared for envd as images are; its steps then run in a build sandbox like any build's, and the base is a
 // cached layer. A request cannot ask for it: the api parses E2B's body, which has no such field.
@@ -94,57 +95,60 @@ async function build(name: string, spec: Record<string, unknown>): Promise<{ tem
   }
 }
 
-const DEBIAN = { suite: "bookworm", packages: ["tini", "procps"] };
+const BASE_SPEC = SHIPPED_BUILD_SPECS.base;
+const DEBIAN = BASE_SPEC.fromDebian;
+
+/** What a sandbox looks like from inside to E2B's users and to Warren: run as the default user. */
+const PROBE = [
+  "id",
+  'echo "$HOME $(pwd) $SHELL"',
+  "getent passwd user",
+  "sudo -n true && echo sudo-ok",
+  "cat /etc/hostname /etc/hosts",
+  "grep -c 'EUID:-' /etc/profile",
+  "sudo grep -c 'if \\[ -t 0 \\]; then mesg n' /root/.profile",
+  "for t in sudo curl ss pgrep inotifywait git python3 python tini node; do command -v $t > /dev/null && echo have-$t || echo missing-$t; done",
+  // biome-ignore lint/suspicious/noTemplateCurlyInString: dpkg-query's format, not a JavaScript template.
+  "dpkg-query -W -f '${Package}\\n' | sort | sha256sum",
+  "ls -A /var/lib/apt/lists /var/cache/apt/archives | grep -c '\\.deb$\\|_Packages$' || true",
+  "stat -c '%U %a %n' /home/user /etc/sudoers.d/user /tmp /opt/warren/bin/node",
+].join(" && ");
 
 describe("a template built from a Debian system the node makes", () => {
-  it("runs its steps in a build sandbox over the debootstrapped base, and sandboxes from it work", async () => {
-    const built = await build("deb-a", {
-      fromDebian: DEBIAN,
-      force: false,
-      startCmd: null,
-      readyCmd: null,
-      steps: [
-        {
-          type: "RUN",
-          args: ["echo made-in-a-step > /etc/warren-step && id -un > /etc/warren-step-user", "root"],
-          force: false,
-        },
-      ],
-    });
+  it("`base`'s recipe as a builder spec: the steps run in a build sandbox over the debootstrapped base, and its sandboxes look like the shipped base's", async () => {
+    const built = await build("deb-base", BASE_SPEC as unknown as Record<string, unknown>);
     expect(built.status, built.logs.join("\n")).toBe("ready");
     const log = built.logs.join("\n");
-    expect(log).toContain("FROM debian:bookworm (debootstrap + 2 packages)");
+    expect(log).toContain(`FROM debian:bookworm (debootstrap + ${new Set(DEBIAN.packages).size} packages)`);
     expect(log).toMatch(/debian:bookworm \(debootstrap from \S+\)@sha256:[0-9a-f]{64}/);
     expect(log).toMatch(/rootfs ready: \d+ packages/);
 
-    const sandbox = await Sandbox.create(built.templateID, { apiKey: env.E2B_API_KEY, timeoutMs: 120_000 });
-    created.push(sandbox);
-    // The suite's system with the packages asked for; the step ran as root in it; commands run as `user`.
-    expect((await sandbox.commands.run("grep VERSION_CODENAME /etc/os-release")).stdout.trim()).toBe(
+    const fromBuilder = await Sandbox.create(built.templateID, { timeoutMs: 120_000 });
+    const shipped = await Sandbox.create("base", { timeoutMs: 120_000 });
+    created.push(fromBuilder, shipped);
+    expect((await fromBuilder.commands.run("grep VERSION_CODENAME /etc/os-release")).stdout.trim()).toBe(
       "VERSION_CODENAME=bookworm",
     );
-    for (const pkg of DEBIAN.packages) {
-      const status = await sandbox.commands.run(`dpkg-query -W -f '\${Status}' ${pkg}`);
-      expect(status.stdout).toBe("install ok installed");
-    }
-    expect((await sandbox.commands.run("cat /etc/warren-step /etc/warren-step-user")).stdout).toBe(
-      "made-in-a-step\nroot\n",
-    );
-    expect((await sandbox.commands.run("whoami")).stdout.trim()).toBe("user");
-    // apt's downloaded lists and packages are not part of the base.
-    expect(
-      (
-        await sandbox.commands.run(
-          "ls /var/lib/apt/lists /var/cache/apt/archives | grep -c '\\.deb$\\|_Packages$' || true",
-        )
-      ).stdout.trim(),
-    ).toBe("0");
-    await sandbox.kill();
+    const probe = async (sandbox: Sandbox) => {
+      const result = await sandbox.commands.run(PROBE).catch((e: { stdout?: string; stderr?: string }) => e);
+      return `${result.stdout ?? ""}${result.stderr ?? ""}`;
+    };
+    const ours = await probe(fromBuilder);
+    // Every probe ran (they are chained with &&): from the first to the last.
+    expect(ours).toMatch(/^uid=1000\(user\) gid=1000\(user\)/);
+    expect(ours).toContain("sudo-ok");
+    expect(ours).toContain("have-tini");
+    expect(ours).not.toContain("missing-");
+    expect(ours).toMatch(/^[0-9a-f]{64} {2}-$/m);
+    expect(ours).toMatch(/^user 755 \/home\/user$/m);
+    expect(ours).toMatch(/ \/opt\/warren\/bin\/node$/m);
+    expect(ours).toBe(await probe(shipped));
+    await Promise.all([fromBuilder.kill(), shipped.kill()]);
   }, 600_000);
 
   it("the same suite and packages, in another order, are the cached base layer", async () => {
     const built = await build("deb-b", {
-      fromDebian: { suite: "bookworm", packages: ["procps", "tini", "tini"] },
+      fromDebian: { suite: "bookworm", packages: [...DEBIAN.packages].reverse().concat(DEBIAN.packages[0] ?? "") },
       force: false,
       startCmd: null,
       readyCmd: null,
@@ -152,7 +156,9 @@ describe("a template built from a Debian system the node makes", () => {
     });
     expect(built.status, built.logs.join("\n")).toBe("ready");
     const log = built.logs.join("\n");
-    expect(log).toContain("CACHED [base] FROM debian:bookworm (debootstrap + 2 packages)");
+    expect(log).toContain(
+      `CACHED [base] FROM debian:bookworm (debootstrap + ${new Set(DEBIAN.packages).size} packages)`,
+    );
     expect(log).not.toContain("making a Debian system");
   }, 300_000);
 

@@ -35,7 +35,7 @@ export function driverServes(recipe: TemplateRecipe, driverName: string): boolea
   return driverName === recipe.requiresDriver || driverName.startsWith(`${recipe.requiresDriver}-`);
 }
 
-const BASE_PACKAGES = [
+export const BASE_PACKAGES = [
   "bash",
   "coreutils",
   "python3",
@@ -52,6 +52,17 @@ const BASE_PACKAGES = [
   "python-is-python3",
 ];
 
+/** Login shells that start no process of their own (the why is in the text: it is also a build step). */
+export const LOGIN_SHELL_SETUP = `# Every E2B command is \`bash -l -c\`, and Debian's /etc/profile asks \`$(id -u)\` whether it runs as root: a
+# subshell fork and an exec of id, half of a login shell's start here (bash -l -c true 10.5 → 5.2 ms). Bash knows
+# its EUID; sh (no EUID) still asks id. root's ~/.profile runs \`mesg n\`, which only means something on a
+# terminal (elsewhere it fails, silenced): only there now.
+sed -i 's/"$(id -u)"/"\${EUID:-$(id -u)}"/' /etc/profile
+grep -q 'EUID:-' /etc/profile
+sed -i 's#^mesg n 2> /dev/null || true$#if [ -t 0 ]; then mesg n 2> /dev/null || true; fi#' /root/.profile
+grep -qF 'if [ -t 0 ]; then mesg n' /root/.profile
+`;
+
 /** Everything after debootstrap for the E2B-compatible base: `user` with passwordless sudo, mount points. */
 const BASE_SETUP = `set -e
 useradd --create-home --uid 1000 --shell /bin/bash user
@@ -64,15 +75,25 @@ mkdir -p /opt/warren/envd /opt/warren/proto /opt/warren/node_modules /opt/warren
 : > /opt/warren/bin/node
 : > /usr/local/bin/node
 chmod 0755 /opt/warren/bin/node /usr/local/bin/node
-# Every E2B command is \`bash -l -c\`, and Debian's /etc/profile asks \`$(id -u)\` whether it runs as root: a
-# subshell fork and an exec of id, half of a login shell's start here (bash -l -c true 10.5 → 5.2 ms). Bash knows
-# its EUID; sh (no EUID) still asks id. root's ~/.profile runs \`mesg n\`, which only means something on a
-# terminal (elsewhere it fails, silenced): only there now.
-sed -i 's/"$(id -u)"/"\${EUID:-$(id -u)}"/' /etc/profile
-grep -q 'EUID:-' /etc/profile
-sed -i 's#^mesg n 2> /dev/null || true$#if [ -t 0 ]; then mesg n 2> /dev/null || true; fi#' /root/.profile
-grep -qF 'if [ -t 0 ]; then mesg n' /root/.profile
-`;
+${LOGIN_SHELL_SETUP}`;
+
+/** The Jupyter stack of `code-interpreter-v1` (Python kernels, the libraries E2B's code interpreter has). */
+export const JUPYTER_PACKAGES = [
+  "python3-ipykernel",
+  "python3-jupyter-client",
+  "python3-matplotlib",
+  "python3-matplotlib-inline",
+  "python3-pandas",
+  "python3-numpy",
+  "python3-pexpect",
+];
+
+/** R (Debian's IRkernel) and Java (a JDK: the gateway's jshell kernel); their kernels start on first use. */
+export const R_JAVA_PACKAGES = ["r-base-core", "r-cran-irkernel", "openjdk-17-jdk-headless"];
+
+/** Mount points of the host's code gateway (bound read-only by the driver, like envd). */
+export const CODE_GATEWAY_MOUNT_POINTS =
+  "set -e\nmkdir -p /opt/warren/code-gateway/dist /opt/warren/code-gateway/python\n: > /opt/warren/code-gateway/package.json\n";
 
 const CLEAN_APT = "apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb";
 
@@ -95,7 +116,7 @@ export const TEMPLATE_RECIPES: Readonly<Record<string, TemplateRecipe>> = {
         name: "jupyter stack",
         run: `set -e
 apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-ipykernel python3-jupyter-client python3-matplotlib python3-matplotlib-inline python3-pandas python3-numpy python3-pexpect
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${JUPYTER_PACKAGES.join(" ")}
 ${CLEAN_APT}`,
       },
       {
@@ -103,13 +124,13 @@ ${CLEAN_APT}`,
         name: "r and java kernels",
         run: `set -e
 apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends r-base-core r-cran-irkernel openjdk-17-jdk-headless
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${R_JAVA_PACKAGES.join(" ")}
 ${CLEAN_APT}`,
       },
       {
         // Mount points of the host's code gateway (bound read-only by the driver, like envd).
         name: "code gateway mount points",
-        run: "set -e\nmkdir -p /opt/warren/code-gateway/dist /opt/warren/code-gateway/python\n: > /opt/warren/code-gateway/package.json\n",
+        run: CODE_GATEWAY_MOUNT_POINTS,
       },
     ],
     defaults: { cpuCount: 2, memoryMB: 1024, diskSizeMB: 2048, pidsMax: 2048 },
