@@ -12,6 +12,7 @@ const beat: NodeHeartbeat = {
   pools: { base: 2, "code-interpreter-v1": 1 },
   templates: ["base", "code-interpreter-v1"],
   servable: ["base", "code-interpreter-v1", "scratch"],
+  templatesWanted: ["code-interpreter-v1"],
   updatedAt: 1_764_650_000_000,
 };
 
@@ -32,15 +33,18 @@ describe("node heartbeat hash", () => {
       pools: '{"base":2,"code-interpreter-v1":1}',
       templates: '["base","code-interpreter-v1"]',
       servable: '["base","code-interpreter-v1","scratch"]',
+      templatesWanted: '["code-interpreter-v1"]',
       updatedAt: "1764650000000",
     });
   });
 
-  it("leaves `servable` out when an agent does not send it, and reads it back absent", () => {
-    const { servable: _servable, ...older } = beat;
+  it("leaves `servable` and `templatesWanted` out when an agent does not send them, and reads them back absent", () => {
+    const { servable: _servable, templatesWanted: _wanted, ...older } = beat;
     const hash = heartbeatToHash(older);
     expect(hash).not.toHaveProperty("servable");
+    expect(hash).not.toHaveProperty("templatesWanted");
     expect(heartbeatFromHash("node-a", hash)).not.toHaveProperty("servable");
+    expect(heartbeatFromHash("node-a", hash)).not.toHaveProperty("templatesWanted");
   });
 
   it("is no heartbeat without an address (an expired or half-written key)", () => {

@@ -21,6 +21,11 @@ export interface NodeHeartbeat {
    * older agents, which serve every template.
    */
   readonly servable?: readonly string[];
+  /**
+   * Shipped templates this node waits for the master's template builder to build for it (node agents with
+   * WARREN_SHIPPED_FROM_BUILDER); the master builds each on the node and hands it over (AdoptTemplate).
+   */
+  readonly templatesWanted?: readonly string[];
   readonly updatedAt: number;
 }
 
@@ -37,6 +42,7 @@ export function heartbeatToHash(beat: NodeHeartbeat): Record<string, string> {
     pools: JSON.stringify(beat.pools),
     templates: JSON.stringify(beat.templates),
     ...(beat.servable ? { servable: JSON.stringify(beat.servable) } : {}),
+    ...(beat.templatesWanted ? { templatesWanted: JSON.stringify(beat.templatesWanted) } : {}),
     updatedAt: String(beat.updatedAt),
   };
 }
@@ -76,6 +82,7 @@ export function heartbeatFromHash(nodeId: string, hash: Record<string, string>):
     pools: parseJson<Record<string, number>>(hash.pools, {}),
     templates,
     ...(hash.servable ? { servable: parseJson<string[]>(hash.servable, []) } : {}),
+    ...(hash.templatesWanted ? { templatesWanted: parseJson<string[]>(hash.templatesWanted, []) } : {}),
     updatedAt: parseNumber(hash.updatedAt),
   };
 }

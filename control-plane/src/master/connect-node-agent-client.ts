@@ -226,6 +226,11 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
       return importedImageOf(response);
     });
 
+  adoptTemplate: NodeAgentClient["adoptTemplate"] = (templateId, snapshotId, buildId) =>
+    call(async () => {
+      await this.client.adoptTemplate({ templateId, snapshotId, buildId }, { timeoutMs: TIMEOUT_MS.transfer });
+    });
+
   writeFile: NodeAgentClient["writeFile"] = (sandboxId, envdAccessToken, path, data) =>
     call(async () => {
       await this.client.writeFile({ sandboxId, envdAccessToken, path, data }, { timeoutMs: TIMEOUT_MS.snapshot });

@@ -222,6 +222,8 @@ export interface NodeAgentClient {
    * prepared rootfs as a files-only snapshot over `scratch` on the node.
    */
   importImage(snapshotId: string, source: ImageSource): Promise<ImportedImage>;
+  /** Hands a shipped template the node awaits over to it: the build's ready snapshot becomes its node template. */
+  adoptTemplate(templateId: string, snapshotId: string, buildId: string): Promise<void>;
   /** Writes a file (as root, parents created) into a running sandbox through its envd. */
   writeFile(sandboxId: string, envdAccessToken: string, path: string, data: Uint8Array): Promise<void>;
   /** Deletes a snapshot's files on the node; idempotent. */

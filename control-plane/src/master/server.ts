@@ -29,8 +29,12 @@ import { reconcile } from "./reconciler.js";
 import { SandboxExport } from "./sandbox-export.js";
 import { masterRoutes } from "./service.js";
 import { SnapshotService } from "./snapshots.js";
+import { ShippedTemplateBuilds } from "./templates/shipped-builds.js";
 import { TemplateBuilder } from "./templates/template-builder.js";
 import { TokenIssuer } from "./tokens.js";
+
+/** How often the leader looks at what shipped templates nodes await from the template builder. */
+const SHIPPED_BUILDS_PASS_MS = 2000;
 
 export interface MasterOptions {
   readonly config: MasterConfig;
@@ -46,6 +50,7 @@ export class Master {
   readonly registry: NodeRegistry;
   readonly metrics: SandboxMetricsSampler;
   readonly builder: TemplateBuilder;
+  private readonly shippedBuilds: ShippedTemplateBuilds;
   readonly execPolicies: ExecPolicies;
   private readonly crashWatch: CrashWatch;
   private readonly loops: NodeJS.Timeout[] = [];
@@ -129,6 +134,13 @@ export class Master {
       config: config.builds,
       memoryOvercommit: config.memoryOvercommit,
       masterLock: this.liveness.key,
+    });
+    this.shippedBuilds = new ShippedTemplateBuilds({
+      db,
+      registry: this.registry,
+      nodeAgent,
+      builder: this.builder,
+      log: log.child({ part: "shipped-templates" }),
     });
     const onElected = () => this.startLeaderLoops();
     const onDemoted = () => this.stopLeaderLoops();
@@ -268,6 +280,8 @@ export class Master {
     this.nudges.start();
     this.every(this.config.storeGcIntervalMs, () => this.snapshots.collectStore());
     this.every(this.config.reconcileIntervalMs, () => this.builder.recoverAbandoned());
+    // Each pass only starts runs (a build takes minutes): the next pass sees what nodes still await.
+    this.every(SHIPPED_BUILDS_PASS_MS, () => this.shippedBuilds.pass());
     this.every(this.config.reconcileIntervalMs, () => this.execPolicies.syncAll());
   }
 

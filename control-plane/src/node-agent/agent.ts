@@ -26,6 +26,7 @@ import {
 } from "./sandbox-model.js";
 import { SandboxPauses } from "./sandbox-pauses.js";
 import { SandboxQueue } from "./sandbox-queue.js";
+import type { ShippedFromBuilder } from "./shipped-from-builder.js";
 import { SnapshotPools } from "./snapshot-pools.js";
 import { SnapshotPublishing } from "./snapshot-publishing.js";
 import type { PublishedSnapshot } from "./snapshot-store.js";
@@ -75,6 +76,8 @@ export class NodeAgent {
     private readonly templates: TemplateStore,
     private readonly routes: RoutePublisher,
     private readonly log: Logger,
+    /** WARREN_SHIPPED_FROM_BUILDER: shipped templates come from the master's template builder. */
+    private readonly shipped?: ShippedFromBuilder,
   ) {
     // Tests build configs by hand; an absent limit is the loader's default.
     this.startGate = new StartGate(
@@ -148,6 +151,7 @@ export class NodeAgent {
       sandboxes: this.sandboxes,
       routeOf: (summary) => this.routeOf(summary),
       isDraining: () => this.draining,
+      ...(shipped ? { templatesWanted: () => shipped.wanted() } : {}),
       log,
     });
   }
@@ -246,6 +250,14 @@ export class NodeAgent {
   async importImage(snapshotId: string, source: ImageSource): Promise<ImportedImage> {
     const deps = { driver: this.driver, config: this.config, log: this.log };
     return importImage(deps, () => this.ensureTemplate("scratch"), { snapshotId, source });
+  }
+
+  /** A shipped template this node awaits, built by the master's template builder (shipped-from-builder.ts). */
+  async adoptTemplate(templateId: string, snapshotId: string, buildId: string): Promise<void> {
+    if (!this.shipped) {
+      throw new AgentError("failed_precondition", "this node builds its shipped templates itself");
+    }
+    await this.shipped.adopt(templateId, snapshotId, buildId);
   }
 
   /** Writes a file into a running sandbox through its envd, as root (a template build's COPY archive). */

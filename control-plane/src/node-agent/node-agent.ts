@@ -15,6 +15,7 @@ import type { Logger } from "./log.js";
 import { SandboxRelay } from "./relay.js";
 import { RoutePublisher } from "./routes.js";
 import { nodeAgentRoutes } from "./service.js";
+import { ShippedFromBuilder } from "./shipped-from-builder.js";
 import { StoreSharedTemplates } from "./shipped-templates.js";
 
 export interface RunningNodeAgent<D extends RuntimeDriver = NamespaceDriver> {
@@ -104,8 +105,14 @@ async function startClaimed(
         nodeId: config.nodeId,
       })
     : undefined;
+  // Late-bound: its `scratch` is the agent's, which needs the template store first.
+  let agentRef: NodeAgent | undefined;
+  const shipped = config.shippedFromBuilder
+    ? new ShippedFromBuilder(driver, () => (agentRef as NodeAgent).ensureTemplate("scratch"))
+    : undefined;
   const templates = new TemplateStore({
     dir: config.templatesDir,
+    ...(shipped ? { fromBuilder: shipped.build } : {}),
     uidBase: config.uidBase,
     ...(config.debianMirror ? { mirror: config.debianMirror } : {}),
     ...(shared ? { shared } : {}),
@@ -121,7 +128,8 @@ async function startClaimed(
   const address = server.address();
   const port = typeof address === "object" && address ? address.port : config.listenPort;
   const nodeAddr = config.nodeAddr.endsWith(":0") ? `${config.nodeAddr.slice(0, -2)}:${port}` : config.nodeAddr;
-  const agent = new NodeAgent({ ...config, nodeAddr }, driver, templates, routes, log);
+  const agent = new NodeAgent({ ...config, nodeAddr }, driver, templates, routes, log, shipped);
+  agentRef = agent;
   server.on(
     "request",
     connectNodeAdapter({

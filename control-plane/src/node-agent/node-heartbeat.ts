@@ -20,6 +20,8 @@ export interface NodeHeartbeatDeps {
   readonly sandboxes: ReadonlyMap<string, SandboxSummary>;
   readonly routeOf: (summary: SandboxSummary) => ReturnType<typeof sandboxRoute>;
   readonly isDraining: () => boolean;
+  /** Shipped templates awaited from the master's template builder; absent: this node builds its own. */
+  readonly templatesWanted?: () => string[];
   readonly log: Logger;
 }
 
@@ -63,6 +65,7 @@ export class NodeHeartbeat {
       pools: this.deps.builds.readyCounts(),
       templates: templates.ids().filter((id) => templates.ready(id)),
       servable: templates.ids().filter((id) => driverServes(templates.recipe(id), driver.name)),
+      ...(this.deps.templatesWanted ? { templatesWanted: this.deps.templatesWanted() } : {}),
     };
   }
 

@@ -147,6 +147,11 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
           };
         },
       ),
+    adoptTemplate: (req) =>
+      guard("AdoptTemplate", { templateId: req.templateId, snapshotId: req.snapshotId }, async () => {
+        await agent.adoptTemplate(req.templateId, req.snapshotId, req.buildId);
+        return {};
+      }),
     writeFile: (req) =>
       guard("WriteFile", { sandboxId: req.sandboxId, path: req.path, bytes: req.data.byteLength }, async () => {
         await agent.writeFile(req.sandboxId, req.envdAccessToken, req.path, req.data);

@@ -245,6 +245,12 @@ export interface RuntimeDriver {
    */
   snapshot(instanceId: string, snapshotId: string, options?: SnapshotOptions): Promise<SnapshotImage>;
   /**
+   * The files a sandbox from the snapshot (files only, over `template`) would see, as one plain root filesystem at
+   * `dest` (which must not exist): a template the template builder made, become a node template. Drivers without
+   * it cannot take shipped templates from the builder.
+   */
+  flattenSnapshot?(snapshotId: string, template: TemplateImage, dest: string): Promise<void>;
+  /**
    * Makes a files-only snapshot whose only layer is a copy of `dir` over `template`'s root (an OCI image's
    * prepared rootfs over the empty `scratch` template): how templates built from images start. Drivers without it
    * cannot build from images.

@@ -73,6 +73,8 @@ export interface TemplateBuildSpec {
    * own recipes (templates/catalog.ts). Never taken from a request: only a stored spec Warren wrote holds it.
    */
   readonly fromDebian?: { readonly suite: string; readonly packages: readonly string[] };
+  /** The node every part of the build runs on (a shipped template built for the node that awaits it); stored only. */
+  readonly onNode?: string;
   readonly fromImageRegistry?: RegistryCredentials;
   readonly force: boolean;
   readonly startCmd: string | null;
@@ -162,6 +164,7 @@ function parseSpec(raw: unknown, stored: boolean): TemplateBuildSpec {
   const fromTemplate = optionalString(b.fromTemplate, "fromTemplate");
   const fromImage = optionalString(b.fromImage, "fromImage");
   const fromDebian = stored && b.fromDebian !== undefined ? parseDebian(b.fromDebian) : undefined;
+  const onNode = stored ? optionalString(b.onNode, "onNode") : undefined;
   if ([fromTemplate, fromImage, fromDebian].filter(Boolean).length > 1) {
     throw new BuildSpecError("give either fromImage or fromTemplate, not both");
   }
@@ -195,6 +198,7 @@ function parseSpec(raw: unknown, stored: boolean): TemplateBuildSpec {
     ...(fromTemplate ? { fromTemplate } : {}),
     ...(fromImage ? { fromImage } : {}),
     ...(fromDebian ? { fromDebian } : {}),
+    ...(onNode ? { onNode } : {}),
     ...(registry ? { fromImageRegistry: registry } : {}),
     force: b.force === true,
     startCmd: optionalString(b.startCmd, "startCmd") ?? null,

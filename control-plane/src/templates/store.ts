@@ -16,6 +16,7 @@ import {
   type SharedTemplates,
   type TemplateBuildClaim,
 } from "./sharing.js";
+import { SHIPPED_BUILD_SPECS, type ShippedBuildSpec } from "./shipped-specs.js";
 import { rebaseOwners, shiftOwners, UID_RANGE } from "./uid-shift.js";
 
 /** Bumped when the build procedure itself changes, so every cached template is rebuilt. */
@@ -39,6 +40,12 @@ export interface TemplateStoreOptions {
    * built here (and published) only by the node holding its claim. Absent: every node builds its own.
    */
   readonly shared?: SharedTemplates;
+  /**
+   * The master's template builder makes the shipped templates it has specs for (shipped-specs.ts) instead of this
+   * store's debootstrap and chroot steps: called with the rootfs to make (must not exist yet); resolves with what
+   * goes into the manifest about the build (WARREN_SHIPPED_FROM_BUILDER; node-agent/shipped-from-builder.ts).
+   */
+  readonly fromBuilder?: (id: string, rootfs: string, log: Logger) => Promise<Record<string, unknown>>;
   /** How often a node waiting for another node's build looks again (default 2 s). */
   readonly sharedPollMs?: number;
   /**
@@ -91,10 +98,25 @@ export class TemplateStore {
   hash(id: string): string {
     const recipe = this.recipe(id);
     const parentHash = recipe.parent ? this.hash(recipe.parent) : "";
+    const builder = this.builderSpec(id);
     return createHash("sha256")
-      .update(JSON.stringify({ BUILD_FORMAT, uidBase: this.options.uidBase, parentHash, recipe }))
+      .update(
+        JSON.stringify({
+          BUILD_FORMAT,
+          uidBase: this.options.uidBase,
+          parentHash,
+          recipe,
+          ...(builder ? { builder } : {}),
+        }),
+      )
       .digest("hex")
       .slice(0, 16);
+  }
+
+  /** The builder's spec of a shipped template this store has the master's builder make; undefined otherwise. */
+  private builderSpec(id: string): ShippedBuildSpec | undefined {
+    if (!this.options.fromBuilder || !Object.hasOwn(SHIPPED_BUILD_SPECS, id)) return undefined;
+    return SHIPPED_BUILD_SPECS[id as keyof typeof SHIPPED_BUILD_SPECS];
   }
 
   /**
@@ -104,7 +126,10 @@ export class TemplateStore {
   sharedName(id: string): string {
     const recipe = this.recipe(id);
     const parent = recipe.parent ? this.sharedName(recipe.parent) : "";
-    const key = createHash("sha256").update(JSON.stringify({ BUILD_FORMAT, parent, recipe })).digest("hex");
+    const builder = this.builderSpec(id);
+    const key = createHash("sha256")
+      .update(JSON.stringify({ BUILD_FORMAT, parent, recipe, ...(builder ? { builder } : {}) }))
+      .digest("hex");
     return `${id}-${key.slice(0, 16)}`;
   }
 
@@ -393,68 +418,98 @@ export class TemplateStore {
   }
 
   private async build(recipe: TemplateRecipe, dir: string, log: Logger): Promise<void> {
+    const builder = this.builderSpec(recipe.id);
+    const fromBuilder = this.options.fromBuilder;
+    if (builder && fromBuilder) {
+      // Made by the master's template builder, already prepared and owned by the sandbox uid range.
+      return this.staged(recipe, dir, log, async (tmp) => {
+        log.info("template build", { what: "asking the master's template builder for it" });
+        const build = await fromBuilder(recipe.id, join(tmp, "rootfs"), log);
+        return { manifest: { builder: { spec: builder, ...build } }, logged: { by: "template builder" } };
+      });
+    }
+    return this.staged(recipe, dir, log, (tmp) => this.runRecipe(recipe, tmp, log));
+  }
+
+  /**
+   * Makes the template in a staging folder next to `dir` (`make` fills its rootfs and says what goes into the
+   * manifest and the log), writes the manifest, then renames it into place; a failure removes the staging folder.
+   */
+  private async staged(
+    recipe: TemplateRecipe,
+    dir: string,
+    log: Logger,
+    make: (tmp: string) => Promise<{ manifest: Record<string, unknown>; logged: Record<string, unknown> }>,
+  ): Promise<void> {
     await mkdir(this.options.dir, { recursive: true });
     const tmp = `${dir}.tmp-${process.pid}`;
     await rm(tmp, { recursive: true, force: true });
     await mkdir(tmp);
-    const rootfs = join(tmp, "rootfs");
     const started = Date.now();
-    const total = (recipe.debootstrap || recipe.parent ? 1 : 0) + recipe.steps.length + 1;
-    let step = 0;
-    const progress = (what: string) => log.info("template build", { step: `${++step}/${total}`, what });
-    let parentCopiedCtimeNs: bigint | undefined;
     try {
-      if (recipe.debootstrap) {
-        const mirror = debianMirror(recipe.debootstrap.suite, this.options.mirror);
-        progress(`debootstrap ${recipe.debootstrap.suite} minbase from ${mirror}`);
-        await debootstrap({
-          suite: recipe.debootstrap.suite,
-          include: recipe.debootstrap.include,
-          rootfs,
-          mirror,
-          onLine: (line) => log.info("debootstrap", { line }),
-        });
-      } else if (recipe.parent) {
-        const parent = this.ready(recipe.parent);
-        if (!parent) throw new Error(`parent template '${recipe.parent}' is not ready`);
-        progress(`copy ${recipe.parent} rootfs`);
-        await exec("cp", ["-a", "--reflink=auto", parent.rootfs, rootfs]);
-        // What a step changes from now on is newer (rootfs-diff.ts tells what to publish over the parent by it).
-        parentCopiedCtimeNs = await markCopyEnd(join(tmp, "parent-copied"));
-      }
-      if (recipe.empty) await mkdir(rootfs);
-      else await exec("cp", ["/etc/resolv.conf", join(rootfs, "etc", "resolv.conf")]);
-      for (const s of recipe.steps) {
-        progress(s.name);
-        await exec("unshare", ["--mount", "--propagation", "private", "sh", "-c", STEP_RUNNER, "step", rootfs], {
-          env: { STEP: s.run, DEBIAN_FRONTEND: "noninteractive" },
-          onLine: (line) => log.debug("step output", { step: s.name, line }),
-        });
-      }
-      if (!recipe.empty) await writeFile(join(rootfs, "etc", "resolv.conf"), "");
-      progress("shift owners into the sandbox uid range");
-      const changed = await shiftOwners(rootfs, this.options.uidBase);
+      const { manifest, logged } = await make(tmp);
       await writeFile(
         join(tmp, "manifest.json"),
         JSON.stringify(
-          {
-            id: recipe.id,
-            hash: this.hash(recipe.id),
-            builtAt: new Date().toISOString(),
-            ...(parentCopiedCtimeNs !== undefined ? { parentCopiedCtimeNs: String(parentCopiedCtimeNs) } : {}),
-            recipe,
-          },
+          { id: recipe.id, hash: this.hash(recipe.id), builtAt: new Date().toISOString(), ...manifest, recipe },
           null,
           2,
         ),
       );
       await rm(dir, { recursive: true, force: true });
       await rename(tmp, dir);
-      log.info("template built", { seconds: Math.round((Date.now() - started) / 100) / 10, shiftedFiles: changed });
+      log.info("template built", { seconds: Math.round((Date.now() - started) / 100) / 10, ...logged });
     } catch (error) {
       await rm(tmp, { recursive: true, force: true }).catch(() => undefined);
       throw error;
     }
+  }
+
+  /** The recipe's own build: debootstrap (or the parent's copy), the chroot steps, owners shifted. */
+  private async runRecipe(
+    recipe: TemplateRecipe,
+    tmp: string,
+    log: Logger,
+  ): Promise<{ manifest: Record<string, unknown>; logged: Record<string, unknown> }> {
+    const rootfs = join(tmp, "rootfs");
+    const total = (recipe.debootstrap || recipe.parent ? 1 : 0) + recipe.steps.length + 1;
+    let step = 0;
+    const progress = (what: string) => log.info("template build", { step: `${++step}/${total}`, what });
+    let parentCopiedCtimeNs: bigint | undefined;
+    if (recipe.debootstrap) {
+      const mirror = debianMirror(recipe.debootstrap.suite, this.options.mirror);
+      progress(`debootstrap ${recipe.debootstrap.suite} minbase from ${mirror}`);
+      await debootstrap({
+        suite: recipe.debootstrap.suite,
+        include: recipe.debootstrap.include,
+        rootfs,
+        mirror,
+        onLine: (line) => log.info("debootstrap", { line }),
+      });
+    } else if (recipe.parent) {
+      const parent = this.ready(recipe.parent);
+      if (!parent) throw new Error(`parent template '${recipe.parent}' is not ready`);
+      progress(`copy ${recipe.parent} rootfs`);
+      await exec("cp", ["-a", "--reflink=auto", parent.rootfs, rootfs]);
+      // What a step changes from now on is newer (rootfs-diff.ts tells what to publish over the parent by it).
+      parentCopiedCtimeNs = await markCopyEnd(join(tmp, "parent-copied"));
+    }
+    if (recipe.empty) await mkdir(rootfs);
+    else await exec("cp", ["/etc/resolv.conf", join(rootfs, "etc", "resolv.conf")]);
+    for (const s of recipe.steps) {
+      progress(s.name);
+      await exec("unshare", ["--mount", "--propagation", "private", "sh", "-c", STEP_RUNNER, "step", rootfs], {
+        env: { STEP: s.run, DEBIAN_FRONTEND: "noninteractive" },
+        onLine: (line) => log.debug("step output", { step: s.name, line }),
+      });
+    }
+    if (!recipe.empty) await writeFile(join(rootfs, "etc", "resolv.conf"), "");
+    progress("shift owners into the sandbox uid range");
+    const changed = await shiftOwners(rootfs, this.options.uidBase);
+    return {
+      manifest: parentCopiedCtimeNs !== undefined ? { parentCopiedCtimeNs: String(parentCopiedCtimeNs) } : {},
+      logged: { shiftedFiles: changed },
+    };
   }
 
   /** Manifest of a built template (tests, diagnostics). */

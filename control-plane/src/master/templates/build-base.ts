@@ -24,6 +24,8 @@ export interface BuildBase {
   readonly context: BuildContext;
   readonly startCmd: string | null;
   readonly readyCmd: string | null;
+  /** Every part of the build runs on this node (the spec's `onNode`). */
+  readonly onNode?: string;
 }
 
 export interface BuildBaseDeps {
@@ -53,6 +55,11 @@ const E2B_BASE_IMAGE = /^(?:(?:docker\.io|index\.docker\.io)\/)?e2bdev\/base(?::
  * by its ready build's layer and context), E2B's default base image (Warren's `base`), or any other OCI image.
  */
 export async function resolveBuildBase(deps: BuildBaseDeps, request: BuildBaseRequest): Promise<BuildBase> {
+  const base = await resolveBase(deps, request);
+  return request.spec.onNode ? { ...base, onNode: request.spec.onNode } : base;
+}
+
+async function resolveBase(deps: BuildBaseDeps, request: BuildBaseRequest): Promise<BuildBase> {
   const { team, spec } = request;
   if (spec.fromTemplate) {
     const resolved = await findTemplateByRef(
@@ -147,12 +154,17 @@ async function imageBase(deps: BuildBaseDeps, request: BuildBaseRequest, from: I
   }
   const [nodes, reserved] = await Promise.all([deps.registry.placeableNodes(), reservedMemoryByNode(db)]);
   const node = rankNodes(
-    nodes,
+    spec.onNode ? nodes.filter((n) => n.nodeId === spec.onNode) : nodes,
     reserved,
     { templateId: "scratch", memoryMB: build.memoryMB },
     { memoryOvercommit: deps.memoryOvercommit },
   )[0];
-  if (!node) throw new PhaseError("base", "no node can pull an image now");
+  if (!node) {
+    throw new PhaseError(
+      "base",
+      spec.onNode ? `node ${spec.onNode} cannot take the build now` : "no node can pull an image now",
+    );
+  }
   const id = `l${randomBytes(10).toString("hex")}`;
   buildLog.info(
     `[base] ${"image" in from.source ? `pulling ${from.source.image}` : "making a Debian system"} on node ${node.nodeId}`,

@@ -148,7 +148,9 @@ export class BuildSandboxes {
         const ranked = holdersFirst(
           rankNodes(
             nodes.filter(
-              (n) => !layer || holders?.has(n.nodeId) || (layer.digest !== null && n.driver === layer.driver),
+              (n) =>
+                (!base.onNode || n.nodeId === base.onNode) &&
+                (!layer || holders?.has(n.nodeId) || (layer.digest !== null && n.driver === layer.driver)),
             ),
             reserved,
             { templateId: base.nodeTemplateId, memoryMB: build.memoryMB },

@@ -301,6 +301,10 @@ export class NamespaceDriver implements RuntimeDriver {
     return this.snapshots.captureDirectory(snapshotId, template, dir, resources);
   }
 
+  async flattenSnapshot(snapshotId: string, template: TemplateImage, dest: string): Promise<void> {
+    return this.snapshots.flatten(snapshotId, template, dest);
+  }
+
   async deleteSnapshot(snapshotId: string): Promise<void> {
     return this.snapshots.delete(snapshotId);
   }

@@ -5,6 +5,7 @@ import type { SandboxResources, SnapshotImage, SnapshotLayers, TemplateImage } f
 import { exec } from "../exec.js";
 import type { CgroupManager } from "./cgroups.js";
 import { criuDeadlineMs, criuDump, criuExternalFiles } from "./criu.js";
+import { flattenLayers } from "./flatten.js";
 import {
   BOOT_ID,
   type InstanceContainers,
@@ -119,6 +120,21 @@ export class InstanceSnapshots {
       layers: [],
     });
     return image;
+  }
+
+  /** The snapshot's files as one root filesystem at `dest` (flatten.ts); it must be a snapshot over `template`. */
+  async flatten(snapshotId: string, template: TemplateImage, dest: string): Promise<void> {
+    const { snapshot, release } = await this.store.pin(snapshotId);
+    try {
+      if (snapshot.templateId !== template.templateId || snapshot.templateHash !== template.hash) {
+        throw new Error(
+          `snapshot '${snapshotId}' is over template ${snapshot.templateId} (${snapshot.templateHash}), not ${template.templateId} (${template.hash})`,
+        );
+      }
+      await flattenLayers(snapshot.layers, template.rootfs, dest);
+    } finally {
+      release();
+    }
   }
 
   private async dumpForSnapshot(record: InstanceRecord, imagesDir: string): Promise<MemoryImage> {
