@@ -42,12 +42,19 @@ describe.each([
       // envd's own descriptors stay envd's: the command's environment does not name them.
       const environ = readFileSync(`/proc/${handle.pid}/environ`, "utf8");
       expect(environ).not.toContain("WARREN_SPAWNER");
-      const stat = readFileSync(`/proc/${handle.pid}/stat`, "utf8").split(") ")[1]?.split(" ") ?? [];
-      // Fields after the command: state, ppid, pgrp, session: the command leads both.
-      expect([Number(stat[2]), Number(stat[3])]).toEqual([handle.pid, handle.pid]);
-      expect(readFileSync(`/proc/${handle.pid}/oom_score_adj`, "utf8").trim()).toBe("1000");
+      // The pid is reported once the child is forked; it sets its session, OOM score and identity itself right
+      // after, before it execs the command (warren-exec.c `become`), so a look this early may come before that.
       const uid = execFileSync("id", ["-u", "user"], { encoding: "utf8" }).trim();
-      expect(/^Uid:\s+(\d+)\s/m.exec(readFileSync(`/proc/${handle.pid}/status`, "utf8"))?.[1]).toBe(uid);
+      const identity = () => {
+        const stat = readFileSync(`/proc/${handle.pid}/stat`, "utf8").split(") ")[1]?.split(" ") ?? [];
+        return {
+          // Fields after the command: state, ppid, pgrp, session: the command leads both.
+          group: [Number(stat[2]), Number(stat[3])],
+          oom: readFileSync(`/proc/${handle.pid}/oom_score_adj`, "utf8").trim(),
+          uid: /^Uid:\s+(\d+)\s/m.exec(readFileSync(`/proc/${handle.pid}/status`, "utf8"))?.[1],
+        };
+      };
+      await expect.poll(identity).toEqual({ group: [handle.pid, handle.pid], oom: "1000", uid });
     } finally {
       await handle.kill();
     }
