@@ -404,6 +404,7 @@ export class NodeAgent {
   async close(options: { killAll?: boolean } = {}): Promise<void> {
     this.draining = true;
     this.heartbeat.stop();
+    this.shipped?.close();
     this.watchdog.stop();
     this.pauses.close();
     await this.builds.closePools();

@@ -46,6 +46,14 @@ describe("ShippedFromBuilder", () => {
     expect(shipped.wanted()).toEqual(["base"]);
   });
 
+  it("an agent that stops fails what it still awaits instead of waiting for ever", async () => {
+    const shipped = new ShippedFromBuilder(driver([], []), async () => scratch);
+    const built = shipped.build("base", "/t/rootfs", log);
+    shipped.close();
+    await expect(built).rejects.toThrow(/stopped before the template builder handed 'base' over/);
+    expect(shipped.wanted()).toEqual([]);
+  });
+
   it("a driver that cannot flatten says so", async () => {
     const shipped = new ShippedFromBuilder({ name: "microvm" } as unknown as RuntimeDriver, async () => scratch);
     void shipped.build("base", "/t/rootfs", log);

@@ -6,6 +6,7 @@ import { AgentError } from "./errors.js";
 interface Waiter {
   readonly rootfs: string;
   readonly resolve: (build: Record<string, unknown>) => void;
+  readonly reject: (error: Error) => void;
 }
 
 /**
@@ -32,8 +33,16 @@ export class ShippedFromBuilder {
   readonly build = (id: string, rootfs: string, log: Logger): Promise<Record<string, unknown>> => {
     if (this.waiting.has(id)) return Promise.reject(new Error(`template '${id}' is already awaited`));
     log.info("waiting for the master's template builder to build the template on this node");
-    return new Promise((resolve) => this.waiting.set(id, { rootfs, resolve }));
+    return new Promise((resolve, reject) => this.waiting.set(id, { rootfs, resolve, reject }));
   };
+
+  /** The agent stops: what it still awaits fails (its build is the next agent's to ask for), so nothing hangs. */
+  close(): void {
+    for (const [id, waiter] of this.waiting) {
+      waiter.reject(new Error(`the node agent stopped before the template builder handed '${id}' over`));
+    }
+    this.waiting.clear();
+  }
 
   /** The master's AdoptTemplate: the build's ready snapshot becomes the awaited template's rootfs. */
   async adopt(templateId: string, snapshotId: string, buildId: string): Promise<void> {
