@@ -217,7 +217,13 @@ export class ConnectNodeAgentClient implements NodeAgentClient {
           snapshotId,
           ...("image" in source
             ? { image: source.image }
-            : { debian: { suite: source.debian.suite, packages: [...source.debian.packages] } }),
+            : {
+                debian: {
+                  suite: source.debian.suite,
+                  packages: [...source.debian.packages],
+                  aptPackages: [...(source.debian.aptPackages ?? [])],
+                },
+              }),
           username: credentials?.username ?? "",
           password: credentials?.password ?? "",
         },

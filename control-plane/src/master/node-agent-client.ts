@@ -60,7 +60,13 @@ export type ImageSource =
       readonly image: string;
       readonly credentials: { readonly username: string; readonly password: string } | undefined;
     }
-  | { readonly debian: { readonly suite: string; readonly packages: readonly string[] } };
+  | {
+      readonly debian: {
+        readonly suite: string;
+        readonly packages: readonly string[];
+        readonly aptPackages?: readonly string[];
+      };
+    };
 
 export interface ImportedImage {
   readonly snapshot: SnapshotOnNode;

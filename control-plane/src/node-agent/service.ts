@@ -133,7 +133,13 @@ export function nodeAgentService(agent: NodeAgent, log: Logger): ServiceImpl<typ
         async () => {
           const credentials = req.username ? { username: req.username, password: req.password } : undefined;
           const source = req.debian
-            ? { debian: { suite: req.debian.suite, packages: [...req.debian.packages] } }
+            ? {
+                debian: {
+                  suite: req.debian.suite,
+                  packages: [...req.debian.packages],
+                  aptPackages: [...req.debian.aptPackages],
+                },
+              }
             : { image: req.image, credentials };
           const imported = await agent.importImage(req.snapshotId, source);
           return {

@@ -72,7 +72,11 @@ export interface TemplateBuildSpec {
    * A Debian system the node makes with debootstrap (the suite's minbase and these packages): the base of Warren's
    * own recipes (templates/catalog.ts). Never taken from a request: only a stored spec Warren wrote holds it.
    */
-  readonly fromDebian?: { readonly suite: string; readonly packages: readonly string[] };
+  readonly fromDebian?: {
+    readonly suite: string;
+    readonly packages: readonly string[];
+    readonly aptPackages?: readonly string[];
+  };
   /** The node every part of the build runs on (a shipped template built for the node that awaits it); stored only. */
   readonly onNode?: string;
   readonly fromImageRegistry?: RegistryCredentials;
@@ -145,7 +149,7 @@ export function parseStoredBuildSpec(raw: unknown): TemplateBuildSpec {
   return parseSpec(raw, true);
 }
 
-function parseDebian(raw: unknown): { suite: string; packages: string[] } {
+function parseDebian(raw: unknown): { suite: string; packages: string[]; aptPackages?: string[] } {
   const d = raw as Record<string, unknown>;
   if (typeof d !== "object" || d === null || typeof d.suite !== "string") {
     throw new BuildSpecError("fromDebian.suite must be a string");
@@ -154,7 +158,15 @@ function parseDebian(raw: unknown): { suite: string; packages: string[] } {
   if (!Array.isArray(packages) || packages.some((p) => typeof p !== "string")) {
     throw new BuildSpecError("fromDebian.packages must be an array of strings");
   }
-  return { suite: d.suite, packages: packages as string[] };
+  const apt = d.aptPackages ?? [];
+  if (!Array.isArray(apt) || apt.some((p) => typeof p !== "string")) {
+    throw new BuildSpecError("fromDebian.aptPackages must be an array of strings");
+  }
+  return {
+    suite: d.suite,
+    packages: packages as string[],
+    ...(apt.length > 0 ? { aptPackages: apt as string[] } : {}),
+  };
 }
 
 function parseSpec(raw: unknown, stored: boolean): TemplateBuildSpec {

@@ -21,3 +21,22 @@ describe("normalizeDebianSource", () => {
     );
   });
 });
+
+describe("normalizeDebianSource: packages apt installs after debootstrap", () => {
+  it("are checked and sorted the same way, and left out when there are none", () => {
+    expect(
+      normalizeDebianSource({ suite: "bookworm", packages: ["tini"], aptPackages: ["r-base-core", "python3-zmq"] }),
+    ).toEqual({
+      suite: "bookworm",
+      packages: ["tini"],
+      aptPackages: ["python3-zmq", "r-base-core"],
+    });
+    expect(normalizeDebianSource({ suite: "bookworm", packages: ["tini"], aptPackages: [] })).toEqual({
+      suite: "bookworm",
+      packages: ["tini"],
+    });
+    expect(() => normalizeDebianSource({ suite: "bookworm", packages: [], aptPackages: ["-o=Dir::Etc=/x"] })).toThrow(
+      DebianSourceError,
+    );
+  });
+});

@@ -6,10 +6,15 @@ import { exec } from "../runtime/exec.js";
 import { hostDebianMirror } from "./mirror.js";
 import { type PreparedRootfs, prepareRootfs } from "./oci/prepare.js";
 
-/** A Debian root filesystem as a template base: a suite's minimal system and these packages. */
+/**
+ * A Debian root filesystem as a template base: a suite's minimal system with `packages` (installed by debootstrap),
+ * then `aptPackages` installed by apt over it. debootstrap configures what it installs in one pass and fails on
+ * larger sets (python3-zmq and the Jupyter stack, measured): those go to apt, as in a Dockerfile's apt-get install.
+ */
 export interface DebianSource {
   readonly suite: string;
   readonly packages: readonly string[];
+  readonly aptPackages?: readonly string[];
 }
 
 /** Suites and package names as Debian spells them; anything else never reaches debootstrap's command line. */
@@ -27,14 +32,36 @@ export class DebianSourceError extends Error {
 /** Checks a source's names; the packages sorted and without duplicates (the same set is the same base). */
 export function normalizeDebianSource(source: DebianSource): DebianSource {
   if (!SUITE.test(source.suite)) throw new DebianSourceError(`'${source.suite}' is not a Debian suite name`);
-  if (source.packages.length > MAX_PACKAGES) {
-    throw new DebianSourceError(`a Debian base takes at most ${MAX_PACKAGES} packages, got ${source.packages.length}`);
+  const apt = source.aptPackages ?? [];
+  if (source.packages.length + apt.length > MAX_PACKAGES) {
+    throw new DebianSourceError(
+      `a Debian base takes at most ${MAX_PACKAGES} packages, got ${source.packages.length + apt.length}`,
+    );
   }
-  for (const name of source.packages) {
+  for (const name of [...source.packages, ...apt]) {
     if (!PACKAGE.test(name)) throw new DebianSourceError(`'${name}' is not a Debian package name`);
   }
-  return { suite: source.suite, packages: [...new Set(source.packages)].sort() };
+  const sorted = (names: readonly string[]) => [...new Set(names)].sort();
+  return {
+    suite: source.suite,
+    packages: sorted(source.packages),
+    ...(apt.length > 0 ? { aptPackages: sorted(apt) } : {}),
+  };
 }
+
+/**
+ * apt inside the new system, in a private mount namespace (proc and dev mounted there only), with the host's DNS
+ * for the download; the system's resolv.conf is emptied afterwards by the preparation.
+ */
+const APT_INSTALL = `set -e
+R="$1"
+shift
+mount -t proc proc "$R/proc"
+mount --rbind /dev "$R/dev"
+cp /etc/resolv.conf "$R/etc/resolv.conf"
+chroot "$R" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive chroot "$R" apt-get install -y -qq --no-install-recommends "$@"
+`;
 
 /** The mirror debootstrap fetches `suite` from: the configured one, the host's own apt source, or Debian's CDN. */
 export function debianMirror(suite: string, configured: string | undefined): string {
@@ -118,6 +145,20 @@ export async function debianRootfs(options: DebianRootfsOptions): Promise<Debian
       `debootstrap ${source.suite} minbase${source.packages.length ? ` + ${source.packages.join(" ")}` : ""} from ${mirror}`,
     );
     await debootstrap({ suite: source.suite, include: source.packages, rootfs: staging, mirror, onLine: log });
+    if (source.aptPackages?.length) {
+      log(`apt-get install ${source.aptPackages.join(" ")}`);
+      await exec("unshare", [
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        APT_INSTALL,
+        "apt",
+        staging,
+        ...source.aptPackages,
+      ]);
+    }
     // biome-ignore lint/suspicious/noTemplateCurlyInString: dpkg-query's own format, not a JavaScript template.
     const installed = await exec("chroot", [staging, "dpkg-query", "-W", "-f", "${Package} ${Version}\\n"]);
     const lines = installed.stdout.split("\n").filter(Boolean).sort();

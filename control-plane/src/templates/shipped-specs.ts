@@ -13,16 +13,20 @@ import {
  * /etc/hosts and the mount points, the base's preparation does (oci/prepare.ts, as for any image).
  */
 export interface ShippedBuildSpec {
-  readonly fromDebian: { readonly suite: string; readonly packages: readonly string[] };
+  readonly fromDebian: {
+    readonly suite: string;
+    readonly packages: readonly string[];
+    readonly aptPackages?: readonly string[];
+  };
   readonly force: false;
   readonly startCmd: null;
   readonly readyCmd: null;
   readonly steps: readonly { readonly type: "RUN"; readonly args: readonly [string, "root"]; readonly force: false }[];
 }
 
-function spec(packages: readonly string[], ...scripts: string[]): ShippedBuildSpec {
+function spec(packages: readonly string[], aptPackages: readonly string[], ...scripts: string[]): ShippedBuildSpec {
   return {
-    fromDebian: { suite: "bookworm", packages },
+    fromDebian: { suite: "bookworm", packages, ...(aptPackages.length > 0 ? { aptPackages } : {}) },
     force: false,
     startCmd: null,
     readyCmd: null,
@@ -37,12 +41,14 @@ function spec(packages: readonly string[], ...scripts: string[]): ShippedBuildSp
 /**
  * `base` and `code-interpreter-v1` as the builder builds them (e2e/test/template-debian.test.ts builds `base`'s
  * and checks a sandbox of it against what sandboxes of the shipped `base` are). `code-interpreter-v1` is its own
- * Debian base, not `base` plus packages: installing them would be a step, and build steps have no internet.
+ * Debian base, `base`'s packages by debootstrap and its own by apt, not `base` plus a step installing them: build
+ * steps have no internet.
  */
 export const SHIPPED_BUILD_SPECS: Readonly<Record<"base" | "code-interpreter-v1", ShippedBuildSpec>> = {
-  base: spec(BASE_PACKAGES, LOGIN_SHELL_SETUP),
+  base: spec(BASE_PACKAGES, [], LOGIN_SHELL_SETUP),
   "code-interpreter-v1": spec(
-    [...BASE_PACKAGES, ...JUPYTER_PACKAGES, ...R_JAVA_PACKAGES],
+    BASE_PACKAGES,
+    [...JUPYTER_PACKAGES, ...R_JAVA_PACKAGES],
     LOGIN_SHELL_SETUP,
     CODE_GATEWAY_MOUNT_POINTS,
   ),

@@ -120,11 +120,13 @@ interface ImportSource {
 
 /** A Debian base: the same suite and set of packages (in any order) is the same layer. */
 function debianSource(debian: NonNullable<TemplateBuildSpec["fromDebian"]>): ImportSource {
-  const packages = [...new Set(debian.packages)].sort();
+  const sorted = (names: readonly string[]) => [...new Set(names)].sort();
+  const packages = sorted(debian.packages);
+  const apt = sorted(debian.aptPackages ?? []);
   return {
-    source: { debian: { suite: debian.suite, packages } },
-    key: hashKeys("warren-v1", "debian", debian.suite, ...packages),
-    description: `FROM debian:${debian.suite} (debootstrap${packages.length ? ` + ${packages.length} packages` : ""})`,
+    source: { debian: { suite: debian.suite, packages, ...(apt.length > 0 ? { aptPackages: apt } : {}) } },
+    key: hashKeys("warren-v1", "debian", debian.suite, ...packages, ...(apt.length > 0 ? ["apt", ...apt] : [])),
+    description: `FROM debian:${debian.suite} (debootstrap${packages.length ? ` + ${packages.length} packages` : ""}${apt.length ? `, apt + ${apt.length}` : ""})`,
   };
 }
 
