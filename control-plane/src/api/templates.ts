@@ -11,6 +11,7 @@ import { findTemplateByRef, parseTag, parseTemplateName, TemplateNameError } fro
 import { BuildSpecError, parseBuildSpec } from "../store/template-spec.js";
 import { assignTags, DEFAULT_TAG, listTags, removeTags, resolveTag, tagsOfBuild } from "../store/template-tags.js";
 import {
+  BUILD_ENVD_VERSION,
   type BuildLogEntry,
   type BuildRecord,
   clearBuildSpec,
@@ -46,8 +47,6 @@ export interface TemplateRoutesDeps {
   readonly ecrLogin: EcrLogin;
 }
 
-/** The envd version every built template reports (Warren's envd). */
-const ENVD_VERSION = "0.6.4";
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const FILES_HASH = /^[0-9a-f]{64}$/;
 const UPLOAD_LINK_SECONDS = 30 * 60;
@@ -132,7 +131,7 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
         (await insertTemplate(
           tx,
           { id: newTemplateId(), teamId: me.id, alias: name.alias, cpuCount, memoryMB, diskSizeMB: 2048 },
-          ENVD_VERSION,
+          BUILD_ENVD_VERSION,
         ));
       await tx.query("UPDATE templates SET cpu_count = $2, memory_mb = $3, updated_at = now() WHERE id = $1", [
         template.id,
@@ -146,7 +145,7 @@ export function templateRoutes(deps: TemplateRoutesDeps): Router {
         cpuCount,
         memoryMB,
         diskSizeMB: template.diskSizeMB,
-        envdVersion: ENVD_VERSION,
+        envdVersion: BUILD_ENVD_VERSION,
       });
       await assignTags(tx, template.id, build.id, tags);
       return { template, build };

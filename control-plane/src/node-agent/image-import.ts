@@ -2,7 +2,13 @@ import { mkdir, rm } from "node:fs/promises";
 import { join } from "node:path";
 import { isSnapshotId } from "@warren/proto/redis";
 import type { RuntimeDriver, SnapshotImage } from "../runtime/driver.js";
-import { type DebianSource, DebianSourceError, debianMirror, debianRootfs } from "../templates/debian-rootfs.js";
+import {
+  type DebianSource,
+  DebianSourceError,
+  debianMirror,
+  debianRootfs,
+  mirrorForLog,
+} from "../templates/debian-rootfs.js";
 import { ImageError, type ImageErrorCode } from "../templates/oci/errors.js";
 import { type ImageCredentials, type PulledImage, pullImageRootfs } from "../templates/oci/pull.js";
 import type { BuiltTemplate } from "../templates/store.js";
@@ -68,29 +74,11 @@ export async function importImage(
   const log: string[] = [];
   try {
     await mkdir(workDir, { recursive: true });
-    const made = "debian" in source ? await debianBase(deps.config, source.debian, dest, log) : undefined;
-    const images = deps.config.images ?? { insecureRegistries: [], maxBytes: 8 * 2 ** 30 };
-    const pulled = made
-      ? undefined
-      : await pullImageRootfs({
-          ref: image,
-          ...("image" in source && source.credentials ? { credentials: source.credentials } : {}),
-          ...(images.dockerHubMirror ? { dockerHubMirror: images.dockerHubMirror } : {}),
-          insecureRegistries: images.insecureRegistries,
-          maxBytes: images.maxBytes,
-          workDir,
-          destRootfs: dest,
-          uidBase: deps.config.uidBase,
-          nodeBinary: deps.config.nodeBinary,
-          envdRoot: deps.config.envdRoot,
-          onLog: (line) => log.push(line),
-        });
+    const imported =
+      "debian" in source
+        ? await debianBase(deps.config, source.debian, dest, log)
+        : await imageRootfs(deps.config, source, workDir, dest, log);
     const snapshot = await deps.driver.snapshotFromDirectory(snapshotId, base, dest, base.recipe.defaults);
-    const imported = made ?? {
-      resolved: pulled?.ref ?? image,
-      digest: pulled?.digest ?? "",
-      config: pulled?.config ?? DEBIAN_CONFIG,
-    };
     deps.log.info("image imported as a template base", {
       snapshotId,
       image: imported.resolved,
@@ -106,6 +94,31 @@ export async function importImage(
   } finally {
     await rm(dest, { recursive: true, force: true });
   }
+}
+
+/** An OCI image pulled from its registry and prepared (oci/pull.ts). */
+async function imageRootfs(
+  config: NodeAgentConfig,
+  source: { readonly image: string; readonly credentials: ImageCredentials | undefined },
+  workDir: string,
+  dest: string,
+  log: string[],
+): Promise<Pick<ImportedImage, "resolved" | "digest" | "config">> {
+  const images = config.images ?? { insecureRegistries: [], maxBytes: 8 * 2 ** 30 };
+  const pulled = await pullImageRootfs({
+    ref: source.image,
+    ...(source.credentials ? { credentials: source.credentials } : {}),
+    ...(images.dockerHubMirror ? { dockerHubMirror: images.dockerHubMirror } : {}),
+    insecureRegistries: images.insecureRegistries,
+    maxBytes: images.maxBytes,
+    workDir,
+    destRootfs: dest,
+    uidBase: config.uidBase,
+    nodeBinary: config.nodeBinary,
+    envdRoot: config.envdRoot,
+    onLog: (line) => log.push(line),
+  });
+  return { resolved: pulled.ref, digest: pulled.digest, config: pulled.config };
 }
 
 /** A Debian system made by debootstrap on this node (debian-rootfs.ts), from the node's configured mirror. */
@@ -125,7 +138,7 @@ async function debianBase(
     onLog: (line) => log.push(line),
   });
   return {
-    resolved: `debian:${source.suite} (debootstrap from ${made.mirror})`,
+    resolved: `debian:${source.suite} (debootstrap from ${mirrorForLog(made.mirror)})`,
     digest: made.digest,
     config: DEBIAN_CONFIG,
   };

@@ -217,6 +217,9 @@ export async function recordSpawn(db: Queryable, templateId: string): Promise<vo
   );
 }
 
+/** The envd version every built template reports (Warren's envd, envd/src/version.ts). */
+export const BUILD_ENVD_VERSION = "0.6.4";
+
 export interface NewBuild {
   readonly id: string;
   readonly templateId: string;

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { DebianSourceError, normalizeDebianSource } from "./debian-rootfs.js";
+import { DebianSourceError, mirrorForLog, normalizeDebianSource } from "./debian-rootfs.js";
 
 describe("normalizeDebianSource", () => {
   it("sorts the packages and drops repeats: the same set is the same base", () => {
@@ -38,5 +38,13 @@ describe("normalizeDebianSource: packages apt installs after debootstrap", () =>
     expect(() => normalizeDebianSource({ suite: "bookworm", packages: [], aptPackages: ["-o=Dir::Etc=/x"] })).toThrow(
       DebianSourceError,
     );
+  });
+});
+
+describe("mirrorForLog", () => {
+  it("leaves a private mirror's user and password out, and the rest as it is", () => {
+    expect(mirrorForLog("http://deb.debian.org/debian")).toBe("http://deb.debian.org/debian");
+    expect(mirrorForLog("https://me:s3cret@mirror.example.org/debian")).toBe("https://mirror.example.org/debian");
+    expect(mirrorForLog("https://me:s3cret@mirror.example.org/debian")).not.toContain("s3cret");
   });
 });

@@ -68,6 +68,19 @@ export function debianMirror(suite: string, configured: string | undefined): str
   return configured ?? hostDebianMirror(suite) ?? "http://deb.debian.org/debian";
 }
 
+/** A mirror as logs may show it: a user and password in its URL (a private mirror's) are left out. */
+export function mirrorForLog(mirror: string): string {
+  try {
+    const url = new URL(mirror);
+    if (!url.username && !url.password) return mirror;
+    url.username = "";
+    url.password = "";
+    return url.toString();
+  } catch {
+    return mirror.replace(/\/\/[^/@]*@/, "//");
+  }
+}
+
 /**
  * Runs debootstrap (minbase and `include`) into `rootfs`, in a private mount namespace so the proc and dev mounts
  * it makes inside never reach the host's. Its per-package chatter is left out of `onLine`.
@@ -96,7 +109,8 @@ export async function debootstrap(options: {
     {
       onLine: (line) => {
         if (/^I: (Retrieving|Validating|Extracting|Unpacking|Configuring) [a-z0-9]/.test(line)) return;
-        if (line.trim()) options.onLine(line.trim());
+        // A private mirror's user and password never reach a log through debootstrap's messages.
+        if (line.trim()) options.onLine(line.trim().replace(/\/\/[^/@\s]*@/g, "//"));
       },
     },
   );
@@ -142,7 +156,7 @@ export async function debianRootfs(options: DebianRootfsOptions): Promise<Debian
   const started = Date.now();
   try {
     log(
-      `debootstrap ${source.suite} minbase${source.packages.length ? ` + ${source.packages.join(" ")}` : ""} from ${mirror}`,
+      `debootstrap ${source.suite} minbase${source.packages.length ? ` + ${source.packages.join(" ")}` : ""} from ${mirrorForLog(mirror)}`,
     );
     await debootstrap({ suite: source.suite, include: source.packages, rootfs: staging, mirror, onLine: log });
     if (source.aptPackages?.length) {

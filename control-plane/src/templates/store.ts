@@ -7,7 +7,7 @@ import type { TemplateImage } from "../runtime/driver.js";
 import { exec } from "../runtime/exec.js";
 import { withFileLock } from "../runtime/file-lock.js";
 import { TEMPLATE_RECIPES, type TemplateRecipe } from "./catalog.js";
-import { debianMirror, debootstrap } from "./debian-rootfs.js";
+import { debianMirror, debootstrap, mirrorForLog } from "./debian-rootfs.js";
 import { diffRootfs, markCopyEnd, removeInside } from "./rootfs-diff.js";
 import {
   type FetchedTemplate,
@@ -478,7 +478,7 @@ export class TemplateStore {
     let parentCopiedCtimeNs: bigint | undefined;
     if (recipe.debootstrap) {
       const mirror = debianMirror(recipe.debootstrap.suite, this.options.mirror);
-      progress(`debootstrap ${recipe.debootstrap.suite} minbase from ${mirror}`);
+      progress(`debootstrap ${recipe.debootstrap.suite} minbase from ${mirrorForLog(mirror)}`);
       await debootstrap({
         suite: recipe.debootstrap.suite,
         include: recipe.debootstrap.include,

@@ -7,6 +7,7 @@ import { findLayer, putLayer } from "../../store/template-layers.js";
 import { findTemplateByRef, readyBuildOf } from "../../store/template-refs.js";
 import type { TemplateBuildSpec } from "../../store/template-spec.js";
 import { addBuildLayerKey, type BuildContext, type BuildRecord } from "../../store/templates.js";
+import { DebianSourceError, normalizeDebianSource } from "../../templates/debian-rootfs.js";
 import type { ImageSource, ImportedImage, NodeAgentConnector } from "../node-agent-client.js";
 import type { NodeRegistry } from "../node-registry.js";
 import { rankNodes } from "../placement.js";
@@ -92,7 +93,16 @@ async function resolveBase(deps: BuildBaseDeps, request: BuildBaseRequest): Prom
       readyCmd: parent.readyCmd,
     };
   }
-  if (spec.fromDebian) return imageBase(deps, request, debianSource(spec.fromDebian));
+  if (spec.fromDebian) {
+    let from: ImportSource;
+    try {
+      from = debianSource(spec.fromDebian);
+    } catch (error) {
+      if (error instanceof DebianSourceError) throw new PhaseError("base", error.message);
+      throw error;
+    }
+    return imageBase(deps, request, from);
+  }
   const image = spec.fromImage ?? "";
   if (E2B_BASE_IMAGE.test(image)) {
     return {
@@ -118,13 +128,13 @@ interface ImportSource {
   readonly description: string;
 }
 
-/** A Debian base: the same suite and set of packages (in any order) is the same layer. */
+/** A Debian base: the same suite and sets of packages (in any order) are the same layer. Bad names throw. */
 function debianSource(debian: NonNullable<TemplateBuildSpec["fromDebian"]>): ImportSource {
-  const sorted = (names: readonly string[]) => [...new Set(names)].sort();
-  const packages = sorted(debian.packages);
-  const apt = sorted(debian.aptPackages ?? []);
+  const source = normalizeDebianSource(debian);
+  const packages = source.packages;
+  const apt = source.aptPackages ?? [];
   return {
-    source: { debian: { suite: debian.suite, packages, ...(apt.length > 0 ? { aptPackages: apt } : {}) } },
+    source: { debian: source },
     key: hashKeys("warren-v1", "debian", debian.suite, ...packages, ...(apt.length > 0 ? ["apt", ...apt] : [])),
     description: `FROM debian:${debian.suite} (debootstrap${packages.length ? ` + ${packages.length} packages` : ""}${apt.length ? `, apt + ${apt.length}` : ""})`,
   };

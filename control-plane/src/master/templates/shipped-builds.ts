@@ -2,7 +2,7 @@ import { randomUUID } from "node:crypto";
 import type { NodeHeartbeat } from "@warren/proto/redis";
 import type { Db } from "../../store/db.js";
 import { getLiveSnapshot } from "../../store/snapshots.js";
-import { getBuild, getTemplate, insertBuild, storeBuildSpec } from "../../store/templates.js";
+import { BUILD_ENVD_VERSION, getBuild, getTemplate, insertBuild, storeBuildSpec } from "../../store/templates.js";
 import { SHIPPED_BUILD_SPECS } from "../../templates/shipped-specs.js";
 import type { Logger } from "../log.js";
 import type { NodeAgentConnector } from "../node-agent-client.js";
@@ -15,8 +15,6 @@ import type { TemplateBuilder } from "./template-builder.js";
  * team, and these belong to none of the users'. It has no API key, so nobody acts as it.
  */
 export const SHIPPED_BUILDS_TEAM = "warren";
-/** The envd version builds record (as the api's). */
-const ENVD_VERSION = "0.6.4";
 const POLL_MS = 1000;
 
 export interface ShippedBuildsDeps {
@@ -79,7 +77,7 @@ export class ShippedTemplateBuilds {
       cpuCount: template.cpuCount,
       memoryMB: template.memoryMB,
       diskSizeMB: template.diskSizeMB,
-      envdVersion: ENVD_VERSION,
+      envdVersion: BUILD_ENVD_VERSION,
     });
     await storeBuildSpec(db, build.id, { ...SHIPPED_BUILD_SPECS[templateId], onNode: node.nodeId });
     log.info("building a shipped template for a node", { nodeId: node.nodeId, templateId, buildId: build.id });
