@@ -10,6 +10,8 @@ const TEST_FILES = ["*/src/**/*.test.ts", "*/test/**/*.test.ts"];
 
 export default defineConfig({
   test: {
+    // The shipped templates, made by the template builder through a one-node cluster when this host lacks them.
+    globalSetup: ["e2e/src/prebuild-shipped-templates.ts"],
     testTimeout: 30_000,
     hookTimeout: 30_000,
     // Each test file starts its own envd; two at a time keep this 2-core machine responsive.

@@ -1,9 +1,9 @@
 #!/usr/bin/env node
-// How a node gets the shipped templates: built from its recipe (debootstrap, apt) vs pulled from the cluster's
-// template store (templates/sharing.ts), through a directory and through an OCI registry (Debian's
-// docker-registry on loopback). Prints figures; asserts nothing. Run as root after `npx tsc --build`, on a host
+// How a node gets the shipped templates: made by the template builder (debootstrap, apt, RUN steps) vs pulled
+// from the cluster's template store (templates/sharing.ts), through a directory and through an OCI registry
+// (Debian's docker-registry on loopback). Prints figures; asserts nothing. Run as root after `npx tsc --build`, on a host
 // whose template cache has the templates built (`npm run bench:shipped -w control-plane`; BENCH_TEMPLATES=base to
-// measure `base` only). What a build from the recipe costs is in the node agent's log (`template built`).
+// measure `base` only). What a build costs is in the node agent's log (`template built`) and the build's own log.
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";

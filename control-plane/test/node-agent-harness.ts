@@ -12,7 +12,10 @@ import { type RunningNodeAgent, startNodeAgent } from "../src/node-agent/node-ag
 import { NamespaceDriver } from "../src/runtime/namespace/driver.js";
 
 export const TEMPLATES_DIR = "/var/lib/warren/templates";
-/** Template builds take minutes on a fresh machine (debootstrap); every file waits for the shared build. */
+/**
+ * Template builds take minutes on a fresh machine (the template builder's debootstrap); vitest's global setup makes
+ * the shipped ones first (e2e/src/prebuild-shipped-templates.ts), but a file may still wait for a store's copy.
+ */
 export const BUILD_TIMEOUT_MS = 600_000;
 
 /** Each test file has its own agent tag and address range, so files can run side by side on one host. */
@@ -52,6 +55,13 @@ export async function startTestAgent(setup: TestAgentSetup): Promise<RunningNode
     ? createLogger("node-agent", { level: "debug" })
     : createLogger("node-agent", { level: "warn" });
   const running = await startNodeAgent(config, log);
+  // Without a master nothing makes `base` for this agent: it comes from the host's cache, or a store's copy.
+  if (!config.shareShippedTemplates && !running.templates.ready("base")) {
+    await running.stop({ killAll: true });
+    throw new Error(
+      `${config.templatesDir} lacks \`base\`: vitest's global setup makes it (e2e/src/prebuild-shipped-templates.ts)`,
+    );
+  }
   await running.agent.ensureTemplate("base");
   return running;
 }

@@ -3,6 +3,7 @@ import { statSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { RunningNodeAgent } from "../src/node-agent/node-agent.js";
+import { SHIPPED_BUILD_SPECS } from "../src/templates/shipped-specs.js";
 import { BUILD_TIMEOUT_MS, purgeAgent, sdkSandbox, startTestAgent, testConfig } from "./node-agent-harness.js";
 
 const SETUP = { instance: "td", cidr: "10.210.12.0/22" };
@@ -18,7 +19,7 @@ afterAll(async () => {
   await purgeAgent(config);
 }, 120_000);
 
-describe("templates built on the node (no Docker)", () => {
+describe("shipped templates on the node (no Docker)", () => {
   it("base is cached by content hash: asking again reuses the build without a rebuild or a new ready check", async () => {
     let checks = 0;
     const again = await running.templates.ensure("base", async () => {
@@ -29,6 +30,8 @@ describe("templates built on the node (no Docker)", () => {
     expect(again.rootfs).toContain(`base-${again.hash}`);
     const manifest = await running.templates.manifest("base");
     expect(manifest).toMatchObject({ id: "base", hash: again.hash });
+    // Made by the master's template builder from `base`'s spec (the prebuild cluster of vitest's global setup).
+    expect((manifest.builder as { spec: unknown }).spec).toEqual(SHIPPED_BUILD_SPECS.base);
   });
 
   it("template files belong to the sandbox uid range (root → 100000, user → 101000) and sudo stays setuid", () => {
@@ -48,10 +51,14 @@ describe("templates built on the node (no Docker)", () => {
   });
 
   it(
-    "code-interpreter-v1 builds on base and its sandboxes have python3 with the Jupyter stack, node, sudo and the code gateway on 49999",
+    "code-interpreter-v1 (its own Debian base) has python3 with the Jupyter stack, node, sudo and the code gateway on 49999",
     async () => {
       const template = await running.agent.ensureTemplate("code-interpreter-v1");
-      expect(running.templates.recipe("code-interpreter-v1").parent).toBe("base");
+      const manifest = (await running.templates.manifest("code-interpreter-v1")) as {
+        builder: { spec: { fromDebian: { packages: string[]; aptPackages: string[] } } };
+      };
+      expect(manifest.builder.spec.fromDebian.aptPackages).toContain("python3-ipykernel");
+      expect(manifest.builder.spec.fromDebian.packages).toEqual(SHIPPED_BUILD_SPECS.base.fromDebian.packages);
       expect(template.hash).not.toBe(running.templates.hash("base"));
       expect(template.codeGateway).toBe(true);
       expect(running.templates.ready("base")?.codeGateway).toBe(false);

@@ -1,5 +1,17 @@
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  chownSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
 import { join } from "node:path";
 import { templateBuildClaimKey } from "@warren/proto/redis";
 import { Redis } from "ioredis";
@@ -8,15 +20,17 @@ import { createLogger, type Logger } from "../src/node-agent/log.js";
 import type { RunningNodeAgent } from "../src/node-agent/node-agent.js";
 import { StoreSharedTemplates } from "../src/node-agent/shipped-templates.js";
 import { SnapshotStore } from "../src/node-agent/snapshot-store.js";
+import type { TemplateImage } from "../src/runtime/driver.js";
 import { TEMPLATE_RECIPES, type TemplateRecipe } from "../src/templates/catalog.js";
+import { SHIPPED_BUILD_SPECS, type ShippedBuildSpec } from "../src/templates/shipped-specs.js";
 import { TemplateStore } from "../src/templates/store.js";
 import { startLoopbackRegistry } from "./loopback-registry.js";
 import { BUILD_TIMEOUT_MS, purgeAgent, sdkSandbox, startTestAgent, testConfig, until } from "./node-agent-harness.js";
 
 // Shipped templates shared through the cluster's store (templates/sharing.ts, node-agent/shipped-templates.ts): the
-// node that has `base` publishes it, a node with an empty template cache and another uid base pulls it (no
-// debootstrap) and starts sandboxes from it; two nodes asking for a new template at once build it once; a copy
-// whose bytes do not match its digest is refused; a dead builder's claim expires and another node builds.
+// node that has `base` publishes it, a node with an empty template cache and another uid base pulls it (no build)
+// and starts sandboxes from it; two nodes asking for a new template at once have it built once; a copy whose bytes
+// do not match its digest is refused; a dead builder's claim expires and another node builds.
 
 const tmp = mkdtempSync(join("/var/lib/warren", "test-shipped-"));
 const storeUrl = `oci:${join(tmp, "store")}`;
@@ -31,38 +45,42 @@ const sharedEnv = {
   WARREN_REDIS_PREFIX: prefix,
 };
 
-/** A recipe on `base` whose one step leaves a random stamp: two builds never make the same bytes. */
-function stamped(id: string): TemplateRecipe {
-  return {
-    id,
-    parent: "base",
-    steps: [
-      {
-        name: "stamp",
-        run: "set -e\nhead -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /stamp\ninstall -o 1000 -g 1000 -m 4755 /bin/true /opt/suid-true\n",
-      },
-    ],
-    defaults: TEMPLATE_RECIPES.base?.defaults as TemplateRecipe["defaults"],
-    allowSetuid: true,
-  };
+/** A template the builder would make, with nothing of `base`'s: its flags only (its content is the stand-in's). */
+function made(id: string): TemplateRecipe {
+  return { id, defaults: TEMPLATE_RECIPES.base?.defaults as TemplateRecipe["defaults"], allowSetuid: true };
 }
 
 const RECIPES = {
   base: TEMPLATE_RECIPES.base as TemplateRecipe,
-  tiny: stamped("tiny"),
-  orphan: stamped("orphan"),
-  // Removes a file of its parent's, turns a file into a directory, changes a parent file's owner.
-  layered: {
-    ...stamped("layered"),
-    steps: [
-      ...stamped("layered").steps,
-      {
-        name: "change the parent's files",
-        run: "set -e\nrm /etc/motd\nrm /etc/issue.net\nmkdir /etc/issue.net\necho in > /etc/issue.net/inner\nchown 1000 /etc/hostname\n",
-      },
-    ],
-  },
+  tiny: made("tiny"),
+  orphan: made("orphan"),
+  // A copy of `base` (as `base-vm` is): published as its difference over the store's `base`.
+  layered: { ...made("layered"), parent: "base" },
 };
+
+/** What the builder would be asked for; a spec is part of a template's identity (its name in the store). */
+function specOf(note: string): ShippedBuildSpec {
+  return { ...SHIPPED_BUILD_SPECS.base, steps: [{ type: "RUN", args: [`echo ${note}`, "root"], force: false }] };
+}
+const SPECS = { base: SHIPPED_BUILD_SPECS.base, tiny: specOf("tiny"), orphan: specOf("orphan") };
+
+/**
+ * Stands in for the master's template builder handing a template over (the node's `fromBuilder` seam; the real
+ * one is e2e/test/shipped-from-builder.test.ts): a random stamp, so two builds never make the same bytes, and a
+ * setuid file owned by `user` in the node's uid range, as a build's prepared rootfs is. These nodes never build
+ * `base`: node A published it.
+ */
+function standInBuilder(uidBase: number) {
+  return async (id: string, rootfs: string): Promise<Record<string, unknown>> => {
+    if (id === "base") throw new Error("the test's nodes pull `base` from the store; they never build it");
+    mkdirSync(join(rootfs, "opt"), { recursive: true });
+    writeFileSync(join(rootfs, "stamp"), randomBytes(16).toString("hex"));
+    copyFileSync("/bin/true", join(rootfs, "opt/suid-true"));
+    chownSync(join(rootfs, "opt/suid-true"), uidBase + 1000, uidBase + 1000);
+    chmodSync(join(rootfs, "opt/suid-true"), 0o4755);
+    return { buildId: `stand-in-${id}` };
+  };
+}
 
 const redis = new Redis({ keyPrefix: prefix, lazyConnect: true });
 const opened: StoreSharedTemplates[] = [];
@@ -72,7 +90,7 @@ function node(
   name: string,
   uidBase: number,
   lines: string[],
-  options: { cache?: string; url?: string; recipes?: Record<string, TemplateRecipe>; graceMs?: number } = {},
+  options: { cache?: string; url?: string; specs?: Record<string, ShippedBuildSpec>; graceMs?: number } = {},
 ): TemplateStore {
   const url = options.url ?? storeUrl;
   const shared = new StoreSharedTemplates({
@@ -87,7 +105,9 @@ function node(
   return new TemplateStore({
     dir: join(tmp, `${options.cache ?? name}-templates`),
     uidBase,
-    recipes: options.recipes ?? RECIPES,
+    recipes: RECIPES,
+    specs: options.specs ?? SPECS,
+    fromBuilder: standInBuilder(uidBase),
     shared,
     sharedPollMs: 200,
     ...(options.graceMs !== undefined ? { sharedGraceMs: options.graceMs } : {}),
@@ -174,7 +194,7 @@ describe("shipped templates shared through the store", () => {
   );
 
   it(
-    "two nodes asking for a template the store lacks build it once: one builds and publishes, the other pulls",
+    "two nodes asking for a template the store lacks have it made once: one has it built and publishes, the other pulls",
     async () => {
       const cLines: string[] = [];
       const dLines: string[] = [];
@@ -207,6 +227,9 @@ describe("shipped templates shared through the store", () => {
       expect(tags).toContain(`template.${c.sharedName("tiny")}`);
       expect(tags).toContain(`template.${c.sharedName("base")}`);
       expect(await snapshots.listPublished()).toEqual([]);
+      // Node C takes `base` from the store too (the registry case below offers C's cache).
+      await c.ensure("base", noCheck);
+      expect(messages(cLines, "base")).toContain("template pulled from the store");
     },
     BUILD_TIMEOUT_MS,
   );
@@ -245,12 +268,28 @@ describe("shipped templates shared through the store", () => {
   );
 
   it(
-    "a child template is published as what its steps changed over the store's parent; nodes put it over their parent",
+    "a copy of `base` is published as what changed over the store's `base`; nodes put it over their own",
     async () => {
-      // Node L (empty cache) pulls `base` and builds `layered` on it: published as a difference over `base`.
+      // Node L (empty cache) pulls `base` and copies it into `layered`: published as a difference over `base`. A
+      // copy changes nothing; to see what a layer carries (files added, removed, turned into folders, owners
+      // changed), the test changes L's copy between its build and its publish (the ready check runs there).
+      const changeCopy = async (image: TemplateImage) => {
+        if (image.templateId !== "layered") return;
+        const root = image.rootfs;
+        writeFileSync(join(root, "stamp"), randomBytes(16).toString("hex"));
+        mkdirSync(join(root, "opt"), { recursive: true });
+        copyFileSync("/bin/true", join(root, "opt/suid-true"));
+        chownSync(join(root, "opt/suid-true"), 101_000, 101_000);
+        chmodSync(join(root, "opt/suid-true"), 0o4755);
+        rmSync(join(root, "etc/motd"));
+        rmSync(join(root, "etc/issue.net"));
+        mkdirSync(join(root, "etc/issue.net"));
+        writeFileSync(join(root, "etc/issue.net/inner"), "in\n");
+        chownSync(join(root, "etc/hostname"), 101_000, 100_000);
+      };
       const lLines: string[] = [];
       const l = node("l", 100_000, lLines);
-      const built = await l.ensure("layered", noCheck);
+      const built = await l.ensure("layered", changeCopy);
       const published = lLines
         .map((line) => JSON.parse(line))
         .find((e) => e.msg === "template published to the store" && e.templateId === "layered");
@@ -338,31 +377,28 @@ describe("shipped templates shared through the store", () => {
   );
 
   it(
-    "a changed recipe's copy replaces the earlier one in the store once it has been there for the grace period",
+    "a changed spec's copy replaces the earlier one in the store once it has been there for the grace period",
     async () => {
       const storeTags = () =>
         JSON.parse(readFileSync(join(tmp, "store", "index.json"), "utf8")).manifests.map(
           (m: { annotations: Record<string, string> }) => m.annotations["org.opencontainers.image.ref.name"],
         ) as string[];
-      const changed = {
-        ...RECIPES,
-        tiny: { ...stamped("tiny"), steps: [...stamped("tiny").steps, { name: "more", run: "true" }] },
-      };
+      const changed = { ...SPECS, tiny: specOf("tiny, changed") };
       const before = node("i", 100_000, [], { cache: "c" }).sharedName("tiny");
       // Node C's cache, the new recipe: built and published once; the earlier copy stays while the grace lasts.
-      const upgraded = node("i", 100_000, [], { cache: "c", recipes: changed });
+      const upgraded = node("i", 100_000, [], { cache: "c", specs: changed });
       const after = upgraded.sharedName("tiny");
       expect(after).not.toBe(before);
       await upgraded.ensure("tiny", noCheck);
       expect(storeTags()).toEqual(expect.arrayContaining([`template.${before}`, `template.${after}`]));
       const lines: string[] = [];
-      const restartedEarly = node("j", 100_000, lines, { cache: "c", recipes: changed });
+      const restartedEarly = node("j", 100_000, lines, { cache: "c", specs: changed });
       await restartedEarly.ensure("tiny", noCheck);
       await new Promise((resolve) => setTimeout(resolve, 1000));
       expect(storeTags()).toContain(`template.${before}`);
       // A later start (grace over) removes it, and nothing else.
       const laterLines: string[] = [];
-      const restarted = node("k", 100_000, laterLines, { cache: "c", recipes: changed, graceMs: 0 });
+      const restarted = node("k", 100_000, laterLines, { cache: "c", specs: changed, graceMs: 0 });
       await restarted.ensure("tiny", noCheck);
       // The log line comes once the removal is whole (a layout drops the tag, then the blobs only it used).
       const removed = await until("the earlier copy removed", 10_000, () =>
@@ -399,6 +435,7 @@ describe("shipped templates shared through the store", () => {
         });
         const hLines: string[] = [];
         const h = node("h", 500_000, hLines, { url });
+        await h.ensure("base", noCheck);
         const pulled = await h.ensure("tiny", noCheck);
         expect(readFileSync(join(pulled.rootfs, "stamp"), "utf8")).toBe(
           readFileSync(join(built.rootfs, "stamp"), "utf8"),

@@ -7,10 +7,10 @@ import { Redis } from "ioredis";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-// WARREN_SHIPPED_FROM_BUILDER: a node agent that lacks `base` does not debootstrap it itself; it says so in its
-// heartbeat, the master's template builder builds `base`'s spec (templates/shipped-specs.ts) on that node as an
-// ordinary build owned by the `warren` team, and hands the ready snapshot over, which the node flattens into its
-// template. The templates folder is the test's own, so nothing the host built before is used.
+// The shipped templates come from the template builder: a node agent that lacks `base` says so in its heartbeat,
+// the master's template builder builds `base`'s spec (templates/shipped-specs.ts) on that node as an ordinary build
+// owned by the `warren` team, and hands the ready snapshot over, which the node flattens into its template. The
+// templates folder is the test's own, so nothing the host built before is used.
 const dataDir = mkdtempSync(join(tmpdir(), "warren-sfb-"));
 const templatesDir = join(dataDir, "templates");
 const cluster = new LocalCluster({
@@ -19,7 +19,7 @@ const cluster = new LocalCluster({
   poolSize: 1,
   instancePrefix: "sf",
   nodeCidr: () => "10.205.0.0/22",
-  env: { WARREN_SHIPPED_FROM_BUILDER: "1", WARREN_TEMPLATES_DIR: templatesDir },
+  env: { WARREN_TEMPLATES_DIR: templatesDir },
 });
 let env: ClusterEnv;
 const created: Sandbox[] = [];

@@ -115,7 +115,7 @@ const PROBE = [
 ].join(" && ");
 
 describe("a template built from a Debian system the node makes", () => {
-  it("`base`'s recipe as a builder spec: the steps run in a build sandbox over the debootstrapped base, and its sandboxes look like the shipped base's", async () => {
+  it("`base`'s spec built as a team's template: the steps run in a build sandbox over the debootstrapped base, and its sandboxes look like the shipped base's", async () => {
     const built = await build("deb-base", BASE_SPEC as unknown as Record<string, unknown>);
     expect(built.status, built.logs.join("\n")).toBe("ready");
     const log = built.logs.join("\n");

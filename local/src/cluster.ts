@@ -232,7 +232,7 @@ export class LocalCluster {
     for (let i = 0; i < agents; i++) {
       const instance = `${this.options.instancePrefix ?? ""}${String.fromCharCode(97 + i)}`;
       const agentPort = await freePort();
-      progress(`starting node agent ${instance} (the first start builds the base template: about a minute)`);
+      progress(`starting node agent ${instance} (a first start has the template builder make base: about two minutes)`);
       const agentEnv = env.nodeAgent(i, instance, agentPort);
       this.agentEnv.push(agentEnv);
       this.nodeAgentChildren.push(this.spawn(`node-agent-${instance}`, NODE_AGENT_MAIN, agentEnv));
@@ -242,7 +242,7 @@ export class LocalCluster {
 
   /**
    * Until every node agent heartbeats and lists the templates it prebuilds as ready: an agent heartbeats before its
-   * first template build ends (on a fresh machine, a minute of debootstrap).
+   * first template build ends (on a fresh machine, about two minutes of the template builder).
    */
   private async waitForNodeAgents(
     agents: number,
@@ -264,7 +264,9 @@ export class LocalCluster {
     );
     const templates = this.options.readyTemplates ?? ["base"];
     const announced = new Set<string>();
-    progress(`templates still building on the node agents: ${templates.join(", ")} (a first start runs debootstrap)`);
+    progress(
+      `templates still building on the node agents: ${templates.join(", ")} (a first start has the template builder make them)`,
+    );
     await waitFor(
       "node agents' templates",
       async () => {

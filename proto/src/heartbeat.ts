@@ -22,8 +22,8 @@ export interface NodeHeartbeat {
    */
   readonly servable?: readonly string[];
   /**
-   * Shipped templates this node waits for the master's template builder to build for it (node agents with
-   * WARREN_SHIPPED_FROM_BUILDER); the master builds each on the node and hands it over (AdoptTemplate).
+   * Shipped templates this node waits for the master's template builder to build for it (node agents whose driver
+   * takes a build's layers); the master builds each on the node and hands it over (AdoptTemplate).
    */
   readonly templatesWanted?: readonly string[];
   readonly updatedAt: number;

@@ -76,7 +76,7 @@ export class NodeAgent {
     private readonly templates: TemplateStore,
     private readonly routes: RoutePublisher,
     private readonly log: Logger,
-    /** WARREN_SHIPPED_FROM_BUILDER: shipped templates come from the master's template builder. */
+    /** Where the shipped templates come from the master's template builder (a driver that takes its layers). */
     private readonly shipped?: ShippedFromBuilder,
   ) {
     // Tests build configs by hand; an absent limit is the loader's default.
@@ -255,7 +255,10 @@ export class NodeAgent {
   /** A shipped template this node awaits, built by the master's template builder (shipped-from-builder.ts). */
   async adoptTemplate(templateId: string, snapshotId: string, buildId: string): Promise<void> {
     if (!this.shipped) {
-      throw new AgentError("failed_precondition", "this node builds its shipped templates itself");
+      throw new AgentError(
+        "failed_precondition",
+        `the ${this.driver.name} driver cannot take templates from the builder`,
+      );
     }
     await this.shipped.adopt(templateId, snapshotId, buildId);
   }

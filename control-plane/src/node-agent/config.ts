@@ -58,8 +58,7 @@ import type { SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_STORE | oci:/var/lib/warren/store | where built templates are published for every node (snapshot-store.ts): `oci:<dir>` (a directory: one host, or a filesystem the nodes share) or `docker://<host[:port]>/<path>` (an OCI registry) |
  * | WARREN_STORE_INSECURE | 0 | 1: the registry speaks plain HTTP or has a certificate this node does not trust |
  * | WARREN_STORE_USERNAME, WARREN_STORE_PASSWORD | unset | the registry's credentials (passed to skopeo in a 0600 file, never logged) |
- * | WARREN_SHIPPED_FROM_BUILDER | 0 | 1: the shipped templates this node lacks are built by the master's template builder on this node (from templates/shipped-specs.ts) and handed over, instead of by this node's debootstrap and chroot steps; the namespace driver only |
- * | WARREN_SHARE_SHIPPED_TEMPLATES | auto | on: the shipped templates (`base`, `code-interpreter-v1`, …) are built by one node for the cluster (a claim in Redis) and published to WARREN_STORE, and every other node pulls that copy (digest checked) instead of building its own, so all nodes run the same bytes; off: each node builds its own; auto: on for a registry store (several nodes), off for a directory (one host, whose agents share WARREN_TEMPLATES_DIR) |
+ * | WARREN_SHARE_SHIPPED_TEMPLATES | auto | on: the shipped templates (`base`, `code-interpreter-v1`, …) are made by the master's template builder on one node for the cluster (a claim in Redis) and published to WARREN_STORE, and every other node pulls that copy (digest checked) instead of having its own built, so all nodes run the same bytes (a microvm node, which cannot take a build's layers, waits for that copy); off: each node has its own built; auto: on for a registry store (several nodes), off for a directory (one host, whose agents share WARREN_TEMPLATES_DIR) |
  * | WARREN_PACK_CACHE_MB | 2048 | a registry store's snapshot packs kept on the node (least recently used go first), so a pull fetches only the packs it lacks; 0: off |
  * | WARREN_IMAGE_MIRROR | unset | `host[:port]` pulled from instead of Docker Hub for its image names (templates `fromImage`) |
  * | WARREN_INSECURE_REGISTRIES | unset | comma-separated `host:port` of registries spoken to over plain HTTP |
@@ -126,8 +125,6 @@ export interface NodeAgentConfig {
   readonly packCacheMB?: number;
   /** WARREN_SHARE_SHIPPED_TEMPLATES resolved (templates/sharing.ts); absent (tests' hand-made configs): off. */
   readonly shareShippedTemplates?: boolean;
-  /** WARREN_SHIPPED_FROM_BUILDER=1 (node-agent/shipped-from-builder.ts); absent: off. */
-  readonly shippedFromBuilder?: boolean;
   /** Templates from OCI images: WARREN_IMAGE_MIRROR, WARREN_INSECURE_REGISTRIES, WARREN_IMAGE_MAX_BYTES. */
   readonly images: {
     readonly dockerHubMirror?: string;
@@ -267,7 +264,6 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     relayToken: relayToken(env.WARREN_RELAY_TOKEN),
     store,
     shareShippedTemplates: shareShippedTemplates(env.WARREN_SHARE_SHIPPED_TEMPLATES, store),
-    shippedFromBuilder: env.WARREN_SHIPPED_FROM_BUILDER === "1",
     packCacheMB: integer(env, "WARREN_PACK_CACHE_MB", 2048, 0, 2 ** 24),
     images: {
       ...(env.WARREN_IMAGE_MIRROR ? { dockerHubMirror: env.WARREN_IMAGE_MIRROR } : {}),

@@ -105,16 +105,17 @@ async function startClaimed(
         nodeId: config.nodeId,
       })
     : undefined;
-  // Late-bound: its `scratch` is the agent's, which needs the template store first.
+  // The shipped templates come from the master's template builder, on nodes whose driver can take a build's layers
+  // as a rootfs (the namespace driver); others pull a copy (sharing) or use one this host's agents made. Late-bound:
+  // its `scratch` is the agent's, which needs the template store first.
   let agentRef: NodeAgent | undefined;
-  const shipped = config.shippedFromBuilder
+  const shipped = driver.flattenSnapshot
     ? new ShippedFromBuilder(driver, () => (agentRef as NodeAgent).ensureTemplate("scratch"))
     : undefined;
   const templates = new TemplateStore({
     dir: config.templatesDir,
     ...(shipped ? { fromBuilder: shipped.build } : {}),
     uidBase: config.uidBase,
-    ...(config.debianMirror ? { mirror: config.debianMirror } : {}),
     ...(shared ? { shared } : {}),
     log: log.child({ part: "templates" }),
   });

@@ -20,7 +20,7 @@ export interface NodeHeartbeatDeps {
   readonly sandboxes: ReadonlyMap<string, SandboxSummary>;
   readonly routeOf: (summary: SandboxSummary) => ReturnType<typeof sandboxRoute>;
   readonly isDraining: () => boolean;
-  /** Shipped templates awaited from the master's template builder; absent: this node builds its own. */
+  /** Shipped templates awaited from the master's template builder; absent: a node that cannot take them. */
   readonly templatesWanted?: () => string[];
   readonly log: Logger;
 }

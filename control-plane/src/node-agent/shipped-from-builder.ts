@@ -10,10 +10,10 @@ interface Waiter {
 }
 
 /**
- * Shipped templates made by the master's template builder instead of this node's debootstrap and chroot steps
- * (WARREN_SHIPPED_FROM_BUILDER): a template the node lacks is listed in its heartbeat (`templatesWanted`), the
- * master builds it on this node from its spec (templates/shipped-specs.ts) and hands over the ready snapshot
- * (AdoptTemplate), whose layers become the template's root filesystem (the driver's flattenSnapshot).
+ * The shipped templates are made by the master's template builder, like any team's: a template the node lacks is
+ * listed in its heartbeat (`templatesWanted`), the master builds it on this node from its spec
+ * (templates/shipped-specs.ts) and hands over the ready snapshot (AdoptTemplate), whose layers become the
+ * template's root filesystem (the driver's flattenSnapshot). Only on drivers that have one (namespace).
  */
 export class ShippedFromBuilder {
   private readonly waiting = new Map<string, Waiter>();

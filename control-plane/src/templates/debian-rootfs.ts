@@ -85,7 +85,7 @@ export function mirrorForLog(mirror: string): string {
  * Runs debootstrap (minbase and `include`) into `rootfs`, in a private mount namespace so the proc and dev mounts
  * it makes inside never reach the host's. Its per-package chatter is left out of `onLine`.
  */
-export async function debootstrap(options: {
+async function debootstrap(options: {
   readonly suite: string;
   readonly include: readonly string[];
   readonly rootfs: string;

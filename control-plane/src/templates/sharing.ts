@@ -2,9 +2,9 @@ import type { RootfsDiff } from "./rootfs-diff.js";
 
 /**
  * How the nodes of a cluster share the shipped templates (the recipes of catalog.ts) so that every node runs the
- * same bytes: one node builds a template, publishes its root filesystem to the cluster's template store, and every
- * other node pulls it (its digest checked) instead of building its own. Without this, each node debootstraps at its
- * own moment and gets the Debian packages of that moment, and a custom template's layers built on one node's `base`
+ * same bytes: one node has a template made (by the master's template builder), publishes its root filesystem to the
+ * cluster's template store, and every other node pulls it (its digest checked) instead of having its own made.
+ * Without this, each node's `base` is debootstrapped at its own moment and gets the Debian packages of that moment, and a custom template's layers built on one node's `base`
  * would be stacked on another node's different `base`. The store and the claim live in the node agent
  * (node-agent/shipped-templates.ts); store.ts only asks through this seam.
  */

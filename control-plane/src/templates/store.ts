@@ -7,7 +7,6 @@ import type { TemplateImage } from "../runtime/driver.js";
 import { exec } from "../runtime/exec.js";
 import { withFileLock } from "../runtime/file-lock.js";
 import { TEMPLATE_RECIPES, type TemplateRecipe } from "./catalog.js";
-import { debianMirror, debootstrap, mirrorForLog } from "./debian-rootfs.js";
 import { diffRootfs, markCopyEnd, removeInside } from "./rootfs-diff.js";
 import {
   type FetchedTemplate,
@@ -17,10 +16,10 @@ import {
   type TemplateBuildClaim,
 } from "./sharing.js";
 import { SHIPPED_BUILD_SPECS, type ShippedBuildSpec } from "./shipped-specs.js";
-import { rebaseOwners, shiftOwners, UID_RANGE } from "./uid-shift.js";
+import { rebaseOwners, UID_RANGE } from "./uid-shift.js";
 
-/** Bumped when the build procedure itself changes, so every cached template is rebuilt. */
-const BUILD_FORMAT = 1;
+/** Bumped when the build procedure itself changes, so every cached template is rebuilt (2: from the builder). */
+const BUILD_FORMAT = 2;
 
 export interface BuiltTemplate extends TemplateImage {
   readonly recipe: TemplateRecipe;
@@ -31,19 +30,20 @@ export interface TemplateStoreOptions {
   /** Cache root, shared by every agent on the host: `<dir>/<id>-<hash>/{rootfs,manifest.json,READY}`. */
   readonly dir: string;
   readonly uidBase: number;
-  /** Debian mirror; default: the one apt on this host uses. */
-  readonly mirror?: string;
   readonly log: Logger;
   readonly recipes?: Readonly<Record<string, TemplateRecipe>>;
+  /** The builder's specs of the recipes it makes (default: the shipped ones, shipped-specs.ts). */
+  readonly specs?: Readonly<Record<string, ShippedBuildSpec>>;
   /**
    * The cluster's shared copies (sharing.ts): a template this node lacks is pulled when another node published it,
    * built here (and published) only by the node holding its claim. Absent: every node builds its own.
    */
   readonly shared?: SharedTemplates;
   /**
-   * The master's template builder makes the shipped templates it has specs for (shipped-specs.ts) instead of this
-   * store's debootstrap and chroot steps: called with the rootfs to make (must not exist yet); resolves with what
-   * goes into the manifest about the build (WARREN_SHIPPED_FROM_BUILDER; node-agent/shipped-from-builder.ts).
+   * Asks the master's template builder for a template it has a spec for: called with the rootfs to make (must not
+   * exist yet), already prepared and owned by the sandbox uid range; resolves with what goes into the manifest about
+   * the build (node-agent/shipped-from-builder.ts). Absent (a driver that cannot take a build's layers, a store
+   * opened by a tool): such a template comes only from this host's cache or the cluster's store.
    */
   readonly fromBuilder?: (id: string, rootfs: string, log: Logger) => Promise<Record<string, unknown>>;
   /** How often a node waiting for another node's build looks again (default 2 s). */
@@ -58,18 +58,15 @@ export interface TemplateStoreOptions {
 /** Proves a freshly built template works: start a sandbox from it and wait for envd's /health. */
 export type ReadyCheck = (image: TemplateImage) => Promise<void>;
 
-/** Steps run in a private mount namespace, so nothing they mount (proc, dev) can leak into the host's. */
-const STEP_RUNNER = `set -e
-R="$1"
-mount -t proc proc "$R/proc"
-mount --rbind /dev "$R/dev"
-exec chroot "$R" /bin/sh -c "$STEP"
-`;
+/** A template the builder makes, asked for where nothing can ask the builder and no store holds it. */
+export class TemplateUnavailableError extends Error {
+  readonly code = "template_unavailable";
+}
 
 /**
- * Builds templates on the node without Docker and caches them by content hash. A build is incremental (a child
- * template starts from its parent's cached rootfs; an unchanged template is never rebuilt), shows progress in the
- * log, is safe under concurrent builders (a file lock per template), and is marked READY only after its ready
+ * The node's cache of its shipped templates, by content hash: each is made once (by the master's template builder
+ * from its spec, or as a copy of its parent, or empty), pulled from the cluster's store instead where another node
+ * published it, safe under concurrent agents (a file lock per template), and marked READY only after its ready
  * check passes.
  */
 export class TemplateStore {
@@ -113,10 +110,10 @@ export class TemplateStore {
       .slice(0, 16);
   }
 
-  /** The builder's spec of a shipped template this store has the master's builder make; undefined otherwise. */
+  /** The builder's spec of a template the master's builder makes; undefined for a copy or an empty one. */
   private builderSpec(id: string): ShippedBuildSpec | undefined {
-    if (!this.options.fromBuilder || !Object.hasOwn(SHIPPED_BUILD_SPECS, id)) return undefined;
-    return SHIPPED_BUILD_SPECS[id as keyof typeof SHIPPED_BUILD_SPECS];
+    const specs: Readonly<Record<string, ShippedBuildSpec>> = this.options.specs ?? SHIPPED_BUILD_SPECS;
+    return Object.hasOwn(specs, id) ? specs[id] : undefined;
   }
 
   /**
@@ -205,8 +202,18 @@ export class TemplateStore {
     const shared = this.options.shared as SharedTemplates;
     const name = this.sharedName(recipe.id);
     let waitingFor: string | undefined;
+    // A node whose driver cannot take a build's layers never claims what the builder makes: it waits for a copy.
+    const canBuild = this.builderSpec(recipe.id) === undefined || this.options.fromBuilder !== undefined;
     for (;;) {
       if (await this.pull(recipe, dir, log)) return "pulled";
+      if (!canBuild) {
+        if (waitingFor === undefined) {
+          waitingFor = "";
+          log.info("this node cannot have the template builder make the template; waiting for a copy in the store");
+        }
+        await new Promise((resolve) => setTimeout(resolve, this.options.sharedPollMs ?? 2000));
+        continue;
+      }
       const claim = await shared.claim(name);
       if (isClaim(claim)) {
         // Published between the look and the claim: that copy is the cluster's.
@@ -419,16 +426,20 @@ export class TemplateStore {
 
   private async build(recipe: TemplateRecipe, dir: string, log: Logger): Promise<void> {
     const builder = this.builderSpec(recipe.id);
+    if (!builder) return this.staged(recipe, dir, log, (tmp) => this.copyOfParent(recipe, tmp, log));
     const fromBuilder = this.options.fromBuilder;
-    if (builder && fromBuilder) {
-      // Made by the master's template builder, already prepared and owned by the sandbox uid range.
-      return this.staged(recipe, dir, log, async (tmp) => {
-        log.info("template build", { what: "asking the master's template builder for it" });
-        const build = await fromBuilder(recipe.id, join(tmp, "rootfs"), log);
-        return { manifest: { builder: { spec: builder, ...build } }, logged: { by: "template builder" } };
-      });
+    if (!fromBuilder) {
+      throw new TemplateUnavailableError(
+        `template '${recipe.id}' is made by the master's template builder, which this node cannot ask, and no ` +
+          "store holds a copy: run a namespace node agent with a master once (`warren up`), or share the cluster's templates",
+      );
     }
-    return this.staged(recipe, dir, log, (tmp) => this.runRecipe(recipe, tmp, log));
+    // Made by the master's template builder, already prepared and owned by the sandbox uid range.
+    return this.staged(recipe, dir, log, async (tmp) => {
+      log.info("template build", { what: "asking the master's template builder for it" });
+      const build = await fromBuilder(recipe.id, join(tmp, "rootfs"), log);
+      return { manifest: { builder: { spec: builder, ...build } }, logged: { by: "template builder" } };
+    });
   }
 
   /**
@@ -465,51 +476,24 @@ export class TemplateStore {
     }
   }
 
-  /** The recipe's own build: debootstrap (or the parent's copy), the chroot steps, owners shifted. */
-  private async runRecipe(
+  /** A template without a spec: its parent's rootfs copied (owners already in this node's range), or empty. */
+  private async copyOfParent(
     recipe: TemplateRecipe,
     tmp: string,
     log: Logger,
   ): Promise<{ manifest: Record<string, unknown>; logged: Record<string, unknown> }> {
     const rootfs = join(tmp, "rootfs");
-    const total = (recipe.debootstrap || recipe.parent ? 1 : 0) + recipe.steps.length + 1;
-    let step = 0;
-    const progress = (what: string) => log.info("template build", { step: `${++step}/${total}`, what });
-    let parentCopiedCtimeNs: bigint | undefined;
-    if (recipe.debootstrap) {
-      const mirror = debianMirror(recipe.debootstrap.suite, this.options.mirror);
-      progress(`debootstrap ${recipe.debootstrap.suite} minbase from ${mirrorForLog(mirror)}`);
-      await debootstrap({
-        suite: recipe.debootstrap.suite,
-        include: recipe.debootstrap.include,
-        rootfs,
-        mirror,
-        onLine: (line) => log.info("debootstrap", { line }),
-      });
-    } else if (recipe.parent) {
-      const parent = this.ready(recipe.parent);
-      if (!parent) throw new Error(`parent template '${recipe.parent}' is not ready`);
-      progress(`copy ${recipe.parent} rootfs`);
-      await exec("cp", ["-a", "--reflink=auto", parent.rootfs, rootfs]);
-      // What a step changes from now on is newer (rootfs-diff.ts tells what to publish over the parent by it).
-      parentCopiedCtimeNs = await markCopyEnd(join(tmp, "parent-copied"));
+    if (!recipe.parent) {
+      await mkdir(rootfs);
+      return { manifest: {}, logged: { empty: true } };
     }
-    if (recipe.empty) await mkdir(rootfs);
-    else await exec("cp", ["/etc/resolv.conf", join(rootfs, "etc", "resolv.conf")]);
-    for (const s of recipe.steps) {
-      progress(s.name);
-      await exec("unshare", ["--mount", "--propagation", "private", "sh", "-c", STEP_RUNNER, "step", rootfs], {
-        env: { STEP: s.run, DEBIAN_FRONTEND: "noninteractive" },
-        onLine: (line) => log.debug("step output", { step: s.name, line }),
-      });
-    }
-    if (!recipe.empty) await writeFile(join(rootfs, "etc", "resolv.conf"), "");
-    progress("shift owners into the sandbox uid range");
-    const changed = await shiftOwners(rootfs, this.options.uidBase);
-    return {
-      manifest: parentCopiedCtimeNs !== undefined ? { parentCopiedCtimeNs: String(parentCopiedCtimeNs) } : {},
-      logged: { shiftedFiles: changed },
-    };
+    const parent = this.ready(recipe.parent);
+    if (!parent) throw new Error(`parent template '${recipe.parent}' is not ready`);
+    log.info("template build", { what: `copy ${recipe.parent} rootfs` });
+    await exec("cp", ["-a", "--reflink=auto", parent.rootfs, rootfs]);
+    // What changes from now on is newer (rootfs-diff.ts tells what to publish over the parent by it).
+    const parentCopiedCtimeNs = await markCopyEnd(join(tmp, "parent-copied"));
+    return { manifest: { parentCopiedCtimeNs: String(parentCopiedCtimeNs) }, logged: { copyOf: recipe.parent } };
   }
 
   /** Manifest of a built template (tests, diagnostics). */

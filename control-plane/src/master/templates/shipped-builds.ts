@@ -26,8 +26,8 @@ export interface ShippedBuildsDeps {
 }
 
 /**
- * Builds Warren's shipped templates with the template builder, for node agents that take them from it
- * (WARREN_SHIPPED_FROM_BUILDER, node-agent/shipped-from-builder.ts): a node lists what it awaits in its heartbeat
+ * Builds Warren's shipped templates with the template builder, for the node agents that take them from it
+ * (node-agent/shipped-from-builder.ts): a node lists what it awaits in its heartbeat
  * (`templatesWanted`); the leader builds each one from its spec (templates/shipped-specs.ts) on that node, an
  * ordinary build of the shipped template owned by SHIPPED_BUILDS_TEAM (its steps' layers cached as any team's), and
  * hands the ready snapshot over (AdoptTemplate). A failed build or hand-over is tried again on a later pass while
