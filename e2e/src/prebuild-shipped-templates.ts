@@ -2,6 +2,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createLogger } from "@warren/control-plane/dist/node-agent/log.js";
+import { withFileLock } from "@warren/control-plane/dist/runtime/file-lock.js";
 import { TemplateStore } from "@warren/control-plane/dist/templates/store.js";
 import { LocalCluster } from "@warren/local";
 
@@ -24,6 +25,12 @@ export default async function prebuildShippedTemplates(): Promise<void> {
     uidBase: UID_BASE,
     log: createLogger("prebuild", { level: "error" }),
   });
+  if (SHIPPED.every((id) => store.ready(id))) return;
+  // One prebuild at a time on a host (two vitest runs starting together): the second finds the templates made.
+  await withFileLock(join(TEMPLATES_DIR, "locks", "prebuild.lock"), () => prebuild(store));
+}
+
+async function prebuild(store: TemplateStore): Promise<void> {
   const missing = SHIPPED.filter((id) => !store.ready(id));
   if (missing.length === 0) return;
   const say = (line: string) => console.log(`[prebuild] ${line}`);
