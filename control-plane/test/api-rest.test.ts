@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { hashApiKey } from "../src/store/teams.js";
+import { hashApiKey, SHIPPED_BUILDS_TEAM } from "../src/store/teams.js";
 import { eventually, TestEnv } from "./api-harness.js";
 
 /** The REST surface over plain HTTP: validation, E2B error bodies, status codes, tenancy, quotas, admin. */
@@ -468,6 +468,29 @@ describe("api REST surface", () => {
       return (res.body as unknown[]).length > 0 ? res.body : undefined;
     }, "reconciled nodes");
     expect(nodes).toEqual([expect.objectContaining({ id: "node-a", state: "up" })]);
+  });
+
+  it("the shipped builds' team is reserved: in no list, and the admin API neither changes it nor makes it a key", async () => {
+    const admin = { "X-Admin-Token": env.adminToken };
+    // As the master makes it for its first shipped build (master/templates/shipped-builds.ts).
+    await env.db.query("INSERT INTO teams (id, name) VALUES ($1, $1) ON CONFLICT (id) DO NOTHING", [
+      SHIPPED_BUILDS_TEAM,
+    ]);
+    const teams = await env.request("GET", "/warren/v1/admin/teams", { headers: admin });
+    expect(teams.status).toBe(200);
+    expect((teams.body as { id: string }[]).map((t) => t.id)).not.toContain(SHIPPED_BUILDS_TEAM);
+    const path = `/warren/v1/admin/teams/${SHIPPED_BUILDS_TEAM}`;
+    const key = await env.request("POST", `${path}/api-keys`, { body: {}, headers: admin });
+    expect(key.status).toBe(404);
+    expect(key.text).toContain(`team '${SHIPPED_BUILDS_TEAM}' not found`);
+    expect((await env.request("GET", `${path}/api-keys`, { headers: admin })).status).toBe(404);
+    expect((await env.request("PATCH", path, { body: { maxConcurrentSandboxes: 1 }, headers: admin })).status).toBe(
+      404,
+    );
+    const keys = await env.db.query("SELECT count(*)::int AS n FROM api_keys WHERE team_id = $1", [
+      SHIPPED_BUILDS_TEAM,
+    ]);
+    expect(keys.rows[0].n).toBe(0);
   });
 
   it("admin lists a team's API keys with prefix, created and revoked, never the key or its hash", async () => {

@@ -11,6 +11,7 @@ import {
   listApiKeys,
   listTeams,
   revokeApiKey,
+  SHIPPED_BUILDS_TEAM,
   type TeamLimits,
   updateTeam,
 } from "../store/teams.js";
@@ -47,6 +48,8 @@ export function adminRoutes(db: Db, adminToken: string, identities: ApiKeyIdenti
     next();
   };
   router.use("/warren/v1/admin", guard);
+  /** A user's team; the reserved team of the shipped builds is none (404), so no key is ever made for it. */
+  const usersTeam = async (teamId: string) => (teamId === SHIPPED_BUILDS_TEAM ? undefined : getTeam(db, teamId));
 
   router.post("/warren/v1/admin/teams", async (req, res) => {
     const obj = parseRequestBody("/warren/v1/admin/teams", "post", req.body);
@@ -59,6 +62,7 @@ export function adminRoutes(db: Db, adminToken: string, identities: ApiKeyIdenti
   // Changes a team's limits and egress mode; applies to sandboxes created (or network-updated) from now on.
   router.patch("/warren/v1/admin/teams/:teamID", async (req, res) => {
     const teamId = String(req.params.teamID);
+    if (!(await usersTeam(teamId))) throw new ApiError(404, `team '${teamId}' not found`);
     const team = await updateTeam(
       db,
       teamId,
@@ -75,7 +79,7 @@ export function adminRoutes(db: Db, adminToken: string, identities: ApiKeyIdenti
 
   router.post("/warren/v1/admin/teams/:teamID/api-keys", async (req, res) => {
     const teamId = String(req.params.teamID);
-    if (!(await getTeam(db, teamId))) throw new ApiError(404, `team '${teamId}' not found`);
+    if (!(await usersTeam(teamId))) throw new ApiError(404, `team '${teamId}' not found`);
     const obj = parseRequestBody("/warren/v1/admin/teams/{teamID}/api-keys", "post", req.body);
     const approver = obj.approver ?? false;
     const key = await createApiKey(db, teamId, obj.name ?? "", approver);
@@ -85,7 +89,7 @@ export function adminRoutes(db: Db, adminToken: string, identities: ApiKeyIdenti
   // The team's keys, revoked ones too: id, name and prefix to tell them apart; the key and its hash never leave.
   router.get("/warren/v1/admin/teams/:teamID/api-keys", async (req, res) => {
     const teamId = String(req.params.teamID);
-    if (!(await getTeam(db, teamId))) throw new ApiError(404, `team '${teamId}' not found`);
+    if (!(await usersTeam(teamId))) throw new ApiError(404, `team '${teamId}' not found`);
     const keys = await listApiKeys(db, teamId);
     res.status(200).json(
       keys.map((k) => ({

@@ -93,8 +93,18 @@ export async function getTeam(db: Queryable, teamId: string): Promise<Team | und
   return result.rows[0] ? toTeam(result.rows[0]) : undefined;
 }
 
+/**
+ * The team that owns the builds of Warren's shipped templates (master/templates/shipped-builds.ts): builds, their
+ * layers and snapshots belong to a team, and these belong to none of the users'. Reserved: no team list shows it
+ * and the admin API neither changes it nor makes it a key, so nobody acts as it.
+ */
+export const SHIPPED_BUILDS_TEAM = "warren";
+
+/** The users' teams (never SHIPPED_BUILDS_TEAM). */
 export async function listTeams(db: Queryable): Promise<Team[]> {
-  const result = await db.query<TeamRow>("SELECT * FROM teams ORDER BY created_at");
+  const result = await db.query<TeamRow>("SELECT * FROM teams WHERE id <> $1 ORDER BY created_at", [
+    SHIPPED_BUILDS_TEAM,
+  ]);
   return result.rows.map(toTeam);
 }
 

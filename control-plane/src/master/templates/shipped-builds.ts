@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import type { NodeHeartbeat } from "@warren/proto/redis";
 import type { Db } from "../../store/db.js";
 import { getLiveSnapshot } from "../../store/snapshots.js";
+import { SHIPPED_BUILDS_TEAM } from "../../store/teams.js";
 import { BUILD_ENVD_VERSION, getBuild, getTemplate, insertBuild, storeBuildSpec } from "../../store/templates.js";
 import { SHIPPED_BUILD_SPECS } from "../../templates/shipped-specs.js";
 import type { Logger } from "../log.js";
@@ -10,11 +11,6 @@ import type { NodeRegistry } from "../node-registry.js";
 import { ensureSnapshotOn } from "../snapshot-copies.js";
 import type { TemplateBuilder } from "./template-builder.js";
 
-/**
- * The team that owns the builds of Warren's shipped templates: builds, their layers and snapshots belong to a
- * team, and these belong to none of the users'. It has no API key, so nobody acts as it.
- */
-export const SHIPPED_BUILDS_TEAM = "warren";
 const POLL_MS = 1000;
 
 export interface ShippedBuildsDeps {
