@@ -49,6 +49,12 @@ export interface ClusterOptions {
   readonly env?: Readonly<Record<string, string>>;
   /** Templates every node agent must list as ready before the cluster is (default `base`; set to what it prebuilds). */
   readonly readyTemplates?: readonly string[];
+  /**
+   * Templates the node agents also make at their first start (with `readyTemplates`, in WARREN_PREBUILD_TEMPLATES
+   * unless `env` sets it) that `start` does not wait for: each is announced through `onProgress` once every node
+   * agent has it (`warren up`: `code-interpreter-v1`, minutes of the template builder on a first start).
+   */
+  readonly laterTemplates?: readonly string[];
   /** Prints progress lines. */
   readonly onProgress?: (line: string) => void;
   /** How long `stop` lets each process end after SIGTERM before SIGKILL (default 30 s). */
@@ -110,6 +116,8 @@ export class LocalCluster {
   private readonly dataDir: string;
   private readonly logDir: string;
   private redisChild: ManagedChild | undefined;
+  /** Set by `stop`: background watches end. */
+  private stopping = false;
   private postgresChild: ManagedChild | undefined;
   private readonly agentEnv: NodeJS.ProcessEnv[] = [];
   /** The master's process: the master alone, or the api and the master together (`separateMaster` unset). */
@@ -195,6 +203,8 @@ export class LocalCluster {
         ...(clientDomain ? { E2B_DOMAIN: clientDomain } : {}),
         E2B_VOLUME_API_URL: apiUrl,
       };
+      // After the cluster is ready: what it still makes is news to its user, not a step of the start.
+      this.watchLaterTemplates(agents, progress);
       return this.env;
     } catch (error) {
       await this.stop();
@@ -286,6 +296,35 @@ export class LocalCluster {
     );
   }
 
+  /**
+   * Announces each of `laterTemplates` once every node agent lists it as ready (in the background; a stop ends the
+   * watch). Those not ready yet are named at once, so a user knows what is still being made.
+   */
+  private watchLaterTemplates(agents: number, progress: (line: string) => void): void {
+    const waiting = new Set(this.options.laterTemplates ?? []);
+    if (waiting.size === 0) return;
+    let first = true;
+    const look = async () => {
+      for (const templateId of [...waiting]) {
+        const ready = await this.redis.nodesWithTemplate(templateId);
+        if (ready < agents) continue;
+        waiting.delete(templateId);
+        if (!first) progress(`template ${templateId} ready on ${ready} node agent(s)`);
+      }
+      if (first && waiting.size > 0) {
+        progress(`still being made by the template builder: ${[...waiting].join(", ")} (announced when ready)`);
+      }
+      first = false;
+    };
+    const watch = async () => {
+      while (waiting.size > 0 && !this.stopping) {
+        await look().catch(() => undefined);
+        if (waiting.size > 0) await new Promise((resolve) => setTimeout(resolve, 1000).unref());
+      }
+    };
+    void watch();
+  }
+
   /** A team of this cluster's own with an API key (the key is returned). */
   private async createTeam(apiUrl: string, adminToken: string): Promise<string> {
     const res = await fetch(`${apiUrl}/warren/v1/admin/teams`, {
@@ -303,6 +342,7 @@ export class LocalCluster {
    * then unmounts the volumes' filesystems (their images stay: the next start mounts them again on first use).
    */
   async stop(): Promise<void> {
+    this.stopping = true;
     for (const child of [...this.processes].reverse()) {
       const wasRunning = child.child.exitCode === null && child.child.signalCode === null;
       await child.stop("SIGTERM", this.options.stopGraceMs ?? 30_000);

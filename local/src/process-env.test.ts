@@ -32,4 +32,15 @@ describe("a node agent's environment in the local cluster", () => {
       WARREN_POOL_MAX: "9",
     });
   });
+
+  it("has the agents also make `laterTemplates` at their first start, unless the caller's env lists what they make", () => {
+    expect(agentEnv({}).WARREN_PREBUILD_TEMPLATES).toBeUndefined();
+    expect(agentEnv({ laterTemplates: ["code-interpreter-v1"] }).WARREN_PREBUILD_TEMPLATES).toBe(
+      "base,code-interpreter-v1",
+    );
+    expect(
+      agentEnv({ laterTemplates: ["code-interpreter-v1"], env: { WARREN_PREBUILD_TEMPLATES: "base" } })
+        .WARREN_PREBUILD_TEMPLATES,
+    ).toBe("base");
+  });
 });

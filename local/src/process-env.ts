@@ -93,6 +93,14 @@ export class ProcessEnv {
       // The caller's env may size the pool too (a benchmark's `--env WARREN_POOL_SIZE=…`); `poolSize` otherwise.
       WARREN_POOL_SIZE: this.options.env?.WARREN_POOL_SIZE ?? String(this.options.poolSize ?? 2),
       WARREN_KILL_ON_STOP: "1",
+      ...(this.options.laterTemplates?.length && !this.options.env?.WARREN_PREBUILD_TEMPLATES
+        ? {
+            WARREN_PREBUILD_TEMPLATES: [
+              ...(this.options.readyTemplates ?? ["base"]),
+              ...this.options.laterTemplates,
+            ].join(","),
+          }
+        : {}),
       ...(relayToken ? { WARREN_RELAY_TOKEN: relayToken } : {}),
       // The cluster's template store: a directory its agents share, unless the caller names one (a registry).
       WARREN_STORE: this.options.env?.WARREN_STORE ?? `oci:${join(dataDir, "store")}`,

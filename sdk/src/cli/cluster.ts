@@ -117,13 +117,17 @@ function startLauncher(config: CliConfig, opts: UpOptions): { child: ChildProces
   return { child, exited };
 }
 
-/** Follows the launcher's progress until it reports ready; rejects when it fails, exits or takes too long. */
+/**
+ * Follows the launcher's progress until it reports ready; rejects when it fails, exits or takes too long. Its
+ * progress after that (a template still being made, announced when ready) goes to `afterReady`.
+ */
 function launcherReady(
   launcher: { child: ChildProcess; exited: Promise<number> },
   spinner: Spinner,
   config: CliConfig,
   timeoutS: number,
   interrupted: () => boolean,
+  afterReady: (line: string) => void,
 ): Promise<Ready> {
   const logs = `see the logs in ${config.dataDir}/logs`;
   return new Promise<Ready>((resolve, reject) => {
@@ -131,9 +135,11 @@ function launcherReady(
       launcher.child.kill("SIGTERM");
       reject(new CliError(`Warren was not ready after ${timeoutS} s`, logs));
     }, timeoutS * 1000);
+    let ready = false;
     launcher.child.on("message", (message: LaunchMessage) => {
-      if (message.type === "progress") return spinner.update(message.line);
+      if (message.type === "progress") return ready ? afterReady(message.line) : spinner.update(message.line);
       clearTimeout(timer);
+      ready = message.type === "ready";
       if (message.type === "ready") resolve(message);
       else reject(new CliError(`Warren failed to start: ${message.error}`, logs));
     });
@@ -192,7 +198,14 @@ export async function up(config: CliConfig, opts: UpOptions, out: Output): Promi
   process.on("SIGINT", interrupt);
   process.on("SIGTERM", interrupt);
   try {
-    const ready = await launcherReady(launcher, spinner, config, opts.timeout, () => interrupted);
+    const ready = await launcherReady(
+      launcher,
+      spinner,
+      config,
+      opts.timeout,
+      () => interrupted,
+      (line) => out.note(`warren: ${line}`),
+    );
     spinner.succeed(`Warren is up (pid ${launcher.child.pid}, data dir ${config.dataDir})`);
     printReady(out, ready, launcher.child.pid, config, opts.detach);
     if (opts.detach) {

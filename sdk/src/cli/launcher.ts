@@ -46,6 +46,8 @@ async function main(): Promise<void> {
     ...(spec.databaseUrl ? { databaseUrl: spec.databaseUrl } : {}),
     ...(spec.redisUrl ? { redisUrl: spec.redisUrl } : {}),
     ...(spec.tls ? { tls: spec.tls } : {}),
+    // E2B's code interpreter template: made in the background, announced when ready (minutes on a first start).
+    laterTemplates: ["code-interpreter-v1"],
     onProgress: (line: string) => send({ type: "progress", line }),
   });
 
