@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { silentLogger } from "@warren/platform/log";
 import { afterEach, describe, expect, it } from "vitest";
+import type { SharedTemplates } from "./sharing.js";
 import { SHIPPED_BUILD_SPECS } from "./shipped-specs.js";
 import { TemplateStore, TemplateUnavailableError } from "./store.js";
 
@@ -98,5 +99,31 @@ describe("the shipped templates' cache (one path: the template builder)", () => 
     await store.ensure("base", noCheck);
     expect(tries).toBe(2);
     expect(store.ready("base")).toBeDefined();
+  });
+
+  it("a node that cannot ask the builder never claims a build: it waits for the store's copy and pulls it", async () => {
+    const dir = cache();
+    let looks = 0;
+    const shared: SharedTemplates = {
+      description: "a test store",
+      has: async () => looks > 2,
+      digest: async () => undefined,
+      fetch: async (_name, rootfs) => {
+        looks++;
+        if (looks <= 2) return undefined;
+        mkdirSync(join(rootfs, "etc"), { recursive: true });
+        writeFileSync(join(rootfs, "etc", "made-by"), "another node");
+        return { digest: `sha256:${"0".repeat(64)}`, bytes: 1, uidBase: 100_000 };
+      },
+      claim: async () => {
+        throw new Error("a node that cannot ask the builder claimed its build");
+      },
+      collect: async () => [],
+    };
+    const store = new TemplateStore({ dir, uidBase: 100_000, log: silentLogger, shared, sharedPollMs: 10 });
+    const base = await store.ensure("base", noCheck);
+    expect(looks).toBe(3);
+    expect(existsSync(join(base.rootfs, "etc", "made-by"))).toBe(true);
+    expect(await store.manifest("base")).toMatchObject({ pulledFrom: { store: "a test store" } });
   });
 });

@@ -204,11 +204,12 @@ export class TemplateStore {
     let waitingFor: string | undefined;
     // A node whose driver cannot take a build's layers never claims what the builder makes: it waits for a copy.
     const canBuild = this.builderSpec(recipe.id) === undefined || this.options.fromBuilder !== undefined;
+    let toldWaiting = false;
     for (;;) {
       if (await this.pull(recipe, dir, log)) return "pulled";
       if (!canBuild) {
-        if (waitingFor === undefined) {
-          waitingFor = "";
+        if (!toldWaiting) {
+          toldWaiting = true;
           log.info("this node cannot have the template builder make the template; waiting for a copy in the store");
         }
         await new Promise((resolve) => setTimeout(resolve, this.options.sharedPollMs ?? 2000));

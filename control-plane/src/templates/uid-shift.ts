@@ -5,15 +5,6 @@ import { join } from "node:path";
 export const UID_RANGE = 65536;
 
 /**
- * Moves a rootfs's owners into the sandbox user namespace's host range: uid/gid n (< 65536) becomes base + n, so
- * sandbox root owns what root owned, and the host sees only unprivileged ids. Ids already in the range stay
- * (a child template re-shifts only what its own steps created). Resolves with the number of entries changed.
- */
-export function shiftOwners(root: string, base: number): Promise<number> {
-  return remapOwners(root, (id) => (id < UID_RANGE ? id + base : undefined));
-}
-
-/**
  * Moves owners from one sandbox uid range to another (a template pulled from a node whose uid base differs):
  * uid/gid in [from, from + 65536) becomes to + (id - from); anything else stays.
  */
