@@ -62,12 +62,9 @@ export function adminRoutes(db: Db, adminToken: string, identities: ApiKeyIdenti
   // Changes a team's limits and egress mode; applies to sandboxes created (or network-updated) from now on.
   router.patch("/warren/v1/admin/teams/:teamID", async (req, res) => {
     const teamId = String(req.params.teamID);
-    if (!(await usersTeam(teamId))) throw new ApiError(404, `team '${teamId}' not found`);
-    const team = await updateTeam(
-      db,
-      teamId,
-      limits(parseRequestBody("/warren/v1/admin/teams/{teamID}", "patch", req.body)),
-    );
+    // The body first: a bad one is 400 whichever team it names.
+    const changes = limits(parseRequestBody("/warren/v1/admin/teams/{teamID}", "patch", req.body));
+    const team = teamId === SHIPPED_BUILDS_TEAM ? undefined : await updateTeam(db, teamId, changes);
     if (!team) throw new ApiError(404, `team '${teamId}' not found`);
     identities.forget();
     res.status(200).json(team);
