@@ -340,7 +340,7 @@ export class TemplateStore {
 
   /**
    * A child template built here from a copy of its parent, when that parent is the store's copy: published as only
-   * what its steps changed (rootfs-diff.ts), so a node that has the parent moves just that.
+   * what changed since the copy (rootfs-diff.ts), so a node that has the parent moves just that.
    */
   private async layering(image: BuiltTemplate): Promise<LayeredPublish | undefined> {
     const parentId = image.recipe.parent;
