@@ -56,17 +56,20 @@ const summary = (times) => {
 const line = (label, text) => console.log(`${label.padEnd(46)} ${text}`);
 const sleep = (msec) => new Promise((r) => setTimeout(r, msec));
 
-/** How many of these sandboxes the node agent created from its warm pool. */
+/** How many of these sandboxes were ready in the warm pool, and how many waited for one of its starts. */
 function servedFromPool(ids) {
   const log = readFileSync(join(dataDir, "logs", "node-agent-iba.log"), "utf8");
   const wanted = new Set(ids);
   let pooled = 0;
+  let waited = 0;
   for (const text of log.split("\n")) {
     if (!text.includes('"sandbox created"')) continue;
     const entry = JSON.parse(text);
-    if (wanted.has(entry.sandboxId) && entry.pooled) pooled++;
+    if (!wanted.has(entry.sandboxId) || !entry.pooled) continue;
+    if (entry.waitedForPool) waited++;
+    else pooled++;
   }
-  return `${pooled}/${wanted.size} from the pool`;
+  return `${pooled}/${wanted.size} from the pool, ${waited} waited for its start`;
 }
 
 /** The `base` pool's ready count from the node's heartbeats, with the phase it was seen in. */

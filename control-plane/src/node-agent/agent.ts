@@ -117,10 +117,10 @@ export class NodeAgent {
     this.snapshotPools = new SnapshotPools(
       this.builds.poolOptions(),
       config.templatePools ?? 4,
-      async (templateId, snapshotId, resources) => {
+      async (templateId, snapshotId, resources, start) => {
         const template = this.templates.ready(templateId);
         if (!template || this.draining) throw new Error(`template '${templateId}' is not ready on this node`);
-        return this.builds.startPooled(template, resources, snapshotId);
+        return this.builds.startPooled(template, resources, start, snapshotId);
       },
       (instance) => this.driver.kill(instance.instanceId),
       log.child({ part: "template-pools" }),

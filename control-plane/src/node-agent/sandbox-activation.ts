@@ -28,6 +28,8 @@ export interface Activation {
   readonly egress: EgressPolicy;
   /** Whether the instance came from a warm pool. */
   readonly pooled: boolean;
+  /** The pool was empty: the create waited for one of the pool's starts (WarmPool.next); logged. */
+  readonly waitedForPool?: boolean;
   readonly log: Logger;
   /** The token envd already holds (a sandbox started from a memory snapshot keeps its source's). */
   readonly currentAccessToken?: string;
@@ -83,7 +85,13 @@ export async function activateSandbox(deps: ActivationDeps, activation: Activati
     routeWritten = await deps.routes.write(deps.routeOf(summary));
     if (!routeWritten) throw new Error("Redis holds a newer route for this sandbox id");
     deps.sandboxes.set(input.sandboxId, summary);
-    log.info("sandbox created", { exec, pooled, addr: instance.addr, instanceId: instance.instanceId });
+    log.info("sandbox created", {
+      exec,
+      pooled,
+      ...(activation.waitedForPool ? { waitedForPool: true } : {}),
+      addr: instance.addr,
+      instanceId: instance.instanceId,
+    });
     return {
       sandboxId: input.sandboxId,
       exec,

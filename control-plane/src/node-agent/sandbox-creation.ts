@@ -13,7 +13,7 @@ import type { SnapshotPools } from "./snapshot-pools.js";
 import { type StartGate, StartQueueFull } from "./start-gate.js";
 import type { TemplateBuilds } from "./template-builds.js";
 import { volumeBinds } from "./volume-binds.js";
-import type { WarmPool } from "./warm-pool.js";
+import { type WarmPool, WarmPoolClosed } from "./warm-pool.js";
 
 /** What creating works on; the activation's deps too (the new sandbox is added to `sandboxes` once routed). */
 export interface SandboxCreationDeps extends ActivationDeps {
@@ -21,7 +21,7 @@ export interface SandboxCreationDeps extends ActivationDeps {
   readonly templates: TemplateStore;
   readonly builds: Pick<TemplateBuilds, "ensure" | "pool">;
   readonly snapshots: Pick<NodeSnapshots, "find">;
-  readonly snapshotPools: Pick<SnapshotPools, "take" | "ensure">;
+  readonly snapshotPools: Pick<SnapshotPools, "take" | "next" | "ensure">;
   readonly startGate: StartGate;
   readonly isDraining: () => boolean;
   readonly log: Logger;
@@ -39,8 +39,9 @@ interface StartPlan {
 
 /**
  * The create path: a request is checked against the node (ids, template, driver, capacity), then gets its
- * instance from a warm pool (the template's, or a custom template's snapshot pool) or a start through the start
- * gate (cold, or from a snapshot), and is activated. Creates in progress count towards the node's limit.
+ * instance from a warm pool (the template's, or a custom template's snapshot pool: a ready one, else the pool's
+ * next start to finish) or a start through the start gate (cold, or from a snapshot), and is activated. Creates
+ * in progress count towards the node's limit.
  */
 export class SandboxCreation {
   private readonly creating = new Set<string>();
@@ -78,10 +79,17 @@ export class SandboxCreation {
           ? this.deps.snapshotPools.take(snapshot.snapshotId, resources)
           : undefined;
       let pooled = instance !== undefined;
+      let waitedForPool = false;
       if (!instance) {
-        const started = await this.start(plan, pool, signal);
-        instance = started.instance;
-        pooled = started.pooled;
+        // An empty pool: its next start to finish (a refill under way, or one begun for this create) serves it.
+        const fromPoolStart = pool
+          ? pool.next(signal)
+          : fromPool
+            ? this.deps.snapshotPools.next(snapshot.snapshotId, resources, signal)
+            : undefined;
+        waitedForPool = fromPoolStart !== undefined;
+        pooled = waitedForPool;
+        instance = await this.start(plan, fromPoolStart, signal);
       }
       const previousToken = snapshot?.memory ? input.snapshotEnvdAccessToken : undefined;
       const placement = await activateSandbox(this.deps, {
@@ -89,6 +97,7 @@ export class SandboxCreation {
         input,
         egress,
         pooled,
+        waitedForPool,
         log,
         ...(previousToken ? { currentAccessToken: previousToken } : {}),
       });
@@ -151,21 +160,19 @@ export class SandboxCreation {
     return poolable ? this.deps.builds.pool(input.templateId) : undefined;
   }
 
-  /** Starts the instance on a start slot (or takes what a refill finished meanwhile); failures as AgentErrors. */
+  /** The pool's start this create waits for, else a start of its own on a start slot; failures as AgentErrors. */
   private async start(
     { input, template, snapshot, resources, egress, volumes }: StartPlan,
-    pool: WarmPool | undefined,
+    fromPoolStart: Promise<Instance> | undefined,
     signal: AbortSignal | undefined,
-  ): Promise<{ instance: Instance; pooled: boolean }> {
+  ): Promise<Instance> {
     const { driver } = this.deps;
     try {
+      if (fromPoolStart) return await fromPoolStart;
       return await this.deps.startGate.run(async () => {
         // Shutting down while this create waited: it starts nothing a stopping agent would leave behind.
         if (this.deps.isDraining()) throw new AgentError("unavailable", "node agent is shutting down");
-        // A refill that finished while this create waited for its turn serves it at once.
-        const ready = pool?.takeReady();
-        if (ready) return { instance: ready, pooled: true };
-        const instance = await driver.create({
+        return driver.create({
           template,
           resources,
           ...(input.command ? { command: input.command } : {}),
@@ -173,7 +180,6 @@ export class SandboxCreation {
           ...(snapshot ? { snapshotId: snapshot.snapshotId } : {}),
           ...(volumes.length > 0 ? { volumes } : {}),
         });
-        return { instance, pooled: false };
       }, signal);
     } catch (error) {
       if (error instanceof AgentError) throw error;
@@ -183,6 +189,7 @@ export class SandboxCreation {
       if (signal?.aborted) {
         throw new AgentError("unavailable", `the create of '${input.sandboxId}' was abandoned by its caller`);
       }
+      if (error instanceof WarmPoolClosed) throw new AgentError("unavailable", "node agent is shutting down");
       throw new AgentError("internal", `sandbox '${input.sandboxId}' failed to start: ${(error as Error).message}`);
     }
   }

@@ -1,6 +1,6 @@
 import type { Instance, SandboxResources } from "../runtime/driver.js";
 import type { Logger } from "./log.js";
-import { WarmPool, type WarmPoolOptions } from "./warm-pool.js";
+import { type PoolStart, WarmPool, type WarmPoolOptions } from "./warm-pool.js";
 
 interface SnapshotPool {
   readonly pool: WarmPool;
@@ -21,7 +21,12 @@ export class SnapshotPools {
   constructor(
     private readonly options: WarmPoolOptions,
     private readonly max: number,
-    private readonly start: (templateId: string, snapshotId: string, resources: SandboxResources) => Promise<Instance>,
+    private readonly start: (
+      templateId: string,
+      snapshotId: string,
+      resources: SandboxResources,
+      start: PoolStart,
+    ) => Promise<Instance>,
     private readonly discard: (instance: Instance) => Promise<void>,
     private readonly log: Logger,
   ) {}
@@ -32,6 +37,16 @@ export class SnapshotPools {
     if (!entry || !sameResources(entry.resources, resources)) return undefined;
     entry.lastUsed = Date.now();
     return entry.pool.take();
+  }
+
+  /**
+   * After a `take` that found nothing: the pool's next start to finish (WarmPool.next), or undefined when there is
+   * no pool of `snapshotId` with exactly `resources` (the create starts on its own).
+   */
+  next(snapshotId: string, resources: SandboxResources, signal?: AbortSignal): Promise<Instance> | undefined {
+    const entry = this.pools.get(snapshotId);
+    if (!entry || !sameResources(entry.resources, resources)) return undefined;
+    return entry.pool.next(signal);
   }
 
   /** Makes sure a pool of `snapshotId` exists (after a create from it), evicting the least recently used. */
@@ -51,7 +66,7 @@ export class SnapshotPools {
     const pool = new WarmPool(
       `${templateId}@${snapshotId}`,
       this.options,
-      () => this.start(templateId, snapshotId, resources),
+      (start) => this.start(templateId, snapshotId, resources, start),
       this.discard,
       this.log,
     );

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { StartGate, StartQueueFull } from "./start-gate.js";
+import { BackgroundTicket, StartGate, StartQueueFull } from "./start-gate.js";
 
 describe("start gate", () => {
   it("runs at most `limit` starts at once, the rest in arrival order, and frees slots on failure", async () => {
@@ -95,6 +95,60 @@ describe("start gate", () => {
     await held;
     expect(await next).toBe("next");
     expect(started).toBe(false);
+  });
+
+  it("a promoted refill stops counting as one: running, another refill begins; waiting, it goes with the creates", async () => {
+    const gate = new StartGate(2, 1);
+    const order: string[] = [];
+    const hold = (name: string) => {
+      let release = () => {};
+      const held = new Promise<void>((r) => {
+        release = r;
+      });
+      return {
+        release: () => release(),
+        run: async () => {
+          order.push(name);
+          await held;
+        },
+      };
+    };
+    // Running: one refill holds the only background slot; promoted, it lets the second refill begin.
+    const first = hold("refill 1");
+    const second = hold("refill 2");
+    const ticket = new BackgroundTicket();
+    const running = gate.runBackground(first.run, ticket);
+    const waiting = gate.runBackground(second.run);
+    await new Promise((r) => setTimeout(r, 5));
+    expect(order).toEqual(["refill 1"]);
+    ticket.promote();
+    await new Promise((r) => setTimeout(r, 5));
+    expect(order).toEqual(["refill 1", "refill 2"]);
+    first.release();
+    second.release();
+    await Promise.all([running, waiting]);
+
+    // Waiting: both slots busy, a create and a refill queued; the promoted refill goes among the creates, in
+    // arrival order (before a create that came after it), and a refill queued behind creates stays behind.
+    order.length = 0;
+    const busy = [hold("busy 1"), hold("busy 2")];
+    const busyRuns = busy.map((b) => gate.run(b.run));
+    const queuedTicket = new BackgroundTicket();
+    const promotedRefill = gate.runBackground(async () => {
+      order.push("promoted refill");
+    }, queuedTicket);
+    const plainRefill = gate.runBackground(async () => {
+      order.push("plain refill");
+    });
+    const create = gate.run(async () => {
+      order.push("create");
+    });
+    queuedTicket.promote();
+    expect(gate.queued).toBe(2);
+    busy[0]?.release();
+    busy[1]?.release();
+    await Promise.all([...busyRuns, create, plainRefill, promotedRefill]);
+    expect(order.slice(2)).toEqual(["promoted refill", "create", "plain refill"]);
   });
 
   it("refuses a limit below one", () => {

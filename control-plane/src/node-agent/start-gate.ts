@@ -18,7 +18,33 @@ export class StartQueueFull extends Error {
 
 interface Waiter {
   readonly resolve: () => void;
-  readonly background: boolean;
+  /** Changes once, to false, when a create comes to wait for this refill (BackgroundTicket.promote). */
+  background: boolean;
+}
+
+/**
+ * A refill's hold on the gate, which a create that comes to wait for that refill promotes (WarmPool.next): from
+ * then on it is a create's start — it stops counting against the refills' limit (another refill may begin), and
+ * if it still waits for a slot it takes its turn among the creates.
+ */
+export class BackgroundTicket {
+  private promoted = false;
+  private onPromote: (() => void) | undefined;
+
+  get isPromoted(): boolean {
+    return this.promoted;
+  }
+
+  promote(): void {
+    if (this.promoted) return;
+    this.promoted = true;
+    this.onPromote?.();
+  }
+
+  /** The gate's hook (one at a time: set while the start waits or runs, cleared when it ends). */
+  bind(onPromote: (() => void) | undefined): void {
+    this.onPromote = onPromote;
+  }
 }
 
 export class StartGate {
@@ -47,39 +73,68 @@ export class StartGate {
     return this.runAs(false, start, signal);
   }
 
-  /** A refill's start: waits until a slot is free, fewer than `backgroundLimit` refills run, and no create waits. */
-  runBackground<T>(start: () => Promise<T>): Promise<T> {
-    return this.runAs(true, start);
+  /**
+   * A refill's start: waits until a slot is free, fewer than `backgroundLimit` refills run, and no create waits.
+   * `ticket`: promoted (a create waits for this refill), it becomes a create's start.
+   */
+  runBackground<T>(start: () => Promise<T>, ticket?: BackgroundTicket): Promise<T> {
+    if (ticket?.isPromoted) return this.runAs(false, start);
+    return this.runAs(true, start, undefined, ticket);
   }
 
-  private async runAs<T>(background: boolean, start: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+  private async runAs<T>(
+    asBackground: boolean,
+    start: () => Promise<T>,
+    signal?: AbortSignal,
+    ticket?: BackgroundTicket,
+  ): Promise<T> {
     signal?.throwIfAborted();
-    if (this.canStart(background)) this.take(background);
-    else {
-      if (!background && this.queued >= this.maxQueued) throw new StartQueueFull(this.queued);
-      // The slot is taken on our behalf by release() before it resolves us.
-      await new Promise<void>((resolve, reject) => {
-        const waiter: Waiter = {
-          resolve: () => {
-            signal?.removeEventListener("abort", abandon);
-            resolve();
-          },
-          background,
-        };
-        const abandon = () => {
-          const index = this.waiting.indexOf(waiter);
-          if (index < 0) return;
-          this.waiting.splice(index, 1);
-          reject(signal?.reason);
-        };
-        signal?.addEventListener("abort", abandon, { once: true });
-        this.waiting.push(waiter);
-      });
-    }
+    /** The class this start holds (or asks for) its slot as; a promotion changes it once, to a create's. */
+    let background = asBackground;
+    let holding = false;
+    let waiter: Waiter | undefined;
+    ticket?.bind(() => {
+      if (!background) return;
+      background = false;
+      if (waiter) waiter.background = false;
+      // It leaves the refills' count (or their queue), which may let it or a waiting refill begin.
+      if (holding) this.backgroundRunning--;
+      this.admitWaiting();
+    });
     try {
-      return await start();
+      if (this.canStart(background)) {
+        this.take(background);
+        holding = true;
+      } else {
+        if (!background && this.queued >= this.maxQueued) throw new StartQueueFull(this.queued);
+        // The slot is taken on our behalf (as the waiter's class then) before the waiter is resolved.
+        await new Promise<void>((resolve, reject) => {
+          const queued: Waiter = {
+            resolve: () => {
+              holding = true;
+              signal?.removeEventListener("abort", abandon);
+              resolve();
+            },
+            background,
+          };
+          const abandon = () => {
+            const index = this.waiting.indexOf(queued);
+            if (index < 0) return;
+            this.waiting.splice(index, 1);
+            reject(signal?.reason);
+          };
+          signal?.addEventListener("abort", abandon, { once: true });
+          waiter = queued;
+          this.waiting.push(queued);
+        });
+      }
+      try {
+        return await start();
+      } finally {
+        this.release(background);
+      }
     } finally {
-      this.release(background);
+      ticket?.bind(undefined);
     }
   }
 
@@ -97,7 +152,11 @@ export class StartGate {
   private release(background: boolean): void {
     this.running--;
     if (background) this.backgroundRunning--;
-    // Creates first, in arrival order; then refills, while their own limit allows.
+    this.admitWaiting();
+  }
+
+  /** Gives free slots to waiting starts: creates first, in arrival order; then refills, while their limit allows. */
+  private admitWaiting(): void {
     for (;;) {
       const index = this.waiting.findIndex((w) => !w.background);
       const next = index >= 0 ? index : this.waiting.findIndex((w) => w.background);

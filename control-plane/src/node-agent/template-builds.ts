@@ -6,7 +6,7 @@ import type { NodeAgentConfig } from "./config.js";
 import { AgentError } from "./errors.js";
 import type { Logger } from "./log.js";
 import type { StartGate } from "./start-gate.js";
-import { WarmPool, type WarmPoolOptions } from "./warm-pool.js";
+import { type PoolStart, WarmPool, type WarmPoolOptions } from "./warm-pool.js";
 
 export interface TemplateBuildsDeps {
   readonly driver: RuntimeDriver;
@@ -76,7 +76,9 @@ export class TemplateBuilds {
       },
       refillConcurrency: config.poolRefill ?? 2,
       refillDelayMs: config.poolRefillDelayMs ?? 0,
-      schedule: (start) => startGate.runBackground(start),
+      schedule: (start, ticket) => startGate.runBackground(start, ticket),
+      scheduleForCreate: (start) => startGate.run(start),
+      promote: async (instanceId) => this.deps.driver.foreground?.(instanceId),
     };
   }
 
@@ -107,13 +109,20 @@ export class TemplateBuilds {
    * (snapshot-pools.ts). Pooled sandboxes get E2B's default policy (internet on) up front, so most claims change
    * nothing.
    */
-  startPooled(template: BuiltTemplate, resources: SandboxResources, snapshotId?: string): Promise<Instance> {
+  startPooled(
+    template: BuiltTemplate,
+    resources: SandboxResources,
+    start: PoolStart,
+    snapshotId?: string,
+  ): Promise<Instance> {
     const { driver } = this.deps;
     return driver.create({
       template,
       resources,
       labels: { pooled: "1" },
-      background: true,
+      background: start.background,
+      promoted: start.promoted,
+      onInstance: start.onInstance,
       ...(driver.setEgress ? { egress: OPEN_EGRESS } : {}),
       ...(snapshotId ? { snapshotId } : {}),
     });
@@ -127,7 +136,7 @@ export class TemplateBuilds {
     const pool = new WarmPool(
       template.templateId,
       options,
-      () => this.startPooled(template, template.recipe.defaults),
+      (start) => this.startPooled(template, template.recipe.defaults, start),
       (instance) => driver.kill(instance.instanceId),
       this.deps.log,
     );

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import type { Instance } from "../runtime/driver.js";
 import { silentLogger } from "./log.js";
 import { StartGate } from "./start-gate.js";
-import { WarmPool, type WarmPoolOptions } from "./warm-pool.js";
+import { WarmPool, WarmPoolClosed, type WarmPoolOptions } from "./warm-pool.js";
 
 let seq = 0;
 const fakeInstance = (): Instance => ({
@@ -19,10 +19,20 @@ const fakeInstance = (): Instance => ({
   stopped: false,
 });
 
-/** A pool over fake starts that take `startMs`, counting how many run at once; `clock.now` is the demand's clock. */
-function fakePool(options: Partial<WarmPoolOptions> & { startMs?: number } = {}) {
+/**
+ * A pool over fake starts that take `startMs` (or `startMsOf(start)`), counting how many run at once and recording
+ * each start's class; `clock.now` is the demand's clock, `fail` makes the next starts fail.
+ */
+function fakePool(
+  options: Partial<WarmPoolOptions> & {
+    startMs?: number;
+    startMsOf?: (n: number) => number;
+    fail?: { next: number };
+  } = {},
+) {
   const clock = { now: 0 };
-  const counts = { started: 0, discarded: 0, active: 0, peak: 0 };
+  const counts = { started: 0, discarded: 0, active: 0, peak: 0, begun: 0 };
+  const starts: { n: number; background: boolean; instanceId: string }[] = [];
   const pool = new WarmPool(
     "base",
     {
@@ -31,20 +41,28 @@ function fakePool(options: Partial<WarmPoolOptions> & { startMs?: number } = {})
       now: () => clock.now,
       ...options,
     },
-    async () => {
+    async (start) => {
+      const n = counts.begun++;
+      const instance = fakeInstance();
+      starts.push({ n, background: start.background, instanceId: instance.instanceId });
+      start.onInstance(instance.instanceId);
       counts.active++;
       counts.peak = Math.max(counts.peak, counts.active);
-      await new Promise((r) => setTimeout(r, options.startMs ?? 5));
+      await new Promise((r) => setTimeout(r, options.startMsOf?.(n) ?? options.startMs ?? 5));
       counts.active--;
+      if (options.fail && options.fail.next > 0) {
+        options.fail.next--;
+        throw new Error("envd did not answer");
+      }
       counts.started++;
-      return fakeInstance();
+      return instance;
     },
     async () => {
       counts.discarded++;
     },
     silentLogger,
   );
-  return { pool, clock, counts };
+  return { pool, clock, counts, starts };
 }
 
 describe("warm pool", () => {
@@ -115,12 +133,100 @@ describe("warm pool", () => {
     expect(counts.discarded).toBe(6);
   });
 
-  it("takeReady serves a ready sandbox without counting demand", async () => {
-    const { pool } = fakePool({ sizing: { floor: 1, ceiling: 8, windowMs: 60_000 } });
+  it("an empty pool serves a create the first start to finish: a refill under way, made foreground for it", async () => {
+    const promoted: string[] = [];
+    // The floor's two refills (the second quicker than the first), then slow ones beside them.
+    const { pool, starts, counts } = fakePool({
+      startMsOf: (n) => (n === 0 ? 200 : n === 1 ? 60 : 400),
+      promote: async (instanceId) => {
+        promoted.push(instanceId);
+      },
+    });
+    pool.refill();
+    await new Promise((r) => setTimeout(r, 20));
+    expect(pool.take()).toBeUndefined();
+    const t0 = performance.now();
+    const instance = await pool.next();
+    expect(performance.now() - t0).toBeLessThan(150);
+    // Starts under way were enough: none begun in the foreground for the create; the oldest refill was promoted,
+    // and the pool went on refilling beside it.
+    expect(starts.every((s) => s.background)).toBe(true);
+    expect(promoted).toEqual([starts[0]?.instanceId]);
+    expect(instance.instanceId).toBe(starts[1]?.instanceId);
+    expect(starts.length).toBeGreaterThan(2);
+    expect(pool.waitingCount).toBe(0);
     await pool.filled();
-    expect(pool.takeReady()).toBeDefined();
-    expect(pool.takeReady()).toBeUndefined();
-    expect(pool.target).toBe(1);
+    expect(counts.discarded).toBe(0);
+    await pool.close();
+  });
+
+  it("with no start under way, begins one per waiting create on a create's slot, serving them in arrival order", async () => {
+    const forCreate: number[] = [];
+    const { pool, starts } = fakePool({
+      sizing: { floor: 0, ceiling: 0, windowMs: 60_000 },
+      startMsOf: (n) => 60 - n * 20,
+      scheduleForCreate: async (start) => {
+        forCreate.push(starts.length);
+        return start();
+      },
+    });
+    const served: string[] = [];
+    const waiting = ["first", "second", "third"].map((name) =>
+      pool.next().then((i) => served.push(`${name} ${i.instanceId}`)),
+    );
+    expect(pool.waitingCount).toBe(3);
+    await Promise.all(waiting);
+    expect(forCreate).toHaveLength(3);
+    expect(starts.every((s) => !s.background)).toBe(true);
+    // The last start finished first: it went to the first create.
+    expect(served).toEqual([
+      `first ${starts[2]?.instanceId}`,
+      `second ${starts[1]?.instanceId}`,
+      `third ${starts[0]?.instanceId}`,
+    ]);
+    await pool.close();
+  });
+
+  it("a create that gives up leaves the queue: its start goes to the pool, or never begins if it had no slot yet", async () => {
+    const { pool, counts } = fakePool({ sizing: { floor: 0, ceiling: 0, windowMs: 60_000 }, startMs: 40 });
+    const abort = new AbortController();
+    const waiting = pool.next(abort.signal);
+    abort.abort(new Error("caller gave up"));
+    await expect(waiting).rejects.toThrow("caller gave up");
+    expect(pool.waitingCount).toBe(0);
+    await new Promise((r) => setTimeout(r, 80));
+    expect(pool.readyCount).toBe(1);
+    expect(counts.discarded).toBe(0);
+    await pool.trim(); // above its target of 0
+    expect(counts.discarded).toBe(1);
+
+    // Its start still waits for a slot (the gate's queue, here 30 ms) when the create gives up: it never begins.
+    const { pool: queued, counts: queuedCounts } = fakePool({
+      sizing: { floor: 0, ceiling: 0, windowMs: 60_000 },
+      scheduleForCreate: async (start) => {
+        await new Promise((r) => setTimeout(r, 30));
+        return start();
+      },
+    });
+    const gaveUp = new AbortController();
+    const left = queued.next(gaveUp.signal);
+    gaveUp.abort(new Error("caller gave up"));
+    await expect(left).rejects.toThrow("caller gave up");
+    await new Promise((r) => setTimeout(r, 60));
+    expect(queuedCounts.begun).toBe(0);
+    expect(queued.readyCount).toBe(0);
+    await Promise.all([pool.close(), queued.close()]);
+  });
+
+  it("a create gets the error of the start begun for it; closing fails the creates that wait", async () => {
+    const { pool } = fakePool({ sizing: { floor: 0, ceiling: 0, windowMs: 60_000 }, startMs: 10, fail: { next: 1 } });
+    await expect(pool.next()).rejects.toThrow("envd did not answer");
+    expect(pool.waitingCount).toBe(0);
+
+    const { pool: slow } = fakePool({ sizing: { floor: 1, ceiling: 1, windowMs: 60_000 }, startMs: 200 });
+    const waiting = expect(slow.next()).rejects.toBeInstanceOf(WarmPoolClosed);
+    await slow.close();
+    await waiting;
     await pool.close();
   });
 

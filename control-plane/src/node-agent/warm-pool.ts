@@ -1,6 +1,7 @@
 import type { Instance } from "../runtime/driver.js";
 import type { Logger } from "./log.js";
 import { DemandRate, type PoolSizing, poolTarget } from "./pool-sizing.js";
+import { BackgroundTicket } from "./start-gate.js";
 
 export interface WarmPoolOptions {
   /** Floor, ceiling and demand window of the pool's size (pool-sizing.ts). */
@@ -12,10 +13,59 @@ export interface WarmPoolOptions {
    * ~300 ms of CPU; started at the claim, it competes with the claimed sandbox's /init and the user's first calls.
    */
   readonly refillDelayMs?: number;
-  /** Runs one refill start: the node's start gate as a background start, so refills yield to creates. */
-  readonly schedule?: <T>(start: () => Promise<T>) => Promise<T>;
+  /**
+   * Runs one refill start: the node's start gate as a background start, so refills yield to creates; `ticket` is
+   * promoted when a create comes to wait for this refill.
+   */
+  readonly schedule?: <T>(start: () => Promise<T>, ticket: BackgroundTicket) => Promise<T>;
+  /**
+   * Runs a start begun for a create that waits (`next`): the node's start gate as a create's start (arrival order,
+   * StartQueueFull past its queue).
+   */
+  readonly scheduleForCreate?: <T>(start: () => Promise<T>) => Promise<T>;
+  /** Gives a background start its normal CPU class once a create waits for it (the driver's `foreground`). */
+  readonly promote?: (instanceId: string) => Promise<void>;
   /** Clock, ms (tests). */
   readonly now?: () => number;
+}
+
+/** How the pool runs one start: its CPU class, and where the driver tells the new instance's id. */
+export interface PoolStart {
+  /** Start in the node's background CPU class: nobody waits for it (yet). */
+  readonly background: boolean;
+  /** The driver's `InstanceSpec.promoted`: a create came to wait for this background start. */
+  readonly promoted: () => boolean;
+  /** The driver's `InstanceSpec.onInstance`: the id, once it exists, lets a create that comes to wait promote it. */
+  readonly onInstance: (instanceId: string) => void;
+}
+
+/** The pool was closed (the node agent is stopping) while a create waited for one of its starts. */
+export class WarmPoolClosed extends Error {
+  constructor(templateId: string) {
+    super(`the warm pool of '${templateId}' closed while a create waited for it`);
+    this.name = "WarmPoolClosed";
+  }
+}
+
+/** A start begun for a create found, once its slot came, that no create waits for it and the pool is full. */
+class StartNotNeeded extends Error {
+  constructor() {
+    super("no create waits for this start any more");
+    this.name = "StartNotNeeded";
+  }
+}
+
+/** A start under way: promoted once a create waits for it (its id may come later than the promotion). */
+interface Starting {
+  instanceId: string | undefined;
+  readonly background: boolean;
+  promoted: boolean;
+  readonly ticket: BackgroundTicket;
+}
+
+interface Waiter {
+  readonly resolve: (instance: Instance) => void;
+  readonly reject: (error: unknown) => void;
 }
 
 /**
@@ -25,22 +75,28 @@ export interface WarmPoolOptions {
  * `refillConcurrency` at a time, through `schedule` (the node's start gate), which runs them only on start slots
  * no create waits for: a burst's creates go first, refills fill the gaps. A pool above its target (demand
  * faded) gives the extra sandboxes back at `trim()`.
+ *
+ * A create that finds the pool empty waits (`next`) for the first of the pool's starts to finish instead of
+ * starting one of its own: a refill under way is most of the way there (it is made foreground for it), and the
+ * pool keeps at least one start under way per waiting create, begun on a create's start slot. Waiting creates are
+ * served in arrival order; one that gives up leaves its start to the pool.
  */
 export class WarmPool {
   private readonly ready: Instance[] = [];
   private readonly demand: DemandRate;
   private readonly now: () => number;
-  private inFlight = 0;
-  private workers = 0;
+  private readonly starting = new Set<Starting>();
+  private readonly waiters: Waiter[] = [];
   private closed = false;
   private failures = 0;
   private readonly running = new Set<Promise<void>>();
   private delayedRefill: NodeJS.Timeout | undefined;
+  private backoff: NodeJS.Timeout | undefined;
 
   constructor(
     readonly templateId: string,
     private readonly options: WarmPoolOptions,
-    private readonly start: () => Promise<Instance>,
+    private readonly start: (start: PoolStart) => Promise<Instance>,
     private readonly discard: (instance: Instance) => Promise<void>,
     private readonly log: Logger,
   ) {
@@ -50,6 +106,11 @@ export class WarmPool {
 
   get readyCount(): number {
     return this.ready.length;
+  }
+
+  /** Creates waiting for one of the pool's starts (tests, metrics). */
+  get waitingCount(): number {
+    return this.waiters.length;
   }
 
   /** The size the pool refills to now (the demand of the last window, between floor and ceiling). */
@@ -63,6 +124,143 @@ export class WarmPool {
     const instance = this.ready.shift();
     this.refillSoon();
     return instance;
+  }
+
+  /**
+   * After a `take()` that found nothing: the first of the pool's starts to finish, in arrival order among the
+   * creates that wait. A refill under way is made foreground; with more creates waiting than starts under way, a
+   * start is begun for this one on a create's start slot (`scheduleForCreate`), whose error (StartQueueFull, a
+   * failed start) it gets. `signal`: the caller gave up; it leaves the queue and its start goes to the pool.
+   */
+  next(signal?: AbortSignal): Promise<Instance> {
+    if (this.closed) return Promise.reject(new WarmPoolClosed(this.templateId));
+    signal?.throwIfAborted();
+    return new Promise<Instance>((resolve, reject) => {
+      const abandon = () => {
+        const index = this.waiters.indexOf(waiter);
+        if (index < 0) return;
+        this.waiters.splice(index, 1);
+        reject(signal?.reason);
+      };
+      const waiter: Waiter = {
+        resolve: (instance) => {
+          signal?.removeEventListener("abort", abandon);
+          resolve(instance);
+        },
+        reject: (error) => {
+          signal?.removeEventListener("abort", abandon);
+          reject(error);
+        },
+      };
+      signal?.addEventListener("abort", abandon, { once: true });
+      this.waiters.push(waiter);
+      this.serveWaiters();
+    });
+  }
+
+  /**
+   * Keeps one start under way per waiting create: promotes background ones (oldest first), begins the rest on
+   * creates' start slots. A ready sandbox (one that finished between a take and its next) serves at once.
+   */
+  private serveWaiters(): void {
+    while (this.waiters.length > 0 && this.ready.length > 0) this.deliver(this.ready.shift() as Instance);
+    let promoted = [...this.starting].filter((s) => !s.background || s.promoted).length;
+    for (const start of this.starting) {
+      if (promoted >= this.waiters.length) break;
+      if (start.background && !start.promoted) {
+        start.promoted = true;
+        promoted++;
+        start.ticket.promote();
+        if (start.instanceId) this.promote(start.instanceId);
+      }
+    }
+    while (!this.closed && this.starting.size < this.waiters.length) {
+      const start = this.startForCreate().finally(() => this.running.delete(start));
+      this.running.add(start);
+    }
+    // The refills it promoted no longer count as the pool's own: the pool refills beside them.
+    this.refill();
+  }
+
+  private promote(instanceId: string): void {
+    this.options
+      .promote?.(instanceId)
+      .catch((error) =>
+        this.log.warn("making a pool start foreground failed", { templateId: this.templateId, instanceId, error }),
+      );
+  }
+
+  /** Hands a finished start to the longest-waiting create, else to the ready list (or away, once closed). */
+  private deliver(instance: Instance): void {
+    const waiter = this.waiters.shift();
+    if (waiter) {
+      waiter.resolve(instance);
+      return;
+    }
+    if (this.closed) {
+      this.discard(instance).catch((error) =>
+        this.log.warn("removing a pooled sandbox failed", { templateId: this.templateId, error }),
+      );
+      return;
+    }
+    this.ready.push(instance);
+  }
+
+  /** Runs one of the pool's starts, `background` or for a waiting create; resolves with it, or rejects. */
+  private async runStart(starting: Starting): Promise<Instance> {
+    const { background } = starting;
+    const schedule: <T>(start: () => Promise<T>, ticket: BackgroundTicket) => Promise<T> = background
+      ? (this.options.schedule ?? ((start) => start()))
+      : (this.options.scheduleForCreate ?? ((start) => start()));
+    try {
+      return await schedule(() => {
+        // Closed while it waited for a slot: a stopping agent starts nothing it would have to remove.
+        if (this.closed) throw new WarmPoolClosed(this.templateId);
+        // Begun for a create that has since given up or been served: with no create left for it and the pool at
+        // its target, it starts nothing (as a create that gives up while it waits for a slot starts nothing).
+        if (!background && this.starting.size > this.waiters.length && this.coming > this.target) {
+          throw new StartNotNeeded();
+        }
+        return this.start({
+          background,
+          promoted: () => starting.promoted,
+          onInstance: (instanceId) => {
+            starting.instanceId = instanceId;
+            if (starting.promoted) this.promote(instanceId);
+          },
+        });
+      }, starting.ticket);
+    } finally {
+      this.starting.delete(starting);
+    }
+  }
+
+  /** Registers a start under way (before it is scheduled, so the counts see it at once). */
+  private begin(background: boolean): Starting {
+    const starting: Starting = { instanceId: undefined, background, promoted: false, ticket: new BackgroundTicket() };
+    this.starting.add(starting);
+    return starting;
+  }
+
+  /**
+   * A start a create waited for failed: the longest-waiting create gets its error, as a create whose own start
+   * fails does. One failure fails one create, never a retry: on a node out of room (its disk budget, say) each
+   * retry would fail too, and the master places a refused create elsewhere.
+   */
+  private failWaiter(error: unknown): void {
+    this.waiters.shift()?.reject(error);
+  }
+
+  /** A start begun because a create waits with none under way for it; its failure goes to the oldest waiter. */
+  private async startForCreate(): Promise<void> {
+    try {
+      this.deliver(await this.runStart(this.begin(false)));
+    } catch (error) {
+      if (error instanceof StartNotNeeded) return;
+      this.log.warn("a pool start for a waiting create failed", { templateId: this.templateId, error });
+      this.failWaiter(error);
+    }
+    this.refill();
   }
 
   /**
@@ -89,48 +287,55 @@ export class WarmPool {
     this.refill();
   }
 
-  /** A ready sandbox without counting demand (a create that already claimed, rechecking once its turn came). */
-  takeReady(): Instance | undefined {
-    const instance = this.ready.shift();
-    if (instance) this.refill();
-    return instance;
+  /** Sandboxes the pool will hold once its starts end: ready ones, and starts no waiting create will take. */
+  private get coming(): number {
+    return this.ready.length + Math.max(0, this.starting.size - this.waiters.length);
   }
 
-  /** Starts refill workers while the pool (ready and starting) is below its target. */
+  /**
+   * Begins refill starts while the pool (ready, and starts no create waits for) is below its target, at most
+   * `refillConcurrency` background starts at once: a refill a create came to wait for no longer counts, so
+   * waiting creates do not hold the pool's own refills back. After a failure, none until the back-off ends.
+   */
   refill(): void {
+    if (this.closed || this.backoff) return;
     const concurrency = Math.max(1, this.options.refillConcurrency);
-    while (!this.closed && this.workers < concurrency && this.ready.length + this.inFlight < this.target) {
-      this.workers++;
-      const worker = this.refillWorker().finally(() => {
-        this.workers--;
-        this.running.delete(worker);
-      });
-      this.running.add(worker);
+    while (this.refilling < concurrency && this.coming < this.target) {
+      const run = this.refillOnce().finally(() => this.running.delete(run));
+      this.running.add(run);
     }
   }
 
-  private async refillWorker(): Promise<void> {
-    while (!this.closed && this.ready.length + this.inFlight < this.target) {
-      this.inFlight++;
-      let instance: Instance;
-      try {
-        instance = await (this.options.schedule ?? ((start) => start()))(this.start);
-      } catch (error) {
-        this.failures++;
-        this.log.error("warm pool refill failed", { templateId: this.templateId, error, failures: this.failures });
-        // Back off so a broken template does not spin the node.
-        await new Promise((resolve) => setTimeout(resolve, Math.min(30_000, 500 * 2 ** this.failures)));
-        continue;
-      } finally {
-        this.inFlight--;
-      }
+  /** Background starts under way that no create waits for. */
+  private get refilling(): number {
+    let count = 0;
+    for (const start of this.starting) if (start.background && !start.promoted) count++;
+    return count;
+  }
+
+  private async refillOnce(): Promise<void> {
+    const starting = this.begin(true);
+    try {
+      const instance = await this.runStart(starting);
       this.failures = 0;
-      if (this.closed) {
-        await this.discard(instance);
-        return;
-      }
-      this.ready.push(instance);
+      this.deliver(instance);
+    } catch (error) {
+      if (this.closed) return;
+      if (starting.promoted) this.failWaiter(error);
+      this.failures++;
+      this.log.error("warm pool refill failed", { templateId: this.templateId, error, failures: this.failures });
+      // Back off so a broken template does not spin the node.
+      this.backoff = setTimeout(
+        () => {
+          this.backoff = undefined;
+          this.refill();
+        },
+        Math.min(30_000, 500 * 2 ** this.failures),
+      );
+      this.backoff.unref();
+      return;
     }
+    this.refill();
   }
 
   /** Gives back ready sandboxes above the target (demand faded), oldest first; refills if below it. */
@@ -161,10 +366,12 @@ export class WarmPool {
     }
   }
 
-  /** Stops refilling and removes every pooled sandbox. */
+  /** Stops refilling, fails the creates that wait, and removes every pooled sandbox (starts under way too). */
   async close(): Promise<void> {
     this.closed = true;
     clearTimeout(this.delayedRefill);
+    clearTimeout(this.backoff);
+    for (const waiter of this.waiters.splice(0)) waiter.reject(new WarmPoolClosed(this.templateId));
     await Promise.allSettled([...this.running]);
     for (const instance of this.ready.splice(0)) await this.discard(instance);
   }

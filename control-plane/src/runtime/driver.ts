@@ -79,6 +79,16 @@ export interface InstanceSpec {
    * is claimed. Drivers without such a class start it normally.
    */
   readonly background?: boolean;
+  /**
+   * A `background` start that a create came to wait for (a warm pool's refill, WarmPool.next): asked as the start
+   * goes, and once true it goes on as a create's start would (normal CPU class, envd's warm-up after /init).
+   */
+  readonly promoted?: () => boolean;
+  /**
+   * Told the new instance's id once it exists and has its CPU class, before its processes start: a warm pool's
+   * background start that a create comes to wait for later is then made foreground (`foreground`).
+   */
+  readonly onInstance?: (instanceId: string) => void;
 }
 
 export interface Instance {

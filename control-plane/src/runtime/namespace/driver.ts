@@ -237,8 +237,10 @@ export class NamespaceDriver implements RuntimeDriver {
       await this.records.persist(record);
       this.instances.set(instanceId, record);
       await this.admitDisk(record);
-      const cgroup = await this.cgroups.create(instanceId, spec.resources, { background: spec.background === true });
-      await this.containers.writeFiles(record, slot, spec.command, spec.background ? "now" : "after-init");
+      const background = () => spec.background === true && spec.promoted?.() !== true;
+      const cgroup = await this.cgroups.create(instanceId, spec.resources, { background: background() });
+      spec.onInstance?.(instanceId);
+      await this.containers.writeFiles(record, slot, spec.command, background() ? "now" : "after-init");
       await this.egress.apply(record);
       const launchAt = performance.now();
       const memory = base?.snapshot.criu;
