@@ -28,7 +28,7 @@ import type { SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_POOL_MAX | 16 | warm sandboxes kept per pooled template at most, however high the demand (the ceiling; below WARREN_POOL_SIZE: WARREN_POOL_SIZE) |
  * | WARREN_POOL_WINDOW_MS | 60000 | demand window: a pool holds about as many sandboxes as were claimed from it over the last window |
  * | WARREN_POOL_REFILL | 2 | pool refill starts run at once on the node (all pools together), on start slots no create waits for |
- * | WARREN_POOL_REFILL_DELAY_MS | 200 | a claim's refill waits this long while its pool still holds a ready sandbox (0: at once) |
+ * | WARREN_POOL_REFILL_DELAY_MS | 200 | a claim's refill waits until this long passes without another claim, while its pool holds more than a quarter of its target (0: at once) |
  * | WARREN_POOL_TEMPLATES | base | templates with a warm pool (comma-separated) |
  * | WARREN_TEMPLATE_POOLS | 4 | custom templates (their ready snapshots) with a warm pool on this node (sized like the others), the most recently used; 0: none |
  * | WARREN_NET_POOL_SIZE | 4 | network namespaces kept ready |

@@ -75,20 +75,30 @@ describe("warm pool", () => {
     await pool.close();
   });
 
-  it("delays a claim's refill while a ready sandbox is left (one timer for a burst), not when the pool is empty", async () => {
-    const { pool, counts } = fakePool({ refillDelayMs: 100, startMs: 1 });
+  it("delays a claim's refill while the pool holds more than a quarter of its target (each claim pushes it back), not below", async () => {
+    const { pool, counts, clock } = fakePool({
+      sizing: { floor: 8, ceiling: 8, windowMs: 60_000 },
+      refillConcurrency: 8,
+      refillDelayMs: 500,
+      startMs: 1,
+    });
     await pool.filled();
     const before = counts.started;
-    expect(pool.take()).toBeDefined(); // one left: the refill waits
-    await new Promise((r) => setTimeout(r, 40));
+    // A run of claims 50 ms apart: each pushes the refill back, so none starts while it lasts.
+    for (let i = 0; i < 4; i++) {
+      clock.now += 50;
+      expect(pool.take()).toBeDefined();
+      await new Promise((r) => setTimeout(r, 50));
+    }
     expect(counts.started).toBe(before);
-    await new Promise((r) => setTimeout(r, 120));
-    expect(counts.started).toBeGreaterThan(before);
+    // 500 ms without a claim: the pool refills to its target.
+    await new Promise((r) => setTimeout(r, 700));
+    expect(counts.started).toBe(before + 4);
     await pool.filled();
 
+    // Down to a quarter of its target (2 of 8): the refill starts at once.
     const filled = counts.started;
-    pool.take();
-    pool.take(); // the pool is empty now: the refill starts at once
+    for (let i = 0; i < 6; i++) pool.take();
     await new Promise((r) => setTimeout(r, 20));
     expect(counts.started).toBeGreaterThan(filled);
     await pool.close();

@@ -9,8 +9,9 @@ export interface WarmPoolOptions {
   /** Refill starts this pool runs at once. */
   readonly refillConcurrency: number;
   /**
-   * How long a claim's refill waits while the pool still holds a ready sandbox (0: at once). A sandbox start is
-   * ~300 ms of CPU; started at the claim, it competes with the claimed sandbox's /init and the user's first calls.
+   * How long a claim's refill waits for the claims to pause while the pool holds more than a quarter of its
+   * target (0: at once). A sandbox start is ~300 ms of CPU; started at the claim, it competes with the claimed
+   * sandbox's /init and the user's first calls.
    */
   readonly refillDelayMs?: number;
   /**
@@ -264,16 +265,18 @@ export class WarmPool {
   }
 
   /**
-   * A claim's refill: at once when the pool is empty, else after `refillDelayMs` (one timer for a burst of
-   * claims), so the claimed sandbox's first moments have the CPU.
+   * A claim's refill: at once when the pool is down to its low-water mark (a quarter of its target), else once
+   * `refillDelayMs` pass without another claim — each claim pushes it back — so a run of claims, and the claimed
+   * sandboxes' first moments, have the CPU while the pool still holds enough for them.
    */
   private refillSoon(): void {
     const delay = this.options.refillDelayMs ?? 0;
-    if (this.ready.length === 0 || delay <= 0) {
+    clearTimeout(this.delayedRefill);
+    this.delayedRefill = undefined;
+    if (delay <= 0 || this.ready.length <= Math.floor(this.target / 4)) {
       this.refill();
       return;
     }
-    if (this.delayedRefill) return;
     this.delayedRefill = setTimeout(() => {
       this.delayedRefill = undefined;
       this.refill();
