@@ -29,6 +29,7 @@ import { KernelOomLog } from "./kernel-oom-log.js";
 import { unmountTree } from "./mounts.js";
 import { NetworkPool, type NetworkSlot } from "./network.js";
 import { PauseTiers } from "./pause-tiers.js";
+import { QuietReclaim } from "./quiet-reclaim.js";
 import { reconcileInstances } from "./reconcile.js";
 import { type DiskKind, SandboxDisks } from "./sandbox-disks.js";
 import { SandboxEgress } from "./sandbox-egress.js";
@@ -101,6 +102,14 @@ export interface NamespaceDriverOptions {
   readonly diskOvercommit?: number;
 }
 
+/**
+ * A killed sandbox's teardown waits for this long without a create or kill (quiet-reclaim.ts), at most
+ * RECLAIM_MAX_DELAY_MS: 10 back-to-back creates from a warm pool, create → first command p50 79–97 → 56 / 64 ms
+ * with the teardowns out of their way (2026-12-05, `bench:pools --quick`, round 2).
+ */
+const RECLAIM_QUIET_MS = 250;
+const RECLAIM_MAX_DELAY_MS = 2000;
+
 export class NamespaceDriver implements RuntimeDriver {
   readonly name = "namespace";
   readonly mountsVolumes = true;
@@ -116,8 +125,8 @@ export class NamespaceDriver implements RuntimeDriver {
   private readonly egress: SandboxEgress;
   /** Keeps each sandbox's envd.log (PID 1's stdout/stderr, writable by the sandbox) under its cap. */
   private readonly logCap: LogCap;
-  /** Teardowns of killed instances still running (kill with `reclaimLater`). */
-  private readonly reclaiming = new Set<Promise<void>>();
+  /** Teardowns of killed instances (kill with `reclaimLater`), run in the node's quiet moments. */
+  private readonly reclaims: QuietReclaim<InstanceRecord>;
   private readonly disks: SandboxDisks;
   private readonly diskBudget: DiskBudget;
   /** The kernel's OOM reports, which name the processes the cgroup counters only count. */
@@ -145,6 +154,11 @@ export class NamespaceDriver implements RuntimeDriver {
     );
     this.diskBudget = new DiskBudget(options.stateDir, options.diskOvercommit ?? 1);
     this.oomLog = new KernelOomLog(log.child({ part: "oom-log" }));
+    this.reclaims = new QuietReclaim({ quietMs: RECLAIM_QUIET_MS, maxDelayMs: RECLAIM_MAX_DELAY_MS }, (record) =>
+      this.teardown(record).catch((error: unknown) =>
+        log.error("reclaiming a killed instance failed", { instanceId: record.instanceId, error }),
+      ),
+    );
     const containers = new InstanceContainers({
       instance: options.instance,
       crunRoot: this.crunRoot,
@@ -218,6 +232,7 @@ export class NamespaceDriver implements RuntimeDriver {
   }
 
   async create(spec: InstanceSpec): Promise<Instance> {
+    this.reclaims.activity();
     const instanceId = `i${randomBytes(6).toString("hex")}`;
     const log = this.options.log.child({ instanceId, templateId: spec.template.templateId });
     const dir = this.instanceDir(instanceId);
@@ -348,17 +363,13 @@ export class NamespaceDriver implements RuntimeDriver {
     await this.cgroups.open(instanceId).killAll({ wait: false });
     this.instances.delete(instanceId);
     await this.records.forget(instanceId);
-    // From the next turn of the event loop: the teardown's first steps (a freeze's write among them) would
-    // otherwise run before the kill's answer is sent (~2 ms here).
-    const reclaim = new Promise<void>((resolve) => setImmediate(resolve))
-      .then(() => this.teardown(record))
-      .catch((error: unknown) => this.options.log.error("reclaiming a killed instance failed", { instanceId, error }))
-      .finally(() => this.reclaiming.delete(reclaim));
-    this.reclaiming.add(reclaim);
+    // Once the node is quiet (RECLAIM_QUIET_MS without a create or kill, at most RECLAIM_MAX_DELAY_MS later): right
+    // after a kill its ~100 ms of host tools would share the CPU with the next create and its first command.
+    this.reclaims.add(record);
   }
 
   async settled(): Promise<void> {
-    while (this.reclaiming.size > 0) await Promise.all([...this.reclaiming]);
+    await this.reclaims.settled();
   }
 
   async pause(instanceId: string): Promise<void> {
