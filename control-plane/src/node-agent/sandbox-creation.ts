@@ -87,9 +87,10 @@ export class SandboxCreation {
           : fromPool
             ? this.deps.snapshotPools.next(snapshot.snapshotId, resources, signal)
             : undefined;
-        waitedForPool = fromPoolStart !== undefined;
-        pooled = waitedForPool;
-        instance = await this.start(plan, fromPoolStart, signal);
+        const started = await this.start(plan, fromPoolStart, signal);
+        instance = started.instance;
+        pooled = started.fromPool;
+        waitedForPool = started.fromPool;
       }
       const previousToken = snapshot?.memory ? input.snapshotEnvdAccessToken : undefined;
       const placement = await activateSandbox(this.deps, {
@@ -160,16 +161,27 @@ export class SandboxCreation {
     return poolable ? this.deps.builds.pool(input.templateId) : undefined;
   }
 
-  /** The pool's start this create waits for, else a start of its own on a start slot; failures as AgentErrors. */
+  /**
+   * The pool's start this create waits for, else (no pool, or it closed meanwhile) a start of its own on a start
+   * slot; failures as AgentErrors.
+   */
   private async start(
     { input, template, snapshot, resources, egress, volumes }: StartPlan,
     fromPoolStart: Promise<Instance> | undefined,
     signal: AbortSignal | undefined,
-  ): Promise<Instance> {
+  ): Promise<{ instance: Instance; fromPool: boolean }> {
     const { driver } = this.deps;
     try {
-      if (fromPoolStart) return await fromPoolStart;
-      return await this.deps.startGate.run(async () => {
+      if (fromPoolStart) {
+        const served = await fromPoolStart.catch((error: unknown) => {
+          // The pool went away while this create waited (a custom template's pool evicted or its snapshot
+          // deleted): it starts on its own, as it would have without a pool. A stopping agent says so below.
+          if (error instanceof WarmPoolClosed && !this.deps.isDraining()) return undefined;
+          throw error;
+        });
+        if (served) return { instance: served, fromPool: true };
+      }
+      const instance = await this.deps.startGate.run(async () => {
         // Shutting down while this create waited: it starts nothing a stopping agent would leave behind.
         if (this.deps.isDraining()) throw new AgentError("unavailable", "node agent is shutting down");
         return driver.create({
@@ -181,6 +193,7 @@ export class SandboxCreation {
           ...(volumes.length > 0 ? { volumes } : {}),
         });
       }, signal);
+      return { instance, fromPool: false };
     } catch (error) {
       if (error instanceof AgentError) throw error;
       if (error instanceof StartQueueFull || error instanceof CapacityExceeded) {
