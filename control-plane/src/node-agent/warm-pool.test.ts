@@ -21,13 +21,15 @@ const fakeInstance = (): Instance => ({
 
 /**
  * A pool over fake starts that take `startMs` (or `startMsOf(start)`), counting how many run at once and recording
- * each start's class; `clock.now` is the demand's clock, `fail` makes the next starts fail.
+ * each start's class; `clock.now` is the demand's clock, `fail` makes the next starts fail, `discardMs` slows removals.
  */
 function fakePool(
   options: Partial<WarmPoolOptions> & {
     startMs?: number;
     startMsOf?: (n: number) => number;
     fail?: { next: number };
+    /** How long removing a sandbox takes; counted once done. */
+    discardMs?: number;
   } = {},
 ) {
   const clock = { now: 0 };
@@ -58,6 +60,7 @@ function fakePool(
       return instance;
     },
     async () => {
+      if (options.discardMs) await new Promise((r) => setTimeout(r, options.discardMs));
       counts.discarded++;
     },
     silentLogger,
@@ -233,10 +236,17 @@ describe("warm pool", () => {
     await expect(pool.next()).rejects.toThrow("envd did not answer");
     expect(pool.waitingCount).toBe(0);
 
-    const { pool: slow } = fakePool({ sizing: { floor: 1, ceiling: 1, windowMs: 60_000 }, startMs: 200 });
+    // The start the create waited for ends after the close: its sandbox is removed before close() resolves.
+    const { pool: slow, counts } = fakePool({
+      sizing: { floor: 1, ceiling: 1, windowMs: 60_000 },
+      startMs: 200,
+      discardMs: 50,
+    });
     const waiting = expect(slow.next()).rejects.toBeInstanceOf(WarmPoolClosed);
     await slow.close();
     await waiting;
+    expect(counts.begun).toBeGreaterThan(0);
+    expect(counts.discarded).toBe(counts.started);
     await pool.close();
   });
 

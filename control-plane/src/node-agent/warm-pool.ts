@@ -199,9 +199,11 @@ export class WarmPool {
       return;
     }
     if (this.closed) {
-      this.discard(instance).catch((error) =>
-        this.log.warn("removing a pooled sandbox failed", { templateId: this.templateId, error }),
-      );
+      // Tracked with the starts: close() resolves only once it is gone too.
+      const removal = this.discard(instance)
+        .catch((error) => this.log.warn("removing a pooled sandbox failed", { templateId: this.templateId, error }))
+        .finally(() => this.running.delete(removal));
+      this.running.add(removal);
       return;
     }
     this.ready.push(instance);
@@ -375,7 +377,8 @@ export class WarmPool {
     clearTimeout(this.delayedRefill);
     clearTimeout(this.backoff);
     for (const waiter of this.waiters.splice(0)) waiter.reject(new WarmPoolClosed(this.templateId));
-    await Promise.allSettled([...this.running]);
+    // Starts that end meanwhile hand their sandbox to a removal tracked here too.
+    while (this.running.size > 0) await Promise.allSettled([...this.running]);
     for (const instance of this.ready.splice(0)) await this.discard(instance);
   }
 }
