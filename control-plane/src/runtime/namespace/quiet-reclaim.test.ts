@@ -38,6 +38,28 @@ describe("quiet reclaim", () => {
     expect(ran[0]?.at).toBeLessThan(1200);
   });
 
+  it("runs one item at a time, whether its timer or settled() started the run", async () => {
+    let active = 0;
+    let peak = 0;
+    const ran: number[] = [];
+    const reclaim = new QuietReclaim<number>({ quietMs: 10, maxDelayMs: 20 }, async (item) => {
+      peak = Math.max(peak, ++active);
+      await sleep(15);
+      active--;
+      ran.push(item);
+    });
+    const settling: Promise<void>[] = [];
+    for (let i = 0; i < 6; i++) {
+      reclaim.add(i);
+      await sleep(8);
+      if (i % 2 === 0) settling.push(reclaim.settled());
+    }
+    await Promise.all(settling);
+    await reclaim.settled();
+    expect(ran).toEqual([0, 1, 2, 3, 4, 5]);
+    expect(peak).toBe(1);
+  });
+
   it("settled() runs what waits at once; a failing item does not stop the others", async () => {
     const ran: string[] = [];
     const reclaim = new QuietReclaim<string>({ quietMs: 10_000, maxDelayMs: 60_000 }, async (item) => {

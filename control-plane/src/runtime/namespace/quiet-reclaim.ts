@@ -47,10 +47,8 @@ export class QuietReclaim<T> {
 
   /** Runs every waiting item now; resolves once none waits or runs. */
   async settled(): Promise<void> {
-    clearTimeout(this.timer);
-    this.timer = undefined;
     while (this.waiting.length > 0 || this.running) {
-      if (!this.running) this.drain();
+      this.drain();
       await this.running;
     }
   }
@@ -76,6 +74,10 @@ export class QuietReclaim<T> {
   }
 
   private drain(): void {
+    // One run at a time: a timer armed before settled() started one finds it under way.
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    if (this.running) return;
     this.running = (async () => {
       // `run` reports its own failures; one that throws anyway must not stop the others.
       for (let next = this.waiting.shift(); next; next = this.waiting.shift()) {
