@@ -21,14 +21,18 @@
  *       host: as exec, for the node agent's host tools, which keep the spawner's OOM score (below)
  *   close, <id>           the spawner's copies of that spawn's pipe ends (envd has opened its own) are closed
  * Replies go to stdout, one line each:
- *   S <id> <pid> <stdin fd|-1> <stdout fd> <stderr fd>   started; envd opens /proc/<spawner>/fd/<fd> for its ends
+ *   S <id> <pid> <stdin fd|-1> <stdout fd> <stderr fd> <in workload 0|1>
+ *                                                        started; envd opens /proc/<spawner>/fd/<fd> for its ends
  *   E <id> <errno>                                       could not start (no pipes or no fork)
  *   X <pid> <wait status>                                the child ended (after its S)
  * The command leads its own session; its signals are the defaults, its mask empty, its oom_score_adj 1000 (the
- * OOM killer takes it before envd) but in host mode. The spawner ends when envd closes its stdin (SIGTERM, SIGINT
+ * OOM killer takes it before envd) but in host mode. A spawner given the sandbox's workload cgroup
+ * (`--serve-beside --workload-fd=N`) has each command's child join it before it execs (`1` in its S line): the
+ * command and everything it forks run inside from their first instruction, and envd moves nothing afterwards
+ * (a cgroup write and a walk of /proc on its event loop per command, platform/src/workload.ts). The spawner ends when envd closes its stdin (SIGTERM, SIGINT
  * and SIGHUP do not end it); its children run on. The node agent runs one too, for its host tools (control-plane/src/runtime/exec.ts).
  *
- *   warren-exec --serve-beside -- /absolute/program [args...]
+ *   warren-exec --serve-beside [--workload-fd=N] -- /absolute/program [args...]
  *
  * How a sandbox starts envd: the spawner is forked from this small process before envd exists, and this process
  * then execs envd (same pid, same descriptors) with WARREN_SPAWNER=<spawner pid>:<request fd>:<reply fd> naming its
@@ -186,6 +190,9 @@ struct held {
 static struct held *helds;
 static size_t nhelds, caphelds;
 
+/* The workload cgroup's cgroup.procs (close-on-exec) that commands join before they exec; -1: none. */
+static int workload_fd = -1;
+
 static void write_all(const char *text, size_t length) {
   while (length > 0) {
     ssize_t n = write(1, text, length);
@@ -234,6 +241,11 @@ static void hold(const char *id, int in, int out, int err) {
 
 /* In the forked child: a fresh process's signal state, its own session, the pipes as 0-2, then the command. */
 static void become(char *cwd, int in, int out, int err, int launch, int host, int argc, char **argv, char **envp) {
+  /* First, while fd 2 is still the sandbox's log: "0" is the writing process. A failure is not fatal (the command
+   * then runs in the sandbox's own cgroup, under its limits) but is logged. */
+  if (!host && workload_fd >= 0 && write(workload_fd, "0\n", 2) != 2) {
+    fprintf(stderr, "warren-exec: a command could not join the workload cgroup: %s\n", strerror(errno));
+  }
   for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
   sigset_t none;
   sigemptyset(&none);
@@ -326,7 +338,8 @@ static void spawn_request(char *cursor, char *end) {
     reply("E %s %d\n", id, error);
   } else {
     hold(id, in[1], out[0], err[0]);
-    reply("S %s %d %d %d %d\n", id, (int)pid, in[1], out[0], err[0]);
+    int joins = workload_fd >= 0 && strcmp(mode, "host") != 0;
+    reply("S %s %d %d %d %d %d\n", id, (int)pid, in[1], out[0], err[0], joins);
   }
   free(argv);
   free(envp);
@@ -413,7 +426,16 @@ static int serve(void) {
 
 /* --serve-beside: the spawner in a child, the program in this process (see the top of this file). */
 static int serve_beside(int argc, char **argv) {
-  char **program = argv + 3;
+  int workload = -1, first = 2;
+  if (strncmp(argv[2], "--workload-fd=", 14) == 0) {
+    workload = (int)number(argv[2] + 14, "--workload-fd");
+    if (fcntl(workload, F_GETFD) < 0) fail(126, "--workload-fd", strerror(errno));
+    first = 3;
+  }
+  if (argc < first + 2 || strcmp(argv[first], "--") != 0 || argv[first + 1][0] != '/') {
+    fail(127, "usage: warren-exec --serve-beside [--workload-fd=N] -- /absolute/program [args...]", NULL);
+  }
+  char **program = argv + first + 1;
   int requests[2], replies[2];
   if (pipe2(requests, O_CLOEXEC) != 0 || pipe2(replies, O_CLOEXEC) != 0) fail(126, "pipe", strerror(errno));
   pid_t spawner = fork();
@@ -421,10 +443,16 @@ static int serve_beside(int argc, char **argv) {
   if (spawner == 0) {
     /* dup2 clears O_CLOEXEC on 0 and 1; the other ends close with the spawner's children's exec. */
     if (dup2(requests[0], 0) < 0 || dup2(replies[1], 1) < 0) _exit(70);
-    /* Nothing else the sandbox's init handed down (the workload cgroup's descriptors are envd's, and a command
-     * must not inherit them): only 0-2. */
-    if (close_range(3, ~0U, 0) != 0) {
-      for (int fd = 3; fd < 1024; fd++) close(fd);
+    /* The workload's cgroup.procs as fd 3, close-on-exec: the children join it, the commands never inherit it. */
+    int keep = 3;
+    if (workload >= 0) {
+      if (workload == 3 ? fcntl(3, F_SETFD, FD_CLOEXEC) != 0 : dup3(workload, 3, O_CLOEXEC) < 0) _exit(70);
+      workload_fd = 3;
+      keep = 4;
+    }
+    /* Nothing else the sandbox's init handed down (the workload's OOM count is envd's): only 0-2 (and 3). */
+    if (close_range((unsigned int)keep, ~0U, 0) != 0) {
+      for (int fd = keep; fd < 1024; fd++) close(fd);
     }
     /* Its command line says what it is (`warren-exec --serve-beside`), not envd's: a search for envd finds envd. */
     for (int i = 2; i < argc; i++) memset(argv[i], 0, strlen(argv[i]));
@@ -601,8 +629,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (argc == 2 && strcmp(argv[1], "--serve") == 0) return serve();
-  if (argc >= 4 && strcmp(argv[1], "--serve-beside") == 0 && strcmp(argv[2], "--") == 0 && argv[3][0] == '/')
-    return serve_beside(argc, argv);
+  if (argc >= 4 && strcmp(argv[1], "--serve-beside") == 0) return serve_beside(argc, argv);
   struct launch l;
   int command = parse_options(argc, argv, &l);
   apply(&l);

@@ -27,6 +27,11 @@ export interface TestEnvdOptions {
   nodeArgs?: string[];
   /** Started behind its command spawner (`warren-exec --serve-beside`), as sandboxes start it. */
   spawnerBeside?: boolean;
+  /**
+   * A workload cgroup's `cgroup.procs`, opened for appending: handed to envd (and a spawner beside it) as fd 3, as
+   * a sandbox's launcher hands it over (`--workload-fd`).
+   */
+  workloadProcsFd?: number;
 }
 
 /** The launcher sandboxes start envd behind (instance-container.ts). */
@@ -42,7 +47,9 @@ export async function startTestEnvd(options: TestEnvdOptions = {}): Promise<Test
     "--default-user",
     options.defaultUser ?? "user",
     ...(options.warmup === "after-init" ? ["--warm-up", "after-init"] : []),
+    ...(options.workloadProcsFd === undefined ? [] : ["--workload-fd", "3"]),
   ];
+  const workload = options.workloadProcsFd === undefined ? [] : [options.workloadProcsFd];
   const env: Record<string, string> = {
     ...(process.env as Record<string, string>),
     ENVD_WARMUP: options.warmup ? "1" : "0",
@@ -50,11 +57,18 @@ export async function startTestEnvd(options: TestEnvdOptions = {}): Promise<Test
   };
   if (options.accessToken) env.ENVD_ACCESS_TOKEN = options.accessToken;
   const child = options.spawnerBeside
-    ? spawn(WARREN_EXEC, ["--serve-beside", "--", process.execPath, ...args], {
-        env,
-        stdio: ["ignore", "inherit", "pipe"],
-      })
-    : spawn(process.execPath, args, { env, stdio: ["ignore", "inherit", "pipe"] });
+    ? spawn(
+        WARREN_EXEC,
+        [
+          "--serve-beside",
+          ...(options.workloadProcsFd === undefined ? [] : ["--workload-fd=3"]),
+          "--",
+          process.execPath,
+          ...args,
+        ],
+        { env, stdio: ["ignore", "inherit", "pipe", ...workload] },
+      )
+    : spawn(process.execPath, args, { env, stdio: ["ignore", "inherit", "pipe", ...workload] });
   let stderr = "";
   const port = await new Promise<number>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`envd did not start: ${stderr}`)), 10_000);

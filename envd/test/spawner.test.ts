@@ -1,11 +1,21 @@
 // envd's command spawner (`warren-exec --serve`, platform/src/spawner.ts): commands are forked by it, not by envd,
 // and behave exactly as when envd forks them itself (ENVD_SPAWNER=0), through the official e2b SDK.
 import { execFileSync } from "node:child_process";
-import { readFileSync } from "node:fs";
+import {
+  closeSync,
+  existsSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmdirSync,
+} from "node:fs";
+import { fileURLToPath } from "node:url";
 import { decodeWaitStatus } from "@warren/platform/spawner";
 import { CommandExitError, type Sandbox } from "e2b";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { sdkSandbox, startTestEnvd, type TestEnvd } from "./harness.js";
+import { sdkSandbox, startTestEnvd, type TestEnvd, WARREN_EXEC } from "./harness.js";
 
 const cmdline = (pid: number) => readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter(Boolean).join(" ");
 const parentOf = (pid: number) => Number(/^PPid:\s+(\d+)$/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1]);
@@ -124,3 +134,118 @@ describe.each([
     }
   });
 });
+
+// A real cgroup v1 memory hierarchy, as a sandbox's node makes it (the tests run as root).
+describe.each([
+  { name: "a spawner given the workload (--serve-beside --workload-fd)", env: {}, beside: true, joinsItself: true },
+  { name: "envd itself (ENVD_SPAWNER=0)", env: { ENVD_SPAWNER: "0" }, beside: false, joinsItself: false },
+])("the workload cgroup, commands forked by $name", ({ env, beside, joinsItself }) => {
+  const dir = `/sys/fs/cgroup/memory/warren-spawner-test-${process.pid}-${beside ? "beside" : "envd"}`;
+  let procsFd: number;
+  let envd: TestEnvd;
+  let sandbox: Sandbox;
+
+  beforeAll(async () => {
+    mkdirSync(dir);
+    procsFd = openSync(`${dir}/cgroup.procs`, "a");
+    envd = await startTestEnvd({ env, spawnerBeside: beside, workloadProcsFd: procsFd });
+    sandbox = sdkSandbox(envd);
+  });
+
+  afterAll(async () => {
+    await envd?.stop();
+    closeSync(procsFd);
+    await removeCgroupOnceEmpty(dir);
+  });
+
+  it("holds each command and what it forks; neither envd nor the spawner, and no command holds its file", async () => {
+    const inside = () => readFileSync(`${dir}/cgroup.procs`, "utf8").split("\n").filter(Boolean).map(Number);
+    // A child forked at once, before envd could have moved its parent: inside either way.
+    const handle = await sandbox.commands.run("sleep 30 & wait", { background: true });
+    try {
+      await expect.poll(() => inside().length).toBe(2);
+      expect(inside()).toContain(handle.pid);
+      expect(inside()).not.toContain(envd.child.pid);
+      expect(inside()).not.toContain(parentOf(handle.pid));
+      if (joinsItself) expect(cmdline(parentOf(handle.pid))).toMatch(/warren-exec --serve-beside$/);
+      // Only the pipes (0-2) and the shell's own script: no descriptor of the cgroup's.
+      const fds = readdirSync(`/proc/${handle.pid}/fd`).map((fd) => readlinkSync(`/proc/${handle.pid}/fd/${fd}`));
+      expect(fds.filter((target) => target.includes("cgroup"))).toEqual([]);
+      expect(envd.logs()).not.toContain("could not join the workload");
+      expect(envd.logs()).not.toContain("could not move a process into the workload");
+    } finally {
+      await handle.kill();
+    }
+    // Back to back, every command is in it while it runs.
+    for (let i = 0; i < 5; i++) {
+      const own = await sandbox.commands.run("cat /proc/self/cgroup | grep memory");
+      expect(own.stdout.trim()).toMatch(new RegExp(`:memory:/warren-spawner-test-${process.pid}-`));
+    }
+  });
+});
+
+describe("a spawner given the workload (--serve-beside --workload-fd)", () => {
+  const dir = `/sys/fs/cgroup/memory/warren-spawner-test-${process.pid}-first`;
+
+  afterAll(async () => {
+    await removeCgroupOnceEmpty(dir);
+  });
+
+  it("has each command join it before it execs: nobody moves it later, yet its first look finds it inside", () => {
+    mkdirSync(dir);
+    const procsFd = openSync(`${dir}/cgroup.procs`, "a");
+    // The spawner's user, without envd: a script that only asks it for `cat /proc/self/cgroup` and a host tool.
+    const module = (name: string) =>
+      JSON.stringify(fileURLToPath(new URL(`../../platform/dist/${name}.js`, import.meta.url)));
+    const script = `
+      import { Spawner, parseInheritedSpawner } from ${module("spawner")};
+      import { createLogger } from ${module("log")};
+      const spawner = Spawner.start(${JSON.stringify(WARREN_EXEC)}, createLogger("test"), parseInheritedSpawner(process.env.WARREN_SPAWNER));
+      const run = async (hostTool) => {
+        const child = await spawner.spawn({ argv: ["/bin/cat", "/proc/self/cgroup"], env: {}, cwd: "/", stdin: false, hostTool });
+        let out = "";
+        child.stdout.setEncoding("utf8").on("data", (chunk) => { out += chunk; });
+        await Promise.all([child.exited, new Promise((resolve) => child.stdout.once("close", resolve))]);
+        return { inWorkload: child.inWorkload, memory: /:memory:(.*)$/m.exec(out)?.[1] };
+      };
+      console.log(JSON.stringify([await run(false), await run(true)]));
+      spawner.close();`;
+    try {
+      const out = execFileSync(
+        WARREN_EXEC,
+        ["--serve-beside", "--workload-fd=3", "--", process.execPath, "--input-type=module", "-e", script],
+        { encoding: "utf8", stdio: ["ignore", "pipe", "inherit", procsFd] },
+      );
+      const [command, hostTool] = JSON.parse(out);
+      expect(command).toEqual({ inWorkload: true, memory: `/warren-spawner-test-${process.pid}-first` });
+      // A host tool (the node agent's) stays where the spawner is.
+      expect(hostTool.inWorkload).toBe(false);
+      expect(hostTool.memory).not.toContain("warren-spawner-test");
+    } finally {
+      closeSync(procsFd);
+    }
+  });
+
+  it("refuses a workload descriptor that is not open", () => {
+    const failed = (() => {
+      try {
+        execFileSync(WARREN_EXEC, ["--serve-beside", "--workload-fd=57", "--", "/bin/true"], { stdio: "pipe" });
+        return undefined;
+      } catch (error) {
+        return error as { status: number; stderr: Buffer };
+      }
+    })();
+    expect(failed?.status).toBe(126);
+    expect(failed?.stderr.toString()).toMatch(/--workload-fd: Bad file descriptor/);
+  });
+});
+
+/** Removes a test's cgroup once its last process has left (a killed command's group takes a moment). */
+async function removeCgroupOnceEmpty(dir: string): Promise<void> {
+  if (!existsSync(dir)) return;
+  const deadline = Date.now() + 5_000;
+  while (readFileSync(`${dir}/cgroup.procs`, "utf8") !== "" && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+  rmdirSync(dir);
+}

@@ -53,6 +53,11 @@ export interface SpawnedProcess {
   readonly stderr: Socket;
   /** Its wait status decoded; both null when the spawner died before telling (an unknown exit: "exit status -1"). */
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  /**
+   * It joined the sandbox's workload cgroup itself before it exec'd (a spawner given `--workload-fd`): nothing is
+   * left for its user to move.
+   */
+  readonly inWorkload: boolean;
 }
 
 interface PendingSpawn {
@@ -77,8 +82,9 @@ export function decodeWaitStatus(status: number): { code: number | null; signal:
  * command from envd, 6–18 ms from the node agent, on the machines Warren is measured on; ~0.1 ms from the spawner).
  * envd starts sandboxes' commands through it, the node agent its host tools (runtime/exec.ts). Requests and replies
  * are the framed fields and lines that file documents; a started command's pipes are opened through
- * `/proc/<spawner>/fd`, then the spawner closes its copies. The spawner is its user's child, in its cgroup; envd
- * moves the commands it forks into the workload cgroup as before (ProcessOptions.onSpawn).
+ * `/proc/<spawner>/fd`, then the spawner closes its copies. The spawner is its user's child, in its cgroup; a spawner
+ * given the sandbox's workload cgroup has each command join it before it execs (`inWorkload`), else envd moves the
+ * commands into it after they started (ProcessOptions.onSpawn).
  *
  * When the spawner is gone (it died, or could not start), `spawn` answers undefined and the caller forks commands
  * itself; commands it had started run on, and end with an unknown exit once their output closes. A start the
@@ -219,16 +225,29 @@ export class Spawner {
       pending.reject(Object.assign(new Error(`the command spawner could not start it: ${name}`), { code: name }));
       return;
     }
-    const [pid, stdinFd, stdoutFd, stderrFd] = numbers.map(Number) as [number, number, number, number];
+    const [pid, stdinFd, stdoutFd, stderrFd, inWorkload] = numbers.map(Number) as [
+      number,
+      number,
+      number,
+      number,
+      number | undefined,
+    ];
     try {
-      pending.resolve(this.adopt(id, pid, stdinFd, stdoutFd, stderrFd));
+      pending.resolve(this.adopt(id, pid, stdinFd, stdoutFd, stderrFd, inWorkload === 1));
     } catch (error) {
       pending.reject(error as Error);
     }
   }
 
   /** Opens this process's own ends of the command's pipes, then lets the spawner close its copies. */
-  private adopt(id: string, pid: number, stdinFd: number, stdoutFd: number, stderrFd: number): SpawnedProcess {
+  private adopt(
+    id: string,
+    pid: number,
+    stdinFd: number,
+    stdoutFd: number,
+    stderrFd: number,
+    inWorkload: boolean,
+  ): SpawnedProcess {
     const spawnerPid = this.channel?.pid;
     const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
       this.exits.set(pid, resolve),
@@ -252,7 +271,7 @@ export class Spawner {
           stdin = undefined;
         }
       }
-      return { pid, stdin, stdout, stderr, exited };
+      return { pid, stdin, stdout, stderr, exited, inWorkload };
     } catch (error) {
       // A command nobody can read or end would run on unseen: it goes, with the pipe ends already opened.
       for (const socket of opened) socket.destroy();

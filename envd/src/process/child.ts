@@ -26,6 +26,8 @@ export interface ChildEvents {
 export interface ChildHandle {
   readonly pid: number;
   readonly hasPty: boolean;
+  /** It joined the workload cgroup itself before it exec'd (the spawner's children do): nothing to move. */
+  readonly inWorkload: boolean;
   /** True while a stdin pipe exists and has not been closed. */
   readonly stdinOpen: boolean;
   attach(events: ChildEvents): void;
@@ -106,6 +108,7 @@ interface ProcessPipes {
   readonly exited: Promise<unknown>;
   /** As Node's 'close': once the process ended and its output was read to the end. */
   readonly closed: Promise<ProcessExit>;
+  readonly inWorkload: boolean;
 }
 
 /** The pipes of a process envd forked itself (Node's ChildProcess). */
@@ -119,6 +122,7 @@ function nodePipes(child: ChildProcess & { pid: number }, log: Logger): ProcessP
     // Not events.once: it rejects on 'error', which a live process can emit (a failed kill), and nobody awaits that.
     exited: new Promise((resolve) => child.once("exit", resolve)),
     closed: new Promise((resolve) => child.once("close", (code, signal) => resolve(processExit(code, signal)))),
+    inWorkload: false,
   };
 }
 
@@ -133,12 +137,14 @@ function spawnedPipes(spawned: SpawnedProcess): ProcessPipes {
     stderr: spawned.stderr,
     exited: spawned.exited,
     closed: Promise.all([spawned.exited, outputDone]).then(([exit]) => processExit(exit.code, exit.signal)),
+    inWorkload: spawned.inWorkload,
   };
 }
 
 class PipeChild implements ChildHandle {
   readonly hasPty = false;
   readonly pid: number;
+  readonly inWorkload: boolean;
   private readonly relay = new EventRelay();
   private leaderAlive = true;
 
@@ -147,6 +153,7 @@ class PipeChild implements ChildHandle {
     log: Logger,
   ) {
     this.pid = pipes.pid;
+    this.inWorkload = pipes.inWorkload;
     pipes.stdin?.on("error", (error) => log.warn("stdin write failed", { pid: this.pid, error: error.message }));
     void pipes.exited.then(() => {
       this.leaderAlive = false;
@@ -254,6 +261,7 @@ type RawPty = Omit<IPty, "onData" | "write"> & {
 
 class PtyChild implements ChildHandle {
   readonly hasPty = true;
+  readonly inWorkload = false;
   readonly stdinOpen = false;
   private readonly relay = new EventRelay();
   private alive = true;

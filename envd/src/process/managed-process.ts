@@ -23,7 +23,10 @@ export interface ProcessOptions {
   readonly log: Logger;
   /** The values of the secrets this process was started with: masked as `***` in its output. */
   readonly mask?: SecretMask;
-  /** Called with the pid as soon as the process exists (it joins the workload cgroup). */
+  /**
+   * Called with the pid as soon as the process exists (it joins the workload cgroup), unless it joined by itself
+   * before it exec'd (a child of a spawner given the workload: ChildHandle.inWorkload).
+   */
   readonly onSpawn?: (pid: number) => void;
   /** The OOM kills in the sandbox's workload so far (WorkloadCgroup.oomKills); undefined when unknown. */
   readonly oomKills?: () => number | undefined;
@@ -74,7 +77,7 @@ export class ManagedProcess implements ChildEvents, SubscriptionOwner {
   static async start(plan: SpawnPlan, options: ProcessOptions): Promise<ManagedProcess> {
     const oomKillsBefore = options.oomKills?.();
     const child = await spawnChild(plan, options.log, options.spawner);
-    options.onSpawn?.(child.pid);
+    if (!child.inWorkload) options.onSpawn?.(child.pid);
     return new ManagedProcess(child, plan, options, oomKillsBefore);
   }
 

@@ -87,8 +87,16 @@ export async function planSpawn(
   }
   // Secrets last: a request's own envs cannot shadow them. They live only in this plan's env, never in `config`.
   const env = { ...processEnv(user, state, config.envs, envdPath), ...secretEnv };
-  const cwd = await workingDirectory(config.cwd, user, state);
-  const argv = [await findExecutable(command, env.PATH ?? "", cwd), ...config.args];
+  // The cwd's check and the command's lookup at once: each is a hop through libuv's thread pool, and on a Start's
+  // path three in a row cost more than the calls themselves. The cwd's error wins when both fail, as before.
+  const cwd = workingDirectory(config.cwd, user, state);
+  const [cwdChecked, found] = await Promise.allSettled([
+    checkDirectory(cwd),
+    findExecutable(command, env.PATH ?? "", cwd),
+  ]);
+  if (cwdChecked.status === "rejected") throw cwdChecked.reason;
+  if (found.status === "rejected") throw found.reason;
+  const argv = [found.value, ...config.args];
   const launch = launchArgv(argv, user, processLimit, execLauncher);
   return {
     config,
@@ -151,12 +159,11 @@ function processEnv(
 }
 
 /** The request's cwd (relative to the user's home), else the sandbox default, else the home. */
-async function workingDirectory(
-  requested: string | undefined,
-  user: SandboxUser,
-  state: SandboxState,
-): Promise<string> {
-  const cwd = requested ? resolveUserPath(requested, user) : resolveUserPath(state.defaultWorkdir || user.home, user);
+function workingDirectory(requested: string | undefined, user: SandboxUser, state: SandboxState): string {
+  return requested ? resolveUserPath(requested, user) : resolveUserPath(state.defaultWorkdir || user.home, user);
+}
+
+async function checkDirectory(cwd: string): Promise<void> {
   let isDirectory: boolean;
   try {
     isDirectory = (await stat(cwd)).isDirectory();
@@ -164,7 +171,6 @@ async function workingDirectory(
     throw invalidArgument(`cwd '${cwd}' does not exist`);
   }
   if (!isDirectory) throw invalidArgument(`cwd '${cwd}' is not a directory`);
-  return cwd;
 }
 
 /** The file execvp would run for `command`, as Go's exec.LookPath finds it. */
@@ -182,15 +188,16 @@ async function findExecutable(command: string, path: string, cwd: string): Promi
   throw invalidArgument(`failed to start command '${command}': executable file not found in $PATH`);
 }
 
+/** Why `file` cannot be executed, or undefined; its stat and access check run at once (as the cwd's above). */
 async function executableProblem(file: string): Promise<string | undefined> {
-  try {
-    if (!(await stat(file)).isFile()) return "is a directory or not a regular file";
-    await access(file, constants.X_OK);
-    return undefined;
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code;
-    return code === "ENOENT" || code === "ENOTDIR" ? "no such file or directory" : "permission denied";
+  const [stats, executable] = await Promise.allSettled([stat(file), access(file, constants.X_OK)]);
+  const failure = stats.status === "rejected" ? stats.reason : undefined;
+  if (failure === undefined) {
+    if (stats.status === "fulfilled" && !stats.value.isFile()) return "is a directory or not a regular file";
+    return executable.status === "rejected" ? "permission denied" : undefined;
   }
+  const code = (failure as NodeJS.ErrnoException).code;
+  return code === "ENOENT" || code === "ENOTDIR" ? "no such file or directory" : "permission denied";
 }
 
 /** Text safe to put in an error message. */

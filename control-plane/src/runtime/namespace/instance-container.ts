@@ -184,7 +184,9 @@ export class InstanceContainers {
    * its CPU here); else nothing (envd spawns the spawner itself).
    */
   private get envdSpawnerPrefix(): string[] {
-    return existsSync(this.launcherBinary) ? ["/opt/warren/envd/dist/warren-exec", "--serve-beside", "--"] : [];
+    return existsSync(this.launcherBinary)
+      ? ["/opt/warren/envd/dist/warren-exec", "--serve-beside", `--workload-fd=${WORKLOAD_FD}`, "--"]
+      : [];
   }
 
   /**
