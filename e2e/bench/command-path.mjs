@@ -8,7 +8,9 @@
 //      the same login shell behind the `prlimit` + `setpriv` chain envd used before its launcher;
 //   3. the same request through the proxy (E2b-Sandbox-Id/-Port headers);
 //   4. the official SDK's `commands.run('true')`, directly at envd and through the proxy.
-import { mkdtempSync, rmSync } from "node:fs";
+// Beside each layer's latency, the CPU time envd and the proxy spent per run (from /proc, summed over the layer's
+// runs): steadier than latency on a shared machine, and what a cheaper command path has to lower.
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import http from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -36,6 +38,42 @@ const summary = (times) => {
   return `p50 ${pct(sorted, 50).toFixed(2)} ms  p99 ${pct(sorted, 99).toFixed(2)} ms  (n=${sorted.length})`;
 };
 const line = (label, text) => console.log(`${label.padEnd(44)} ${text}`);
+
+/** CPU time (user + system, ms) a process has used so far. */
+function cpuMs(pid) {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(fields[11]) + Number(fields[12])) * 10;
+}
+
+function childrenOf(pid) {
+  return readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").split(" ").filter(Boolean).map(Number);
+}
+
+function cmdlineOf(pid) {
+  return readFileSync(`/proc/${pid}/cmdline`, "utf8").replaceAll("\0", " ");
+}
+
+/** envd's host pid: the sandbox's init (its instance record's pid) runs it as its child. */
+function envdPid(sandboxId) {
+  const root = join(dataDir, "agent-cpa", "instances");
+  for (const instanceId of readdirSync(root)) {
+    const file = join(root, instanceId, "instance.json");
+    if (!existsSync(file)) continue;
+    const record = JSON.parse(readFileSync(file, "utf8"));
+    if (record.labels?.sandboxId !== sandboxId) continue;
+    const envd = childrenOf(record.pid).find((pid) => cmdlineOf(pid).includes("envd.cjs"));
+    if (envd !== undefined) return envd;
+  }
+  throw new Error(`envd of ${sandboxId} not found`);
+}
+
+/** The cluster's proxy: this process's child running the proxy's main. */
+function proxyPid() {
+  const pid = childrenOf(process.pid).find((child) => cmdlineOf(child).includes("proxy/dist/main.js"));
+  if (pid === undefined) throw new Error("the proxy process was not found");
+  return pid;
+}
 
 const LOGIN_TRUE = { cmd: "/bin/bash", args: ["-l", "-c", "true"] };
 // The chain envd used before its launcher (native/warren-exec.c), started by root through the launcher: what the
@@ -123,14 +161,22 @@ async function main() {
     "SDK commands.run('true'), through the proxy": () => sandbox.commands.run("true"),
   };
   const times = Object.fromEntries(Object.keys(layers).map((name) => [name, []]));
+  const cpu = Object.fromEntries(Object.keys(layers).map((name) => [name, { envd: 0, proxy: 0 }]));
+  const pids = { envd: envdPid(sandbox.sandboxId), proxy: proxyPid() };
   for (let i = 0; i < RUNS; i++) {
     for (const [name, run] of Object.entries(layers)) {
+      const before = { envd: cpuMs(pids.envd), proxy: cpuMs(pids.proxy) };
       const t0 = performance.now();
       await run();
       times[name].push(performance.now() - t0);
+      cpu[name].envd += cpuMs(pids.envd) - before.envd;
+      cpu[name].proxy += cpuMs(pids.proxy) - before.proxy;
     }
   }
-  for (const [name, list] of Object.entries(times)) line(name, summary(list));
+  for (const [name, list] of Object.entries(times)) {
+    const perRun = (ms) => (ms / list.length).toFixed(2);
+    line(name, `${summary(list)}  CPU per run: envd ${perRun(cpu[name].envd)} ms, proxy ${perRun(cpu[name].proxy)} ms`);
+  }
   directAgent.destroy();
   proxyAgent.destroy();
   await sandbox.kill();
