@@ -8,8 +8,9 @@
 //      the same login shell behind the `prlimit` + `setpriv` chain envd used before its launcher;
 //   3. the same request through the proxy (E2b-Sandbox-Id/-Port headers);
 //   4. the official SDK's `commands.run('true')`, directly at envd and through the proxy.
-// Beside each layer's latency, the CPU time envd and the proxy spent per run (from /proc, summed over the layer's
-// runs): steadier than latency on a shared machine, and what a cheaper command path has to lower.
+// Beside each layer's latency, the CPU time envd, the proxy and this process (the client: a raw request, or the
+// official SDK) spent per run (from /proc and process.cpuUsage, summed over the layer's runs): steadier than latency
+// on a shared machine, and what a cheaper command path has to lower.
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import http from "node:http";
 import { tmpdir } from "node:os";
@@ -161,21 +162,27 @@ async function main() {
     "SDK commands.run('true'), through the proxy": () => sandbox.commands.run("true"),
   };
   const times = Object.fromEntries(Object.keys(layers).map((name) => [name, []]));
-  const cpu = Object.fromEntries(Object.keys(layers).map((name) => [name, { envd: 0, proxy: 0 }]));
+  const cpu = Object.fromEntries(Object.keys(layers).map((name) => [name, { envd: 0, proxy: 0, client: 0 }]));
   const pids = { envd: envdPid(sandbox.sandboxId), proxy: proxyPid() };
   for (let i = 0; i < RUNS; i++) {
     for (const [name, run] of Object.entries(layers)) {
-      const before = { envd: cpuMs(pids.envd), proxy: cpuMs(pids.proxy) };
+      const before = { envd: cpuMs(pids.envd), proxy: cpuMs(pids.proxy), client: process.cpuUsage() };
       const t0 = performance.now();
       await run();
       times[name].push(performance.now() - t0);
+      const client = process.cpuUsage(before.client);
+      cpu[name].client += (client.user + client.system) / 1000;
       cpu[name].envd += cpuMs(pids.envd) - before.envd;
       cpu[name].proxy += cpuMs(pids.proxy) - before.proxy;
     }
   }
   for (const [name, list] of Object.entries(times)) {
     const perRun = (ms) => (ms / list.length).toFixed(2);
-    line(name, `${summary(list)}  CPU per run: envd ${perRun(cpu[name].envd)} ms, proxy ${perRun(cpu[name].proxy)} ms`);
+    const { envd, proxy, client } = cpu[name];
+    line(
+      name,
+      `${summary(list)}  CPU per run: envd ${perRun(envd)}, proxy ${perRun(proxy)}, client ${perRun(client)} ms`,
+    );
   }
   directAgent.destroy();
   proxyAgent.destroy();
