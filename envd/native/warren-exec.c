@@ -429,6 +429,8 @@ static int serve_beside(int argc, char **argv) {
   int workload = -1, first = 2;
   if (strncmp(argv[2], "--workload-fd=", 14) == 0) {
     workload = (int)number(argv[2] + 14, "--workload-fd");
+    /* 0-2 become the spawner's pipes and its log: a workload descriptor is one the program was handed beside them. */
+    if (workload < 3) fail(127, "--workload-fd must be 3 or more", NULL);
     if (fcntl(workload, F_GETFD) < 0) fail(126, "--workload-fd", strerror(errno));
     first = 3;
   }

@@ -191,13 +191,12 @@ async function findExecutable(command: string, path: string, cwd: string): Promi
 /** Why `file` cannot be executed, or undefined; its stat and access check run at once (as the cwd's above). */
 async function executableProblem(file: string): Promise<string | undefined> {
   const [stats, executable] = await Promise.allSettled([stat(file), access(file, constants.X_OK)]);
-  const failure = stats.status === "rejected" ? stats.reason : undefined;
-  if (failure === undefined) {
-    if (stats.status === "fulfilled" && !stats.value.isFile()) return "is a directory or not a regular file";
-    return executable.status === "rejected" ? "permission denied" : undefined;
+  if (stats.status === "rejected") {
+    const code = (stats.reason as NodeJS.ErrnoException).code;
+    return code === "ENOENT" || code === "ENOTDIR" ? "no such file or directory" : "permission denied";
   }
-  const code = (failure as NodeJS.ErrnoException).code;
-  return code === "ENOENT" || code === "ENOTDIR" ? "no such file or directory" : "permission denied";
+  if (!stats.value.isFile()) return "is a directory or not a regular file";
+  return executable.status === "rejected" ? "permission denied" : undefined;
 }
 
 /** Text safe to put in an error message. */
