@@ -1,27 +1,15 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { connectNodeAdapter } from "@connectrpc/connect-node";
-import { ENVD_ENVS_PATH } from "@warren/proto/envd-http";
-import { Filesystem } from "@warren/proto/filesystem/filesystem_pb";
-import { Process } from "@warren/proto/process/process_pb";
-import { secretsEqual } from "./auth.js";
 import type { EnvdConfig } from "./config.js";
 import type { EnvdContext } from "./context.js";
-import { loadFsXattr } from "./filesystem/metadata.js";
-import { createFilesystemService } from "./filesystem/service.js";
-import { handleFiles } from "./http/files.js";
-import { handleFilesCompose } from "./http/files-compose.js";
 import { handleInit } from "./http/init.js";
-import { handleLeases, LEASES_PATH } from "./http/leases.js";
-import { MetricsSampler } from "./http/metrics.js";
-import { sendError, sendJson, sendJsonError } from "./http/respond.js";
+import { sendError } from "./http/respond.js";
 import { createLogger, type Logger } from "./log.js";
 import { LoopbackForwarder } from "./ports/loopback-forwarder.js";
-import { createProcessService } from "./process/service.js";
-import { relabelUnaryDecodeErrors, streamDecodeErrors } from "./rpc-decode-errors.js";
+import type { EnvdServices } from "./services.js";
 import { SandboxState } from "./state.js";
 import { UserDirectory } from "./users.js";
-import { AHEAD_OF_DEMAND_ROUNDS, warmUp } from "./warmup.js";
+import { AHEAD_OF_DEMAND_ROUNDS } from "./warmup.js";
 
 export interface RunningEnvd {
   readonly url: string;
@@ -40,45 +28,30 @@ const CORS_HEADERS = {
   "Access-Control-Max-Age": "7200",
 };
 
-const UNAUTHORIZED = "unauthorized access, please provide a valid access token or method signing if supported";
-
 export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("envd")): Promise<RunningEnvd> {
   const context: EnvdContext = { config, state: new SandboxState(config), users: new UserDirectory(), log };
-  const processes = createProcessService(context);
-  const filesystem = createFilesystemService(context);
-  const metrics = new MetricsSampler();
 
-  const rpc = connectNodeAdapter({
-    grpc: false,
-    grpcWeb: false,
-    interceptors: [streamDecodeErrors],
-    routes(router) {
-      router.service(Process, processes.impl);
-      router.service(Filesystem, filesystem.impl);
-      relabelUnaryDecodeErrors(router);
-    },
-    fallback(_req, res) {
-      res.writeHead(404, { "Content-Type": "application/json; charset=utf-8" });
-      res.end(JSON.stringify({ code: 404, message: "not found" }));
-    },
-  });
-
+  // envd listens with only `/health` and `/init` ready: the rest (services.ts: the protobuf descriptors, Connect,
+  // the spawner, ~a third of envd's start) is evaluated after a cold start's `/init` is answered, while the create's
+  // answer travels to its caller, or at once in a pool's sandbox (`--warm-up now`), or at the first request that
+  // needs it. A request that arrives meanwhile waits for it.
+  let services: Promise<EnvdServices> | undefined;
+  const loadServices = () => {
+    services ??= import("./services.js").then((module) => module.createServices(context));
+    return services;
+  };
   let warmed: Promise<void> | undefined;
   let listeningPort = 0;
   const warmUpOnce = () => {
     const laterRounds = config.warmup === "now" ? AHEAD_OF_DEMAND_ROUNDS : 0;
-    warmed ??= warmUp(listeningPort, context.state.accessToken, log, laterRounds).then(() => {
-      // The metadata addon too, so that a client's first file call does not load it (metadata.ts).
-      try {
-        loadFsXattr();
-      } catch (error) {
-        log.warn("could not load fs-xattr", { error: (error as Error).message });
-      }
-    });
+    warmed ??= loadServices().then(
+      (loaded) => loaded.warmUp(listeningPort, laterRounds),
+      (error: unknown) => log.error("could not load envd's services", { error: (error as Error).message }),
+    );
   };
 
   const route = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
-    const path = (req.url ?? "/").split("?", 1)[0];
+    const path = (req.url ?? "/").split("?", 1)[0] ?? "/";
     for (const [name, value] of Object.entries(CORS_HEADERS)) res.setHeader(name, value);
     if (req.method === "OPTIONS") {
       res.writeHead(204).end();
@@ -90,27 +63,12 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
     }
     if (path === "/init" && req.method === "POST") {
       await handleInit(req, res, context);
-      // A cold start's /init is answered: the create goes on to its caller while envd warms up.
+      // A cold start's /init is answered: the create goes on to its caller while envd loads the rest and warms up.
       if (config.warmup === "after-init") warmUpOnce();
       return;
     }
-    // /files checks the token or a URL signature itself.
-    if (path === "/files") return handleFiles(req, res, context);
-    const token = context.state.accessToken;
-    if (token !== undefined) {
-      const given = req.headers["x-access-token"];
-      if (typeof given !== "string" || !secretsEqual(given, token)) {
-        sendJsonError(res, 401, UNAUTHORIZED);
-        return;
-      }
-    }
-    if (path === ENVD_ENVS_PATH && req.method === "GET") return sendJson(res, 200, context.state.envVars());
-    if (path === "/metrics" && req.method === "GET") return sendJson(res, 200, await metrics.sample());
-    if (path === "/files/compose" && req.method === "POST") return handleFilesCompose(req, res, context);
-    if (path === LEASES_PATH || path?.startsWith(`${LEASES_PATH}/`)) {
-      return handleLeases(req, res, path, processes.leases);
-    }
-    rpc(req, res);
+    const loaded = await loadServices();
+    return loaded.handle(req, res, path);
   };
 
   // maxHeaderSize: a Start's secrets arrive in one header (the proxy's warren-secret-env, up to 32 × 32 KiB values).
@@ -141,7 +99,8 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
       closing ??= (async () => {
         await warmed;
         const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
-        await Promise.all([processes.close(), filesystem.close(), forwarder?.close()]);
+        const loaded = await services?.catch(() => undefined);
+        await Promise.all([loaded?.close(), forwarder?.close()]);
         server.closeAllConnections();
         await stopped;
         log.info("envd stopped");
