@@ -58,3 +58,44 @@ describe("disk budget", () => {
     await client.kill({ sandboxId: "disktwo" });
   }, 120_000);
 });
+
+// The same budget rule with a warm pool holding promises: here 3 GiB to promise, two pooled `base` sandboxes
+// (1 GiB disks each) ready.
+const POOLED_OVERCOMMIT = ((3 * GiB) / (fs.bavail * fs.bsize)).toFixed(6);
+const POOLED = {
+  instance: "tkp",
+  cidr: "10.210.52.0/22",
+  poolSize: 2,
+  extraEnv: { WARREN_DISK_OVERCOMMIT: POOLED_OVERCOMMIT, WARREN_POOL_MAX: "2" },
+};
+
+describe("disk budget with a warm pool", () => {
+  let pooled: RunningNodeAgent;
+
+  beforeAll(async () => {
+    pooled = await startTestAgent(POOLED);
+    await pooled.agent.pool("base")?.filled();
+  }, BUILD_TIMEOUT_MS);
+
+  afterAll(async () => {
+    await pooled?.stop({ killAll: true });
+    await purgeAgent(testConfig(POOLED));
+  }, 120_000);
+
+  it("a create the node has no room for takes the room of idle pooled sandboxes, only as much as it needs", async () => {
+    const pool = pooled.agent.pool("base");
+    expect(pool?.readyCount).toBe(2);
+    // 2 GiB promised to the pool + 1.5 GiB > 3 GiB: one pooled sandbox (1 GiB) is given back, the create starts.
+    const placement = await agentClient(pooled).create({
+      sandboxId: "diskroom",
+      teamId: "team-a",
+      templateId: "base",
+      envdAccessToken: "token-diskroom",
+      resources: { diskSizeMb: 1536 },
+    });
+    expect(placement.pooled).toBe(false);
+    expect(pooled.agent.get("diskroom")).toBeDefined();
+    expect(pool?.readyCount).toBe(1);
+    await agentClient(pooled).kill({ sandboxId: "diskroom" });
+  }, 120_000);
+});

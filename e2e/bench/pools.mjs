@@ -7,7 +7,7 @@
 //      the pool's floor, the second 5 s later, when the pool has followed the first round's demand;
 //   2. 100 concurrent creates: failures, p50/p99 of create and of create → first command (once the pool holds its
 //      floor again: with --env WARREN_POOL_SIZE=100 it measures a burst a pool was sized for);
-//   3. the same burst again once the pool has followed the first one's demand (up to WARREN_POOL_MAX, 16 by
+//   3. the same burst again once the pool has followed the first one's demand (up to WARREN_POOL_MAX, 32 by
 //      default: --env WARREN_POOL_MAX=100 --env WARREN_DISK_OVERCOMMIT=2 lets it hold a whole burst of 1 GiB disks);
 //   4. the `base` pool's ready sandboxes over the whole run (from the node's heartbeats);
 //   5. with each burst, the host's CPU it took per create (create + first command), by component (/proc): a burst
@@ -225,7 +225,7 @@ async function main() {
   sampler.phase = "burst 1";
   await burst(`${CONCURRENT} concurrent, burst 1`);
   sampler.phase = "refill";
-  const followed = Math.min(CONCURRENT, Number(extraEnv.WARREN_POOL_MAX ?? 16));
+  const followed = Math.min(CONCURRENT, Number(extraEnv.WARREN_POOL_MAX ?? 32));
   const refillStarted = performance.now();
   const refilled = await waitForPool(followed);
   const waited = ms(performance.now() - refillStarted);

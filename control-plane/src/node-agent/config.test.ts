@@ -14,7 +14,7 @@ describe("node agent config", () => {
       templatesDir: "/var/lib/warren/templates",
       netCidr: "10.201.0.0/16",
       poolSize: 2,
-      poolMax: 16,
+      poolMax: 32,
       poolWindowMs: 60_000,
       poolRefill: 2,
       maxQueuedStarts: 256,

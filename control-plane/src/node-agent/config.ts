@@ -25,7 +25,7 @@ import type { SnapshotStoreConfig } from "./snapshot-store.js";
  * | WARREN_INSTANCE | a | tag in netns/veth/cgroup/firewall names ([a-z0-9]{1,4}); one per agent on a host (claimed at start: a second agent under a name in use is refused) |
  * | WARREN_NET_CIDR | 10.201.0.0/16 | sandbox addresses, one /30 each |
  * | WARREN_POOL_SIZE | 2 | warm sandboxes kept per pooled template at least (the floor; demand grows a pool, pool-sizing.ts); 0: no warm pools |
- * | WARREN_POOL_MAX | 16 | warm sandboxes kept per pooled template at most, however high the demand (the ceiling; below WARREN_POOL_SIZE: WARREN_POOL_SIZE) |
+ * | WARREN_POOL_MAX | 32 | warm sandboxes kept per pooled template at most, however high the demand (the ceiling; below WARREN_POOL_SIZE: WARREN_POOL_SIZE) |
  * | WARREN_POOL_WINDOW_MS | 60000 | demand window: a pool holds about as many sandboxes as were claimed from it over the last window |
  * | WARREN_POOL_REFILL | 2 | pool refill starts run at once on the node (all pools together), on start slots no create waits for |
  * | WARREN_POOL_REFILL_DELAY_MS | 200 | a claim's refill waits until this long passes without another claim, while its pool holds more than a quarter of its target (0: at once) |
@@ -230,7 +230,7 @@ export function loadNodeAgentConfig(env: NodeJS.ProcessEnv = process.env): NodeA
     instance,
     netCidr: env.WARREN_NET_CIDR ?? "10.201.0.0/16",
     poolSize: integer(env, "WARREN_POOL_SIZE", 2, 0, 100),
-    poolMax: integer(env, "WARREN_POOL_MAX", 16, 0, 1000),
+    poolMax: integer(env, "WARREN_POOL_MAX", 32, 0, 1000),
     poolWindowMs: integer(env, "WARREN_POOL_WINDOW_MS", 60_000, 1000, 24 * 3600_000),
     poolRefill: integer(env, "WARREN_POOL_REFILL", 2, 1, 64),
     poolRefillDelayMs: integer(env, "WARREN_POOL_REFILL_DELAY_MS", 200, 0, 60_000),

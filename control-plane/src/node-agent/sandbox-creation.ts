@@ -1,5 +1,11 @@
 import { isSandboxId } from "@warren/proto/redis";
-import { CapacityExceeded, type Instance, type SandboxResources, type SnapshotImage } from "../runtime/driver.js";
+import {
+  CapacityExceeded,
+  type Instance,
+  type InstanceSpec,
+  type SandboxResources,
+  type SnapshotImage,
+} from "../runtime/driver.js";
 import { CLOSED_EGRESS, type EgressPolicy } from "../runtime/egress/policy.js";
 import { driverServes } from "../templates/catalog.js";
 import type { BuiltTemplate, TemplateStore } from "../templates/store.js";
@@ -19,9 +25,9 @@ import { type WarmPool, WarmPoolClosed } from "./warm-pool.js";
 export interface SandboxCreationDeps extends ActivationDeps {
   readonly config: Pick<NodeAgentConfig, "maxSandboxes" | "volumesDir">;
   readonly templates: TemplateStore;
-  readonly builds: Pick<TemplateBuilds, "ensure" | "pool">;
+  readonly builds: Pick<TemplateBuilds, "ensure" | "pool" | "idlePools">;
   readonly snapshots: Pick<NodeSnapshots, "find">;
-  readonly snapshotPools: Pick<SnapshotPools, "take" | "next" | "ensure">;
+  readonly snapshotPools: Pick<SnapshotPools, "take" | "next" | "ensure" | "idlePools">;
   readonly startGate: StartGate;
   readonly isDraining: () => boolean;
   readonly log: Logger;
@@ -111,6 +117,34 @@ export class SandboxCreation {
     }
   }
 
+  /**
+   * A start the node had no room for (CapacityExceeded: its disk budget) may have the warm pools' idle sandboxes'
+   * room: a pool that followed a burst holds disks that a create of another template or size needs, and a pooled
+   * sandbox is cheaper to start again than a create is to refuse. Ready sandboxes go, one at a time from the
+   * fullest pool, until the disks they held cover the shortfall; resolves with how many went (0: none idle).
+   */
+  private async makeRoom(shortMB: number): Promise<number> {
+    const idle = [...this.deps.builds.idlePools(), ...this.deps.snapshotPools.idlePools()];
+    let freedMB = 0;
+    let released = 0;
+    while (freedMB < shortMB) {
+      const fullest = idle
+        .filter(({ pool }) => pool.readyCount > 0)
+        .sort((a, b) => b.pool.readyCount - a.pool.readyCount)[0];
+      if (!fullest || (await fullest.pool.release(1)) === 0) break;
+      freedMB += fullest.diskSizeMB;
+      released++;
+    }
+    if (released > 0) {
+      this.deps.log.info("warm pools gave back idle sandboxes to a create the node had no room for", {
+        released,
+        freedMB,
+        shortMB,
+      });
+    }
+    return released;
+  }
+
   /** Checks the request against this node; returns its template, which must be built here already. */
   private admit(input: CreateSandboxInput): BuiltTemplate {
     const { driver, templates, sandboxes, config } = this.deps;
@@ -184,13 +218,18 @@ export class SandboxCreation {
       const instance = await this.deps.startGate.run(async () => {
         // Shutting down while this create waited: it starts nothing a stopping agent would leave behind.
         if (this.deps.isDraining()) throw new AgentError("unavailable", "node agent is shutting down");
-        return driver.create({
+        const spec: InstanceSpec = {
           template,
           resources,
           ...(input.command ? { command: input.command } : {}),
           ...(driver.setEgress ? { egress } : {}),
           ...(snapshot ? { snapshotId: snapshot.snapshotId } : {}),
           ...(volumes.length > 0 ? { volumes } : {}),
+        };
+        return driver.create(spec).catch(async (error: unknown) => {
+          if (!(error instanceof CapacityExceeded) || error.diskShortMB === undefined) throw error;
+          if ((await this.makeRoom(error.diskShortMB)) === 0) throw error;
+          return driver.create(spec);
         });
       }, signal);
       return { instance, fromPool: false };

@@ -1,6 +1,6 @@
 import type { Instance, SandboxResources } from "../runtime/driver.js";
 import type { Logger } from "./log.js";
-import { type PoolStart, WarmPool, type WarmPoolOptions } from "./warm-pool.js";
+import { type IdlePool, type PoolStart, WarmPool, type WarmPoolOptions } from "./warm-pool.js";
 
 interface SnapshotPool {
   readonly pool: WarmPool;
@@ -89,6 +89,13 @@ export class SnapshotPools {
 
   async closeAll(): Promise<void> {
     for (const snapshotId of [...this.pools.keys()]) await this.drop(snapshotId);
+  }
+
+  /** The pools holding ready sandboxes, with the disk each of those was promised (sandbox-creation.ts makes room). */
+  idlePools(): IdlePool[] {
+    return [...this.pools.values()]
+      .filter((entry) => entry.pool.readyCount > 0)
+      .map((entry) => ({ pool: entry.pool, diskSizeMB: entry.resources.diskSizeMB }));
   }
 
   /** Ready sandboxes per pool (tests and benchmarks). */

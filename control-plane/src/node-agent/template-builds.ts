@@ -6,7 +6,7 @@ import type { NodeAgentConfig } from "./config.js";
 import { AgentError } from "./errors.js";
 import type { Logger } from "./log.js";
 import type { StartGate } from "./start-gate.js";
-import { type PoolStart, WarmPool, type WarmPoolOptions } from "./warm-pool.js";
+import { type IdlePool, type PoolStart, WarmPool, type WarmPoolOptions } from "./warm-pool.js";
 
 export interface TemplateBuildsDeps {
   readonly driver: RuntimeDriver;
@@ -85,6 +85,13 @@ export class TemplateBuilds {
   /** The warm pool of a template, once it exists (tests and benchmarks wait on `filled()`). */
   pool(templateId: string): WarmPool | undefined {
     return this.pools.get(templateId);
+  }
+
+  /** The pools holding ready sandboxes, with the disk each of those was promised (sandbox-creation.ts makes room). */
+  idlePools(): IdlePool[] {
+    return [...this.pools.values()]
+      .filter((pool) => pool.readyCount > 0)
+      .map((pool) => ({ pool, diskSizeMB: this.deps.templates.recipe(pool.templateId).defaults.diskSizeMB }));
   }
 
   /** Ready sandboxes per pooled template (the heartbeat's `pools`). */

@@ -41,6 +41,12 @@ export interface PoolStart {
 }
 
 /** The pool was closed (the node agent is stopping) while a create waited for one of its starts. */
+/** A pool with ready sandboxes, and the disk each of them holds a promise of (MiB). */
+export interface IdlePool {
+  readonly pool: WarmPool;
+  readonly diskSizeMB: number;
+}
+
 export class WarmPoolClosed extends Error {
   constructor(templateId: string) {
     super(`the warm pool of '${templateId}' closed while a create waited for it`);
@@ -361,6 +367,20 @@ export class WarmPool {
         this.log.warn("removing a pooled sandbox failed", { templateId: this.templateId, error }),
       );
     }
+  }
+
+  /**
+   * Gives back up to `count` ready sandboxes (oldest first), whatever the demand: a create the node had no room for
+   * needs the room they hold (sandbox-creation.ts). Resolves with how many went once they are removed.
+   */
+  async release(count: number): Promise<number> {
+    const given = this.ready.splice(0, Math.max(0, count));
+    for (const instance of given) {
+      await this.discard(instance).catch((error) =>
+        this.log.warn("removing a pooled sandbox failed", { templateId: this.templateId, error }),
+      );
+    }
+    return given.length;
   }
 
   /** Resolves once the pool holds its target (tests and benchmarks wait for it). */

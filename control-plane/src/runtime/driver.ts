@@ -113,7 +113,11 @@ export interface Instance {
  * `resource_exhausted`, so the master places the sandbox elsewhere.
  */
 export class CapacityExceeded extends Error {
-  constructor(message: string) {
+  /** `diskShortMB`: how much more disk (MiB) the node would need to promise to take the instance, when known. */
+  constructor(
+    message: string,
+    readonly diskShortMB?: number,
+  ) {
     super(message);
     this.name = "CapacityExceeded";
   }

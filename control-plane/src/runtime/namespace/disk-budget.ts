@@ -6,8 +6,8 @@ import { CapacityExceeded } from "../driver.js";
  * The node agent answers `resource_exhausted`, so the master places the sandbox on another node.
  */
 export class DiskBudgetExceeded extends CapacityExceeded {
-  constructor(message: string) {
-    super(message);
+  constructor(message: string, shortBytes: number) {
+    super(message, Math.ceil(shortBytes / MiB));
     this.name = "DiskBudgetExceeded";
   }
 }
@@ -47,10 +47,12 @@ export class DiskBudget {
     const free = fs.bavail * fs.bsize;
     let owed = 0;
     for (const promise of promised) owed += await unallocatedBytes(promise);
-    if (owed + sizeBytes <= free * this.overcommit) return;
+    const room = free * this.overcommit;
+    if (owed + sizeBytes <= room) return;
     throw new DiskBudgetExceeded(
       `this node cannot promise a ${Math.round(sizeBytes / MiB)} MiB sandbox disk: ${Math.round(free / MiB)} MiB ` +
         `free, ${Math.round(owed / MiB)} MiB already promised to its sandboxes (WARREN_DISK_OVERCOMMIT=${this.overcommit})`,
+      owed + sizeBytes - room,
     );
   }
 }
