@@ -37,17 +37,21 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
   // needs it. A request that arrives meanwhile waits for it.
   let services: Promise<EnvdServices> | undefined;
   const loadServices = () => {
-    services ??= import("./services.js").then((module) => module.createServices(context));
+    services ??= import("./services.js")
+      .then((module) => module.createServices(context))
+      .catch((error: unknown) => {
+        // What failing to start did before the services were deferred: envd exits, and the node agent reports the
+        // sandbox lost, rather than serving /health while every command fails.
+        log.error("failed to start", { error: error instanceof Error ? error.message : String(error) });
+        process.exit(1);
+      });
     return services;
   };
   let warmed: Promise<void> | undefined;
   let listeningPort = 0;
   const warmUpOnce = () => {
     const laterRounds = config.warmup === "now" ? AHEAD_OF_DEMAND_ROUNDS : 0;
-    warmed ??= loadServices().then(
-      (loaded) => loaded.warmUp(listeningPort, laterRounds),
-      (error: unknown) => log.error("could not load envd's services", { error: (error as Error).message }),
-    );
+    warmed ??= loadServices().then((loaded) => loaded.warmUp(listeningPort, laterRounds));
   };
 
   const route = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
@@ -99,7 +103,7 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
       closing ??= (async () => {
         await warmed;
         const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
-        const loaded = await services?.catch(() => undefined);
+        const loaded = await services;
         await Promise.all([loaded?.close(), forwarder?.close()]);
         server.closeAllConnections();
         await stopped;
