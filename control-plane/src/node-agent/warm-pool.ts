@@ -40,13 +40,13 @@ export interface PoolStart {
   readonly onInstance: (instanceId: string) => void;
 }
 
-/** The pool was closed (the node agent is stopping) while a create waited for one of its starts. */
 /** A pool with ready sandboxes, and the disk each of them holds a promise of (MiB). */
 export interface IdlePool {
   readonly pool: WarmPool;
   readonly diskSizeMB: number;
 }
 
+/** The pool was closed (the node agent is stopping) while a create waited for one of its starts. */
 export class WarmPoolClosed extends Error {
   constructor(templateId: string) {
     super(`the warm pool of '${templateId}' closed while a create waited for it`);
