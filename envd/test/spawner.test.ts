@@ -236,24 +236,18 @@ describe("a spawner given the workload (--serve-beside --workload-fd)", () => {
   });
 
   it("refuses a workload descriptor that is not open, or one of 0-2", () => {
-    const failed = (() => {
+    const refusal = (fd: number) => {
       try {
-        execFileSync(WARREN_EXEC, ["--serve-beside", "--workload-fd=57", "--", "/bin/true"], { stdio: "pipe" });
+        execFileSync(WARREN_EXEC, ["--serve-beside", `--workload-fd=${fd}`, "--", "/bin/true"], { stdio: "pipe" });
         return undefined;
       } catch (error) {
         return error as { status: number; stderr: Buffer };
       }
-    })();
+    };
+    const failed = refusal(57);
     expect(failed?.status).toBe(126);
     expect(failed?.stderr.toString()).toMatch(/--workload-fd: Bad file descriptor/);
-    const low = (() => {
-      try {
-        execFileSync(WARREN_EXEC, ["--serve-beside", "--workload-fd=1", "--", "/bin/true"], { stdio: "pipe" });
-        return undefined;
-      } catch (error) {
-        return error as { status: number; stderr: Buffer };
-      }
-    })();
+    const low = refusal(1);
     expect(low?.status).toBe(127);
     expect(low?.stderr.toString()).toMatch(/--workload-fd must be 3 or more/);
   });

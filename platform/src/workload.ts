@@ -12,8 +12,9 @@ export interface WorkloadDescriptors {
 /**
  * The sandbox's workload cgroup: every process envd (or the code gateway: its kernels) starts is moved into it right
  * after it starts — unless it joined by itself before it exec'd, as the children of envd's spawner do
- * (`warren-exec --serve-beside --workload-fd`, SpawnedProcess.inWorkload) — so their memory is held to the sandbox's limit less a reserve that only envd, tini and the code
- * gateway can use, and a memory bomb is killed inside it while envd keeps answering.
+ * (`warren-exec --serve-beside --workload-fd`, SpawnedProcess.inWorkload) — so their memory is held to the
+ * sandbox's limit less a reserve that only envd, tini and the code gateway can use, and a memory bomb is killed
+ * inside it while envd keeps answering.
  *
  * envd cannot see the node's cgroups: the node's launcher opened the workload's files as host root and handed the
  * open files to the sandbox (crun --preserve-fds). A cgroup v1 write is allowed by the credentials the file was
