@@ -25,7 +25,7 @@ import { type WarmPool, WarmPoolClosed } from "./warm-pool.js";
 export interface SandboxCreationDeps extends ActivationDeps {
   readonly config: Pick<NodeAgentConfig, "maxSandboxes" | "volumesDir">;
   readonly templates: TemplateStore;
-  readonly builds: Pick<TemplateBuilds, "ensure" | "pool" | "idlePools">;
+  readonly builds: Pick<TemplateBuilds, "ensure" | "pool" | "idlePools" | "holdRefills">;
   readonly snapshots: Pick<NodeSnapshots, "find">;
   readonly snapshotPools: Pick<SnapshotPools, "take" | "next" | "ensure" | "idlePools">;
   readonly startGate: StartGate;
@@ -228,8 +228,12 @@ export class SandboxCreation {
         };
         return driver.create(spec).catch(async (error: unknown) => {
           if (!(error instanceof CapacityExceeded) || error.diskShortMB === undefined) throw error;
-          if ((await this.makeRoom(error.diskShortMB)) === 0) throw error;
-          return driver.create(spec);
+          const shortMB = error.diskShortMB;
+          // No pool refills into the room given back before this create has taken it.
+          return this.deps.builds.holdRefills(async () => {
+            if ((await this.makeRoom(shortMB)) === 0) throw error;
+            return driver.create(spec);
+          });
         });
       }, signal);
       return { instance, fromPool: false };

@@ -6,7 +6,7 @@ import type { NodeAgentConfig } from "./config.js";
 import { AgentError } from "./errors.js";
 import type { Logger } from "./log.js";
 import type { StartGate } from "./start-gate.js";
-import { type IdlePool, type PoolStart, WarmPool, type WarmPoolOptions } from "./warm-pool.js";
+import { type IdlePool, type PoolStart, RefillHold, WarmPool, type WarmPoolOptions } from "./warm-pool.js";
 
 export interface TemplateBuildsDeps {
   readonly driver: RuntimeDriver;
@@ -29,6 +29,8 @@ export interface TemplateBuildsDeps {
 export class TemplateBuilds {
   private readonly builds = new Map<string, Promise<BuiltTemplate>>();
   private readonly pools = new Map<string, WarmPool>();
+
+  private readonly refillHold = new RefillHold();
 
   constructor(private readonly deps: TemplateBuildsDeps) {}
 
@@ -79,7 +81,13 @@ export class TemplateBuilds {
       schedule: (start, ticket) => startGate.runBackground(start, ticket),
       scheduleForCreate: (start) => startGate.run(start),
       promote: async (instanceId) => this.deps.driver.foreground?.(instanceId),
+      hold: this.refillHold,
     };
+  }
+
+  /** Runs `run` with every warm pool's refills held (RefillHold): the template pools' and custom templates'. */
+  holdRefills<T>(run: () => Promise<T>): Promise<T> {
+    return this.refillHold.during(run);
   }
 
   /** The warm pool of a template, once it exists (tests and benchmarks wait on `filled()`). */

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import type { Instance } from "../runtime/driver.js";
 import { silentLogger } from "./log.js";
 import { StartGate } from "./start-gate.js";
-import { WarmPool, WarmPoolClosed, type WarmPoolOptions } from "./warm-pool.js";
+import { RefillHold, WarmPool, WarmPoolClosed, type WarmPoolOptions } from "./warm-pool.js";
 
 let seq = 0;
 const fakeInstance = (): Instance => ({
@@ -273,6 +273,26 @@ describe("warm pool", () => {
     await Promise.all([first, second]);
     await pool.filled();
     expect(order).toEqual(["create 1", "create 2", "refill"]);
+    await pool.close();
+  });
+
+  it("gives back ready sandboxes on request, and refills none while a RefillHold is held, then refills", async () => {
+    const hold = new RefillHold();
+    const { pool, counts } = fakePool({ hold });
+    await pool.filled();
+    expect(pool.readyCount).toBe(2);
+    await hold.during(async () => {
+      expect(await pool.release(1)).toBe(1);
+      pool.refill();
+      await new Promise((r) => setTimeout(r, 30));
+      expect(counts.discarded).toBe(1);
+      expect(pool.readyCount).toBe(1);
+      expect(counts.begun).toBe(2);
+    });
+    // The hold's end resumes the refill by itself (nothing here calls refill).
+    await new Promise((r) => setTimeout(r, 30));
+    expect(counts.begun).toBe(3);
+    expect(pool.readyCount).toBe(2);
     await pool.close();
   });
 });

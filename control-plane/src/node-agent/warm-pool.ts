@@ -28,6 +28,37 @@ export interface WarmPoolOptions {
   readonly promote?: (instanceId: string) => Promise<void>;
   /** Clock, ms (tests). */
   readonly now?: () => number;
+  /** Holds the refills of every pool that shares it (RefillHold). */
+  readonly hold?: RefillHold;
+}
+
+/**
+ * Holds the refills of the pools that share it while a create takes the room idle pooled sandboxes gave back
+ * (sandbox-creation.ts): a refill begun meanwhile would take that room first. Refills resume when the last hold ends.
+ */
+export class RefillHold {
+  private holds = 0;
+  private readonly resumes = new Set<() => void>();
+
+  get held(): boolean {
+    return this.holds > 0;
+  }
+
+  async during<T>(run: () => Promise<T>): Promise<T> {
+    this.holds++;
+    try {
+      return await run();
+    } finally {
+      this.holds--;
+      if (this.holds === 0) for (const resume of [...this.resumes]) resume();
+    }
+  }
+
+  /** `resume` runs when the holds end; the returned function stops that. */
+  onResume(resume: () => void): () => void {
+    this.resumes.add(resume);
+    return () => this.resumes.delete(resume);
+  }
 }
 
 /** How the pool runs one start: its CPU class, and where the driver tells the new instance's id. */
@@ -99,6 +130,7 @@ export class WarmPool {
   private readonly running = new Set<Promise<void>>();
   private delayedRefill: NodeJS.Timeout | undefined;
   private backoff: NodeJS.Timeout | undefined;
+  private readonly stopResuming: (() => void) | undefined;
 
   constructor(
     readonly templateId: string,
@@ -109,6 +141,7 @@ export class WarmPool {
   ) {
     this.demand = new DemandRate(options.sizing.windowMs);
     this.now = options.now ?? Date.now;
+    this.stopResuming = options.hold?.onResume(() => this.refill());
   }
 
   get readyCount(): number {
@@ -306,10 +339,11 @@ export class WarmPool {
   /**
    * Begins refill starts while the pool (ready, and starts no create waits for) is below its target, at most
    * `refillConcurrency` background starts at once: a refill a create came to wait for no longer counts, so
-   * waiting creates do not hold the pool's own refills back. After a failure, none until the back-off ends.
+   * waiting creates do not hold the pool's own refills back. After a failure, none until the back-off ends; none
+   * while a RefillHold is held.
    */
   refill(): void {
-    if (this.closed || this.backoff) return;
+    if (this.closed || this.backoff || this.options.hold?.held) return;
     const concurrency = Math.max(1, this.options.refillConcurrency);
     while (this.refilling < concurrency && this.coming < this.target) {
       const run = this.refillOnce().finally(() => this.running.delete(run));
@@ -394,6 +428,7 @@ export class WarmPool {
   /** Stops refilling, fails the creates that wait, and removes every pooled sandbox (starts under way too). */
   async close(): Promise<void> {
     this.closed = true;
+    this.stopResuming?.();
     clearTimeout(this.delayedRefill);
     clearTimeout(this.backoff);
     for (const waiter of this.waiters.splice(0)) waiter.reject(new WarmPoolClosed(this.templateId));
