@@ -1,6 +1,6 @@
-import { Code } from "@connectrpc/connect";
+import { Code, ConnectError } from "@connectrpc/connect";
 import { describe, expect, test } from "vitest";
-import { fromFsError } from "./errors.js";
+import { Code as EnvdCode, EnvdError, fromFsError, notFound } from "./errors.js";
 import { httpStatusOf } from "./http/respond.js";
 
 function errno(code: string): NodeJS.ErrnoException {
@@ -45,5 +45,29 @@ describe("filesystem errors", () => {
     expect(error.code).toBe(Code.FailedPrecondition);
     expect(httpStatusOf(error)).toBeLessThan(500);
     expect(error.rawMessage).toMatch(/kernel interface '\/proc\/self\/mem'/);
+  });
+});
+
+describe("envd's error is a ConnectError to connect-es", () => {
+  test("envd's codes are connect-es's, name for name", () => {
+    for (const [name, value] of Object.entries(EnvdCode)) {
+      expect(Code[name as keyof typeof Code], name).toBe(value);
+    }
+    expect(Object.keys(EnvdCode)).toEqual(Object.keys(Code).filter((key) => Number.isNaN(Number(key))));
+  });
+
+  test("connect-es recognises it, keeps it as is and gives it its own message", () => {
+    const error = notFound("path '/x' does not exist");
+    expect(error).toBeInstanceOf(ConnectError);
+    expect(ConnectError.from(error)).toBe(error);
+    expect(error.message).toBe(new ConnectError("path '/x' does not exist", Code.NotFound).message);
+    expect(error.metadata).toBeInstanceOf(Headers);
+    expect(error.details).toEqual([]);
+  });
+
+  test("every code's message prefix is connect-es's", () => {
+    for (const value of Object.values(EnvdCode)) {
+      expect(new EnvdError(value, "m").message).toBe(new ConnectError("m", value).message);
+    }
   });
 });

@@ -1,14 +1,63 @@
-import { Code, ConnectError } from "@connectrpc/connect";
+import type { Code as ConnectCode } from "@connectrpc/connect";
 
 /**
- * envd's one error type. It is a ConnectError so RPC handlers can throw it as is; the
- * HTTP routes map its code to a status in exactly one place (http/respond.ts).
- * `rawMessage` is the text clients see: it names the path, pid or user at fault.
+ * The Connect codes envd raises or maps (the gRPC status codes, fixed by the protocol), as connect-es's `Code`.
+ * Written out instead of imported: importing `Code`'s value evaluates connect-es's whole entry module in the bundle
+ * (its errors, and through them protobuf-es's well-known types), and envd answers `/health` and `/init` before it
+ * loads Connect at all (server.ts). errors.test.ts checks every value against connect-es's own.
  */
-export class EnvdError extends ConnectError {
-  constructor(code: Code, message: string) {
-    // The name stays "ConnectError": connect-es recognises its errors by name across copies.
-    super(message, code);
+export const Code = {
+  Canceled: 1,
+  Unknown: 2,
+  InvalidArgument: 3,
+  DeadlineExceeded: 4,
+  NotFound: 5,
+  AlreadyExists: 6,
+  PermissionDenied: 7,
+  ResourceExhausted: 8,
+  FailedPrecondition: 9,
+  Aborted: 10,
+  OutOfRange: 11,
+  Unimplemented: 12,
+  Internal: 13,
+  Unavailable: 14,
+  DataLoss: 15,
+  Unauthenticated: 16,
+} as const satisfies Record<string, ConnectCode>;
+export type Code = ConnectCode;
+
+const CODE_NAMES = new Map<number, string>(
+  Object.entries(Code).map(([name, value]) => [value, name.replace(/^./, (c) => c.toLowerCase())]),
+);
+
+/**
+ * envd's one error type. RPC handlers throw it as is: it has the shape connect-es recognises as a ConnectError
+ * (`ConnectError[Symbol.hasInstance]` checks the name, code, rawMessage, metadata, details and cause), so Connect
+ * sends its code and message unchanged. The HTTP routes map its code to a status in exactly one place
+ * (http/respond.ts). `rawMessage` is the text clients see: it names the path, pid or user at fault.
+ *
+ * It does not extend connect-es's class, for the reason `Code` is written out above.
+ */
+export class EnvdError extends Error {
+  override readonly name = "ConnectError";
+  readonly rawMessage: string;
+  readonly details: never[] = [];
+  override readonly cause: unknown = undefined;
+  #metadata: Headers | undefined;
+
+  constructor(
+    readonly code: Code,
+    message: string,
+  ) {
+    // The message connect-es gives its errors: "[invalid_argument] path '/x' does not exist".
+    super(`[${(CODE_NAMES.get(code) ?? String(code)).replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`)}] ${message}`);
+    this.rawMessage = message;
+  }
+
+  /** Made when Connect asks for it: `Headers` is installed with the services (web-headers.ts), not before. */
+  get metadata(): Headers {
+    this.#metadata ??= new Headers();
+    return this.#metadata;
   }
 }
 
@@ -87,6 +136,17 @@ export function fromFsError(error: unknown, path: string): EnvdError {
 
 export function toEnvdError(error: unknown): EnvdError {
   if (error instanceof EnvdError) return error;
-  if (error instanceof ConnectError) return new EnvdError(error.code, error.rawMessage);
+  if (isConnectError(error)) return new EnvdError(error.code, error.rawMessage);
   return internal(error instanceof Error ? error.message : String(error));
+}
+
+/** A connect-es error (Connect's own, raised while decoding a request), recognised by shape as connect-es does. */
+function isConnectError(error: unknown): error is { code: Code; rawMessage: string } {
+  const candidate = error as { name?: unknown; code?: unknown; rawMessage?: unknown } | null;
+  return (
+    error instanceof Error &&
+    candidate?.name === "ConnectError" &&
+    typeof candidate.code === "number" &&
+    typeof candidate.rawMessage === "string"
+  );
 }

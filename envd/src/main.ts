@@ -1,6 +1,4 @@
 #!/usr/bin/env node
-// First: later modules may reach for `Headers` as they load.
-import "./web-headers.js";
 import { runMain } from "@warren/platform/main";
 import { loadConfig, USAGE } from "./config.js";
 import { createLogger } from "./log.js";

@@ -6,7 +6,7 @@ import {
   type UniversalServerResponse,
 } from "@connectrpc/connect/protocol";
 import { codeToHttpStatus, errorFromJsonBytes, errorToJsonBytes } from "@connectrpc/connect/protocol-connect";
-import { invalidArgument } from "./errors.js";
+import { type EnvdError, invalidArgument } from "./errors.js";
 
 /**
  * connect-es files some requests it cannot decode as `internal`: a body that is not valid
@@ -21,7 +21,7 @@ const DECOMPRESSION_FAILED = "decompression failed";
 const COMPRESSED_WITHOUT_ENCODING = "received compressed envelope, but do not know how to decompress";
 
 /** The `invalid_argument` error for one of connect-es' request decode errors, else undefined. */
-export function requestDecodeError(error: ConnectError, typeName: string): ConnectError | undefined {
+export function requestDecodeError(error: ConnectError, typeName: string): EnvdError | undefined {
   if (error.code !== Code.Internal) return undefined;
   const message = error.rawMessage;
   if (message.startsWith(BINARY_PARSE_PREFIX)) {
@@ -64,7 +64,8 @@ async function relabelUnaryResponse(
   const wire = errorFromJsonBytes(bytes, undefined, new ConnectError("", Code.Unknown));
   const error = requestDecodeError(wire, typeName);
   if (!error) return unchanged;
-  const relabelledBody = errorToJsonBytes(error, undefined);
+  // EnvdError has ConnectError's shape, which `from` recognises and returns as is.
+  const relabelledBody = errorToJsonBytes(ConnectError.from(error), undefined);
   const relabelledHeader = new Headers(header);
   relabelledHeader.set("content-length", String(relabelledBody.byteLength));
   return {

@@ -1,3 +1,5 @@
+// First: Connect's modules may reach for `Headers` as they load.
+import "./web-headers.js";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { ENVD_ENVS_PATH } from "@warren/proto/envd-http";

@@ -1,6 +1,5 @@
 import type { ServerResponse } from "node:http";
-import { Code } from "@connectrpc/connect";
-import { type EnvdError, toEnvdError } from "../errors.js";
+import { Code, type EnvdError, toEnvdError } from "../errors.js";
 
 /** E2B's envd HTTP error body: {"code": <status>, "message": "..."}. */
 export function sendJsonError(res: ServerResponse, status: number, message: string): void {
