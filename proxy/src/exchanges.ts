@@ -143,12 +143,19 @@ export class Exchanges {
     started: number,
   ): void {
     const abort = new AbortController();
-    res.once("close", () => abort.abort());
+    // Only while the request is read: aborting after that would make an AbortError (a DOMException with its
+    // stack) for every envd call when its response closes, with nothing left to cancel.
+    const onClose = () => abort.abort();
+    res.once("close", onClose);
     this.deps.envd.prepare(kind, req, res, target.sandboxId, route, abort.signal).then(
       (rewrite) => {
+        res.off("close", onClose);
         if (rewrite !== null && !res.destroyed) this.forwardHttp(req, res, target, upstream, started, rewrite);
       },
-      (error: unknown) => this.deps.failed(target, error),
+      (error: unknown) => {
+        res.off("close", onClose);
+        this.deps.failed(target, error);
+      },
     );
   }
 
