@@ -27,6 +27,7 @@ const CORS_HEADERS = {
     "Connect-Protocol-Version, Connect-Timeout-Ms, Grpc-Status, Grpc-Message, X-Envd-Version, Warren-Output-Offset",
   "Access-Control-Max-Age": "7200",
 };
+const CORS_ENTRIES = Object.entries(CORS_HEADERS);
 
 export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("envd")): Promise<RunningEnvd> {
   const context: EnvdContext = { config, state: new SandboxState(config), users: new UserDirectory(), log };
@@ -56,7 +57,10 @@ export async function startEnvd(config: EnvdConfig, log: Logger = createLogger("
 
   const route = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     const path = (req.url ?? "/").split("?", 1)[0] ?? "/";
-    for (const [name, value] of Object.entries(CORS_HEADERS)) res.setHeader(name, value);
+    // As E2B's envd (rs/cors): CORS headers only for a browser's request, which names its origin.
+    if (req.headers.origin !== undefined) {
+      for (const [name, value] of CORS_ENTRIES) res.setHeader(name, value);
+    }
     if (req.method === "OPTIONS") {
       res.writeHead(204).end();
       return;

@@ -105,6 +105,16 @@ describe("envd HTTP control routes and access token", () => {
     expect(preflight.headers.get("access-control-allow-origin")).toBe("*");
   });
 
+  it("sends CORS headers to a browser's request (one with an Origin) and to no other", async () => {
+    const fromBrowser = await fetch(`${envd.url}/health`, { headers: { Origin: "http://example.test" } });
+    expect(fromBrowser.status).toBe(204);
+    expect(fromBrowser.headers.get("access-control-allow-origin")).toBe("*");
+    expect(fromBrowser.headers.get("access-control-expose-headers")).toContain("Connect-Protocol-Version");
+    const fromProgram = await fetch(`${envd.url}/health`);
+    expect(fromProgram.status).toBe(204);
+    expect([...fromProgram.headers.keys()].filter((name) => name.startsWith("access-control-"))).toEqual([]);
+  });
+
   it("never writes the access token to its log", async () => {
     const token = "secret-token-must-not-be-logged-42";
     await fetch(`${envd.url}/init`, { method: "POST", body: JSON.stringify({ accessToken: token }) });
