@@ -16,6 +16,7 @@ import { loadConfig } from "../src/config.js";
 import { createLogger } from "../src/log.js";
 import { ProxyMetrics } from "../src/metrics.js";
 import type { SandboxResumer } from "../src/resume.js";
+import type { SecretGrantRedeemer } from "../src/secret-grants.js";
 
 export const REDIS_URL = "redis://127.0.0.1:6379";
 
@@ -40,7 +41,7 @@ export interface TestProxy {
 /** The proxy in this process on a random loopback port, configured from env-style overrides. */
 export async function startTestProxy(
   env: Record<string, string> = {},
-  options: { resumer?: SandboxResumer } = {},
+  options: { resumer?: SandboxResumer; secretGrants?: SecretGrantRedeemer } = {},
 ): Promise<TestProxy> {
   const config = loadConfig({
     PROXY_HOST: "127.0.0.1",
@@ -63,6 +64,7 @@ export async function startTestProxy(
     log,
     metrics: new ProxyMetrics({ defaultMetrics: false }),
     ...(options.resumer ? { resumer: options.resumer } : {}),
+    ...(options.secretGrants ? { secretGrants: options.secretGrants } : {}),
   });
   const port = running.address.port;
   let closed = false;
